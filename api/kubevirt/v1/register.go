@@ -1,0 +1,25 @@
+package v1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+// GroupVersion is the API group and version of the KubeVirt types.
+var GroupVersion = schema.GroupVersion{Group: "kubevirt.io", Version: "v1"}
+
+var (
+	// SchemeBuilder registers the types of this package with a scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// AddToScheme adds the types of this package to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+func init() {
+	SchemeBuilder.Register(
+		&VirtualMachine{}, &VirtualMachineList{},
+		&VirtualMachineInstance{}, &VirtualMachineInstanceList{},
+		&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{},
+		&KubeVirt{}, &KubeVirtList{},
+	)
+}

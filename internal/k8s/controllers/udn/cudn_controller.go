@@ -1,0 +1,177 @@
+package udn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// cudnReconciler reconciles ClusterUserDefinedNetworks.
+type cudnReconciler struct {
+	*networks
+}
+
+func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if err := r.init(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	var c udnv1.ClusterUserDefinedNetwork
+	if err := r.client.Get(ctx, req.NamespacedName, &c); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	netName := udn.ClusterNetworkName(c.Name)
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("network", netName))
+	spec := udn.SpecOfCUDN(&c)
+
+	owned, err := r.ownedNADs(ctx, &c)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if c.DeletionTimestamp != nil {
+		if !controllerutil.ContainsFinalizer(&c, udn.Finalizer) {
+			return ctrl.Result{}, nil
+		}
+		var errs []error
+		for _, nad := range owned {
+			if err := r.deleteNAD(ctx, &c, spec, nad.Namespace); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			if serr := r.setCUDNCondition(ctx, &c, metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()}); serr != nil {
+				return ctrl.Result{}, serr
+			}
+			if allInUse(errs) {
+				r.recorder.Eventf(&c, nil, corev1.EventTypeWarning, "NetworkInUse", "Delete", "%s", err.Error())
+				return ctrl.Result{RequeueAfter: inUseRetry}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		r.ids.Release(netName)
+		controllerutil.RemoveFinalizer(&c, udn.Finalizer)
+		return ctrl.Result{}, client.IgnoreNotFound(r.client.Update(ctx, &c))
+	}
+
+	if !controllerutil.ContainsFinalizer(&c, udn.Finalizer) {
+		controllerutil.AddFinalizer(&c, udn.Finalizer)
+		if err := r.client.Update(ctx, &c); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	selected, err := r.selectedNamespaces(ctx, &c)
+	if err != nil {
+		// A bad selector is a user error; the API server validated its
+		// syntax, so this is rare.
+		err = &userError{err: fmt.Errorf("invalid namespaceSelector: %w", err)}
+		_ = r.setCUDNCondition(ctx, &c, metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()})
+		return resultFor(err)
+	}
+	owner := udn.Owner{Object: &c, GVK: udnv1.GroupVersion.WithKind("ClusterUserDefinedNetwork")}
+	var errs []error
+	var created []string
+	for _, ns := range selected {
+		if _, err := r.ensureNAD(ctx, owner, spec, netName, ns); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		created = append(created, ns)
+	}
+	// NADs in namespaces no longer selected go, unless pods use them.
+	for _, nad := range owned {
+		if slices.Contains(selected, nad.Namespace) {
+			continue
+		}
+		if err := r.deleteNAD(ctx, &c, spec, nad.Namespace); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	err = errors.Join(errs...)
+	cond := metav1.Condition{
+		Type: ConditionNetworkCreated, Status: metav1.ConditionTrue, Reason: ReasonNADCreated,
+		Message: fmt.Sprintf("%s in following namespaces: [%s]", messageNADCreated, strings.Join(created, ", ")),
+	}
+	if err != nil {
+		cond = metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()}
+	}
+	changed := !conditionHolds(c.Status.Conditions, cond)
+	if serr := r.setCUDNCondition(ctx, &c, cond); serr != nil {
+		return ctrl.Result{}, serr
+	}
+	if changed {
+		if err != nil {
+			r.recorder.Eventf(&c, nil, corev1.EventTypeWarning, ReasonCUDNSyncError, "Sync", "%s", err.Error())
+		} else {
+			r.recorder.Eventf(&c, nil, corev1.EventTypeNormal, ReasonNADCreated, "Sync", "%s", cond.Message)
+		}
+	}
+	if err != nil && allUserOrInUse(errs) {
+		return ctrl.Result{RequeueAfter: inUseRetry}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// selectedNamespaces returns the sorted names of live namespaces the CUDN
+// selects.
+func (r *cudnReconciler) selectedNamespaces(ctx context.Context, c *udnv1.ClusterUserDefinedNetwork) ([]string, error) {
+	sel, err := metav1.LabelSelectorAsSelector(&c.Spec.NamespaceSelector)
+	if err != nil {
+		return nil, err
+	}
+	var list corev1.NamespaceList
+	if err := r.client.List(ctx, &list, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ns := range list.Items {
+		if ns.DeletionTimestamp == nil {
+			out = append(out, ns.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (r *cudnReconciler) setCUDNCondition(ctx context.Context, c *udnv1.ClusterUserDefinedNetwork, cond metav1.Condition) error {
+	if conditionHolds(c.Status.Conditions, cond) {
+		return nil
+	}
+	patch := client.MergeFrom(c.DeepCopy())
+	meta.SetStatusCondition(&c.Status.Conditions, cond)
+	if err := r.client.Status().Patch(ctx, c, patch); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+func allInUse(errs []error) bool {
+	for _, err := range errs {
+		if !isInUse(err) {
+			return false
+		}
+	}
+	return true
+}
+
+func allUserOrInUse(errs []error) bool {
+	for _, err := range errs {
+		var ue *userError
+		if !isInUse(err) && !errors.As(err, &ue) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,129 @@
+package udn
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+)
+
+// Options configures the UDN controllers.
+type Options struct {
+	// MaxConcurrentReconciles per controller; 0 means 4.
+	MaxConcurrentReconciles int
+}
+
+// Setup registers the UserDefinedNetwork and ClusterUserDefinedNetwork
+// controllers with mgr.
+func Setup(mgr ctrl.Manager, opts Options) error {
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 4
+	}
+	n := newNetworks(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("kvnet-udn-controller"))
+	c := mgr.GetClient()
+
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("userdefinednetwork").
+		For(&udnv1.UserDefinedNetwork{}).
+		// Any NAD change in a namespace may concern its UDNs: their own NAD
+		// (mutated or deleted), a foreign NAD with their name, or another
+		// primary network going away.
+		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, o client.Object) []reconcile.Request {
+				return udnsIn(ctx, c, o.GetNamespace(), false)
+			})).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, o client.Object) []reconcile.Request {
+				return udnsIn(ctx, c, o.GetNamespace(), true)
+			}), builder.WithPredicates(podGone)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
+		Complete(&udnReconciler{networks: n})
+	if err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("clusteruserdefinednetwork").
+		For(&udnv1.ClusterUserDefinedNetwork{}).
+		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
+			func(_ context.Context, o client.Object) []reconcile.Request {
+				name := o.GetName()
+				if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "ClusterUserDefinedNetwork" {
+					name = ref.Name
+				}
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: name}}}
+			})).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return cudns(ctx, c, false)
+			})).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return cudns(ctx, c, true)
+			}), builder.WithPredicates(podGone)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
+		Complete(&cudnReconciler{networks: n})
+}
+
+// udnsIn returns requests for the UDNs of a namespace (only those being
+// deleted when deletingOnly).
+func udnsIn(ctx context.Context, c client.Client, namespace string, deletingOnly bool) []reconcile.Request {
+	var list udnv1.UserDefinedNetworkList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, u := range list.Items {
+		if !deletingOnly || u.DeletionTimestamp != nil {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: u.Namespace, Name: u.Name}})
+		}
+	}
+	return out
+}
+
+// cudns returns requests for all CUDNs; when blockedOnly, only for those
+// being deleted or not fully synced (a NAD removal may wait on pods).
+func cudns(ctx context.Context, c client.Client, blockedOnly bool) []reconcile.Request {
+	var list udnv1.ClusterUserDefinedNetworkList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, u := range list.Items {
+		if !blockedOnly || u.DeletionTimestamp != nil || !meta.IsStatusConditionTrue(u.Status.Conditions, ConditionNetworkCreated) {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: u.Name}})
+		}
+	}
+	return out
+}
+
+// podGone passes pod events that can unblock a network deletion: a pod
+// deleted, or a pod that just completed.
+var podGone = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*corev1.Pod)
+		n, ok2 := e.ObjectNew.(*corev1.Pod)
+		if !ok1 || !ok2 {
+			return false
+		}
+		done := func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		}
+		return done(n) && !done(o)
+	},
+}

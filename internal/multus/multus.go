@@ -1,0 +1,98 @@
+// Package multus reads and writes the pod annotations of the Kubernetes
+// Network Plumbing Working Group multi-network specification (v1.3) that
+// kvnet uses: the k8s.v1.cni.cncf.io/networks selection list and the
+// v1.multus-cni.io/default-network override.
+//
+// Both are user input, so parsing never panics and every error names the
+// annotation and the bad element.
+package multus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Annotation keys.
+const (
+	NetworksAnnotation       = "k8s.v1.cni.cncf.io/networks"
+	DefaultNetworkAnnotation = "v1.multus-cni.io/default-network"
+	NetworkStatusAnnotation  = "k8s.v1.cni.cncf.io/network-status"
+)
+
+// ErrInvalidSelection marks an unparsable selection annotation.
+var ErrInvalidSelection = errors.New("invalid network selection")
+
+// NetworkSelectionElement is one element of a networks annotation.
+type NetworkSelectionElement struct {
+	Name               string         `json:"name"`
+	Namespace          string         `json:"namespace,omitempty"`
+	IPRequest          []string       `json:"ips,omitempty"`
+	MacRequest         string         `json:"mac,omitempty"`
+	InterfaceRequest   string         `json:"interface,omitempty"`
+	IPAMClaimReference string         `json:"ipam-claim-reference,omitempty"`
+	CNIArgs            map[string]any `json:"cni-args,omitempty"`
+	GatewayRequest     []string       `json:"default-route,omitempty"`
+}
+
+// Key returns "<namespace>/<name>" of the NAD the element selects.
+func (e NetworkSelectionElement) Key() string { return e.Namespace + "/" + e.Name }
+
+// ParseSelection parses a networks (or default-network) annotation value:
+// either a JSON list of elements, or the short form "a, ns/b, c@eth1".
+// Elements without a namespace get defaultNamespace.
+func ParseSelection(annotation, value, defaultNamespace string) ([]NetworkSelectionElement, error) {
+	value = strings.TrimSpace(value)
+	if value == "" {
+		return nil, nil
+	}
+	var elems []NetworkSelectionElement
+	if strings.HasPrefix(value, "[") || strings.HasPrefix(value, "{") {
+		if strings.HasPrefix(value, "{") {
+			value = "[" + value + "]"
+		}
+		if err := json.Unmarshal([]byte(value), &elems); err != nil {
+			return nil, fmt.Errorf("%w: annotation %s: %v", ErrInvalidSelection, annotation, err)
+		}
+	} else {
+		for item := range strings.SplitSeq(value, ",") {
+			item = strings.TrimSpace(item)
+			var e NetworkSelectionElement
+			if at := strings.LastIndex(item, "@"); at >= 0 {
+				e.InterfaceRequest = item[at+1:]
+				item = item[:at]
+			}
+			if slash := strings.Index(item, "/"); slash >= 0 {
+				e.Namespace, e.Name = item[:slash], item[slash+1:]
+			} else {
+				e.Name = item
+			}
+			elems = append(elems, e)
+		}
+	}
+	for i := range elems {
+		e := &elems[i]
+		if e.Namespace == "" {
+			e.Namespace = defaultNamespace
+		}
+		if errs := validation.IsDNS1123Subdomain(e.Name); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: annotation %s element %d: name %q: %s", ErrInvalidSelection, annotation, i, e.Name, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsDNS1123Label(e.Namespace); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: annotation %s element %d: namespace %q: %s", ErrInvalidSelection, annotation, i, e.Namespace, strings.Join(errs, "; "))
+		}
+	}
+	return elems, nil
+}
+
+// MarshalSelection renders elements as the JSON form of the annotation.
+func MarshalSelection(elems []NetworkSelectionElement) (string, error) {
+	b, err := json.Marshal(elems)
+	if err != nil {
+		return "", fmt.Errorf("marshal network selection: %w", err)
+	}
+	return string(b), nil
+}

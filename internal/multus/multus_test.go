@@ -1,0 +1,68 @@
+package multus
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestParseSelection(t *testing.T) {
+	tests := []struct {
+		name    string
+		value   string
+		want    []NetworkSelectionElement
+		wantErr bool
+	}{
+		{name: "empty", value: ""},
+		{name: "short form", value: "a, other/b, c@eth9", want: []NetworkSelectionElement{
+			{Name: "a", Namespace: "ns"}, {Name: "b", Namespace: "other"}, {Name: "c", Namespace: "ns", InterfaceRequest: "eth9"},
+		}},
+		{name: "json", value: `[{"name":"red","namespace":"x","mac":"02:00:00:00:00:01","ips":["10.0.0.5/24"],"ipam-claim-reference":"vm.red"}]`,
+			want: []NetworkSelectionElement{{Name: "red", Namespace: "x", MacRequest: "02:00:00:00:00:01", IPRequest: []string{"10.0.0.5/24"}, IPAMClaimReference: "vm.red"}}},
+		{name: "single json object", value: `{"name":"blue"}`, want: []NetworkSelectionElement{{Name: "blue", Namespace: "ns"}}},
+		{name: "bad json", value: `[{"name":`, wantErr: true},
+		{name: "bad name", value: "Bad_Name", wantErr: true},
+		{name: "empty element", value: "a,,b", wantErr: true},
+		{name: "bad namespace", value: `[{"name":"a","namespace":"NS!"}]`, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseSelection(NetworksAnnotation, tt.value, "ns")
+			if tt.wantErr {
+				if !errors.Is(err, ErrInvalidSelection) {
+					t.Fatalf("error = %v, want ErrInvalidSelection", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzParseSelection(f *testing.F) {
+	for _, s := range []string{"a,b@c", `[{"name":"x","ips":["1.2.3.4/24"]}]`, `{"name":"y"}`, "", "ns/a"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		elems, err := ParseSelection(NetworksAnnotation, v, "default")
+		if err != nil {
+			if !errors.Is(err, ErrInvalidSelection) {
+				t.Fatalf("error without ErrInvalidSelection: %v", err)
+			}
+			return
+		}
+		for _, e := range elems {
+			if e.Name == "" || e.Namespace == "" {
+				t.Fatalf("accepted element without name or namespace: %+v", e)
+			}
+		}
+		if _, err := MarshalSelection(elems); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1,0 +1,244 @@
+package udn
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/netconf"
+)
+
+// Well-known names shared with OVN-Kubernetes.
+const (
+	// Finalizer protects UDNs, CUDNs and their NADs while pods use them.
+	Finalizer = "k8s.ovn.org/user-defined-network-protection"
+	// NADLabel marks NADs rendered from a UDN or CUDN.
+	NADLabel = "k8s.ovn.org/user-defined-network"
+	// PrimaryNamespaceLabel must be on a namespace, from its creation, for a
+	// primary network to serve it.
+	PrimaryNamespaceLabel = "k8s.ovn.org/primary-user-defined-network"
+	// NetworkIDAnnotation holds a network's ID (1..MaxNetworkID) on its NADs.
+	NetworkIDAnnotation = "k8s.ovn.org/network-id"
+	// NetworkNameAnnotation holds the network name on its NADs.
+	NetworkNameAnnotation = "k8s.ovn.org/network-name"
+	// reservedAnnotationPrefix: CR annotations with this prefix are not
+	// copied to NADs, and NAD annotations with it are kept on update.
+	reservedAnnotationPrefix = "k8s.ovn.org/"
+)
+
+// Defaults for primary networks (OVN-Kubernetes' values, so addresses seen
+// in the docs match).
+var (
+	DefaultJoinSubnets    = []string{"100.65.0.0/16", "fd99::/64"}
+	DefaultTransitSubnets = []string{"100.88.0.0/16", "fd97::/64"}
+)
+
+// LocalnetDefaultMTU is the MTU of a localnet network that sets none: the
+// physical network's usual 1500.
+const LocalnetDefaultMTU = 1500
+
+// NetworkName is the network name of UserDefinedNetwork ns/name.
+func NetworkName(namespace, name string) string { return namespace + "_" + name }
+
+// ClusterNetworkName is the network name of ClusterUserDefinedNetwork name.
+func ClusterNetworkName(name string) string { return "cluster_udn_" + name }
+
+// Spec is the network part shared by UDNs and CUDNs.
+type Spec struct {
+	Topology udnv1.NetworkTopology
+	Layer2   *udnv1.Layer2Config
+	Layer3   *udnv1.Layer3Config
+	Localnet *udnv1.LocalnetConfig
+}
+
+// SpecOfUDN returns the network spec of a UDN.
+func SpecOfUDN(u *udnv1.UserDefinedNetwork) Spec {
+	return Spec{Topology: u.Spec.Topology, Layer2: u.Spec.Layer2, Layer3: u.Spec.Layer3}
+}
+
+// SpecOfCUDN returns the network spec of a CUDN.
+func SpecOfCUDN(c *udnv1.ClusterUserDefinedNetwork) Spec {
+	n := c.Spec.Network
+	return Spec{Topology: n.Topology, Layer2: n.Layer2, Layer3: n.Layer3, Localnet: n.Localnet}
+}
+
+// IsPrimary reports whether the spec is a primary network.
+func (s Spec) IsPrimary() bool {
+	switch {
+	case s.Layer2 != nil:
+		return s.Layer2.Role == udnv1.NetworkRolePrimary
+	case s.Layer3 != nil:
+		return s.Layer3.Role == udnv1.NetworkRolePrimary
+	}
+	return false
+}
+
+// Render returns the CNI configuration of a network. netName is the network
+// name, nadKey the NAD's "<namespace>/<name>". Errors name the field.
+func Render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
+	c := &netconf.NetConf{
+		CNIVersion: netconf.CNIVersion,
+		Type:       netconf.PluginType,
+		Name:       netName,
+		NADName:    nadKey,
+	}
+	switch s.Topology {
+	case udnv1.NetworkTopologyLayer2:
+		l2 := s.Layer2
+		if l2 == nil {
+			return nil, fmt.Errorf("render %q: spec.layer2 is required when topology is Layer2", netName)
+		}
+		c.Topology = netconf.TopologyLayer2
+		c.Role = strings.ToLower(string(l2.Role))
+		c.MTU = int(l2.MTU)
+		c.Subnets = joinCIDRs(l2.Subnets)
+		c.ReservedSubnets = joinCIDRs(l2.ReservedSubnets)
+		c.InfrastructureSubnets = joinCIDRs(l2.InfrastructureSubnets)
+		c.DefaultGatewayIPs = joinIPs(l2.DefaultGatewayIPs)
+		if l2.IPAM != nil && l2.IPAM.Lifecycle == udnv1.IPAMLifecyclePersistent {
+			c.AllowPersistentIPs = true
+		}
+		if l2.Role == udnv1.NetworkRolePrimary {
+			if len(l2.Subnets) == 0 {
+				return nil, fmt.Errorf("render %q: the subnet attribute must be defined for layer2 primary user defined networks", netName)
+			}
+			c.JoinSubnet = joinOr(joinCIDRs(l2.JoinSubnets), DefaultJoinSubnets)
+			transit, err := transitSubnets(l2.Subnets, l2.JoinSubnets)
+			if err != nil {
+				return nil, fmt.Errorf("render %q: %w", netName, err)
+			}
+			c.TransitSubnet = transit
+		}
+	case udnv1.NetworkTopologyLayer3:
+		l3 := s.Layer3
+		if l3 == nil {
+			return nil, fmt.Errorf("render %q: spec.layer3 is required when topology is Layer3", netName)
+		}
+		c.Topology = netconf.TopologyLayer3
+		c.Role = strings.ToLower(string(l3.Role))
+		c.MTU = int(l3.MTU)
+		subnets := make([]string, 0, len(l3.Subnets))
+		for _, sn := range l3.Subnets {
+			if sn.HostSubnet > 0 {
+				subnets = append(subnets, string(sn.CIDR)+"/"+strconv.Itoa(int(sn.HostSubnet)))
+			} else {
+				subnets = append(subnets, string(sn.CIDR))
+			}
+		}
+		c.Subnets = strings.Join(subnets, ",")
+		if l3.Role == udnv1.NetworkRolePrimary {
+			c.JoinSubnet = joinOr(joinCIDRs(l3.JoinSubnets), DefaultJoinSubnets)
+		}
+	case udnv1.NetworkTopologyLocalnet:
+		ln := s.Localnet
+		if ln == nil {
+			return nil, fmt.Errorf("render %q: spec.localnet is required when topology is Localnet", netName)
+		}
+		c.Topology = netconf.TopologyLocalnet
+		c.Role = strings.ToLower(string(ln.Role))
+		c.MTU = int(ln.MTU)
+		if c.MTU == 0 {
+			c.MTU = LocalnetDefaultMTU
+		}
+		c.Subnets = joinCIDRs(ln.Subnets)
+		c.ExcludeSubnets = joinCIDRs(ln.ExcludeSubnets)
+		c.PhysicalNetworkName = ln.PhysicalNetworkName
+		if ln.IPAM != nil && ln.IPAM.Lifecycle == udnv1.IPAMLifecyclePersistent {
+			c.AllowPersistentIPs = true
+		}
+		if ln.VLAN != nil && ln.VLAN.Access != nil {
+			c.VLANID = int(ln.VLAN.Access.ID)
+		}
+	default:
+		return nil, fmt.Errorf("render %q: topology %q: must be Layer2, Layer3 or Localnet", netName, s.Topology)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("render %q: %w", netName, err)
+	}
+	return c, nil
+}
+
+// transitSubnets returns the default transit subnets, each moved to the next
+// free range of its size when it overlaps a subnet or join subnet of the
+// network (as OVN-Kubernetes does).
+func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
+	var taken []netip.Prefix
+	for _, s := range append(append(udnv1.DualStackCIDRs{}, subnets...), join...) {
+		p, err := netip.ParsePrefix(string(s))
+		if err != nil {
+			return "", fmt.Errorf("subnet %q: %w", s, err)
+		}
+		taken = append(taken, p.Masked())
+	}
+	if len(join) == 0 {
+		for _, s := range DefaultJoinSubnets {
+			taken = append(taken, netip.MustParsePrefix(s))
+		}
+	}
+	out := make([]string, 0, len(DefaultTransitSubnets))
+	for _, def := range DefaultTransitSubnets {
+		p := netip.MustParsePrefix(def)
+		for tries := 0; overlapsAny(p, taken); tries++ {
+			next, ok := nextPrefix(p)
+			if !ok || tries > 1024 {
+				return "", fmt.Errorf("no free transit subnet near %s", def)
+			}
+			p = next
+		}
+		out = append(out, p.String())
+	}
+	return strings.Join(out, ","), nil
+}
+
+func overlapsAny(p netip.Prefix, list []netip.Prefix) bool {
+	for _, q := range list {
+		if p.Overlaps(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextPrefix returns the prefix of the same length right after p.
+func nextPrefix(p netip.Prefix) (netip.Prefix, bool) {
+	b := p.Addr().AsSlice()
+	bits := p.Bits()
+	// Add 1 at bit position bits-1 (counted from the most significant bit).
+	idx, bit := (bits-1)/8, 7-uint((bits-1)%8)
+	carry := uint16(1) << bit
+	for i := idx; i >= 0 && carry > 0; i-- {
+		sum := uint16(b[i]) + carry
+		b[i] = byte(sum)
+		carry = sum >> 8
+	}
+	if carry > 0 {
+		return netip.Prefix{}, false
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return netip.PrefixFrom(a, bits), true
+}
+
+func joinCIDRs(l []udnv1.CIDR) string {
+	s := make([]string, len(l))
+	for i, c := range l {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ",")
+}
+
+func joinIPs(l []udnv1.IP) string {
+	s := make([]string, len(l))
+	for i, c := range l {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ",")
+}
+
+func joinOr(v string, def []string) string {
+	if v != "" {
+		return v
+	}
+	return strings.Join(def, ",")
+}
