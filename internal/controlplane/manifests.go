@@ -1,0 +1,86 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// FieldOwner is the server-side-apply field manager of manifests kvnet applies.
+const FieldOwner = "kvnet"
+
+// DecodeManifests splits multi-document YAML (or JSON) into objects,
+// skipping empty documents and kustomization files' contents.
+func DecodeManifests(data []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, err
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		if u.GetKind() == "" || u.GetAPIVersion() == "" {
+			return nil, fmt.Errorf("document %d has no kind or apiVersion", len(out)+1)
+		}
+		out = append(out, u)
+	}
+}
+
+// ApplyFiles server-side applies every object in the YAML files of dir
+// (kustomization.yaml excepted), in file-name order.
+func ApplyFiles(ctx context.Context, c client.Client, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		n := e.Name()
+		if e.IsDir() || n == "kustomization.yaml" || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+			continue
+		}
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return err
+		}
+		objs, err := DecodeManifests(data)
+		if err != nil {
+			return fmt.Errorf("decode %s: %w", n, err)
+		}
+		for _, o := range objs {
+			if err := Apply(ctx, c, o); err != nil {
+				return fmt.Errorf("apply %s %s from %s: %w", o.GetKind(), o.GetName(), n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Apply server-side applies one object.
+func Apply(ctx context.Context, c client.Client, o *unstructured.Unstructured) error {
+	o = o.DeepCopy()
+	o.SetManagedFields(nil)
+	o.SetResourceVersion("")
+	return c.Patch(ctx, o, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership) //nolint:staticcheck // unstructured apply
+}
