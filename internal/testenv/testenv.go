@@ -75,6 +75,7 @@ func (e *Env) Stop() error { return e.CP.Stop() }
 // returned stop function is called; stop waits for it to exit.
 func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
+	opts.SkipNameValidation = true
 	mgr, err := manager.New(rest.CopyConfig(e.Config), opts)
 	if err != nil {
 		return nil, err

@@ -49,6 +49,9 @@ type Options struct {
 	LeaderElectionNamespace string
 	// MaxConcurrentReconciles per controller; 0 means the controllers' default.
 	MaxConcurrentReconciles int
+	// SkipNameValidation lets one process build the manager more than once
+	// (tests that restart the controller).
+	SkipNameValidation bool
 }
 
 // New builds the manager with every kvnet controller registered.
@@ -74,7 +77,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}); err != nil {
+	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up UDN controllers: %w", err)
 	}
 	if opts.ProbeAddr != "0" {

@@ -165,7 +165,9 @@ func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec
 	if existing != nil {
 		if id := udn.NetworkIDOf(existing); id != 0 {
 			if err := n.ids.Reserve(netName, id); err != nil {
-				log.FromContext(ctx).Error(err, "keeping network ID from NAD failed", "nad", namespace+"/"+owner.GetName())
+				// Hand-edited or conflicting: the allocator's ID wins and
+				// the NAD is repaired below.
+				log.FromContext(ctx).Info("ignoring network ID on NAD", "nad", namespace+"/"+owner.GetName(), "reason", err.Error())
 			}
 		}
 	}

@@ -24,6 +24,9 @@ import (
 type Options struct {
 	// MaxConcurrentReconciles per controller; 0 means 4.
 	MaxConcurrentReconciles int
+	// SkipNameValidation allows registering the controllers again in one
+	// process (tests that restart the controller).
+	SkipNameValidation bool
 }
 
 // Setup registers the UserDefinedNetwork and ClusterUserDefinedNetwork
@@ -49,7 +52,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				return udnsIn(ctx, c, o.GetNamespace(), true)
 			}), builder.WithPredicates(podGone)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&udnReconciler{networks: n})
 	if err != nil {
 		return err
@@ -73,7 +76,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
 				return cudns(ctx, c, true)
 			}), builder.WithPredicates(podGone)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&cudnReconciler{networks: n})
 }
 

@@ -1,0 +1,583 @@
+package udn_test
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+var (
+	env            *testenv.Env
+	c              client.Client
+	stopController func()
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	var err error
+	env, err = testenv.Start(testenv.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		os.Exit(1)
+	}
+	c = env.Client
+	code := 1
+	if stopController, err = env.RunController(manager.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, "start controller:", err)
+	} else {
+		code = m.Run()
+		if stopController != nil {
+			stopController()
+		}
+	}
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+// restartController stops kvnet-controller and starts a fresh one, which
+// has to rebuild its state from the API.
+func restartController(t *testing.T) {
+	t.Helper()
+	stopController()
+	stop, err := env.RunController(manager.Options{})
+	if err != nil {
+		stopController = nil
+		t.Fatal(err)
+	}
+	stopController = stop
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func mkNS(t *testing.T, name string, labels map[string]string) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	if err := c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var primaryLabel = map[string]string{udn.PrimaryNamespaceLabel: ""}
+
+func l2UDN(ns, name string, role udnv1.NetworkRole, subnets ...udnv1.CIDR) *udnv1.UserDefinedNetwork {
+	return &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: udnv1.UserDefinedNetworkSpec{
+			Topology: udnv1.NetworkTopologyLayer2,
+			Layer2:   &udnv1.Layer2Config{Role: role, Subnets: subnets},
+		},
+	}
+}
+
+func create(t *testing.T, o client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), o); err != nil {
+		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+	}
+}
+
+func getNAD(ns, name string) (*nadv1.NetworkAttachmentDefinition, error) {
+	var nad nadv1.NetworkAttachmentDefinition
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nad)
+	return &nad, err
+}
+
+func waitNAD(t *testing.T, ns, name string) *nadv1.NetworkAttachmentDefinition {
+	t.Helper()
+	var nad *nadv1.NetworkAttachmentDefinition
+	eventually(t, "NAD "+ns+"/"+name, func() (err error) {
+		nad, err = getNAD(ns, name)
+		return err
+	})
+	return nad
+}
+
+func waitNADGone(t *testing.T, ns, name string) {
+	t.Helper()
+	eventually(t, "NAD "+ns+"/"+name+" gone", func() error {
+		if _, err := getNAD(ns, name); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (err=%v)", err)
+		}
+		return nil
+	})
+}
+
+// waitCondition waits for obj's NetworkCreated condition to have status and
+// a message containing msg, and returns the condition.
+func waitCondition(t *testing.T, obj client.Object, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+	t.Helper()
+	var got metav1.Condition
+	eventually(t, fmt.Sprintf("condition of %s", obj.GetName()), func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		var conds []metav1.Condition
+		switch o := obj.(type) {
+		case *udnv1.UserDefinedNetwork:
+			conds = o.Status.Conditions
+		case *udnv1.ClusterUserDefinedNetwork:
+			conds = o.Status.Conditions
+		}
+		cond := meta.FindStatusCondition(conds, "NetworkCreated")
+		if cond == nil {
+			return fmt.Errorf("no NetworkCreated condition")
+		}
+		got = *cond
+		if cond.Status != status || cond.Reason != reason || !strings.Contains(cond.Message, msg) {
+			return fmt.Errorf("condition is %s/%s %q, want %s/%s containing %q", cond.Status, cond.Reason, cond.Message, status, reason, msg)
+		}
+		return nil
+	})
+	return got
+}
+
+// nadView is what golden files record of a NAD; the network ID varies with
+// test order and is checked by TestNetworkIDs instead.
+type nadView struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Finalizers  []string          `json:"finalizers,omitempty"`
+	Owner       string            `json:"owner"`
+	Config      map[string]any    `json:"config"`
+}
+
+func checkGolden(t *testing.T, nad *nadv1.NetworkAttachmentDefinition, file string) {
+	t.Helper()
+	v := nadView{Name: nad.Name, Namespace: nad.Namespace, Labels: nad.Labels, Annotations: map[string]string{}, Finalizers: nad.Finalizers}
+	for k, val := range nad.Annotations {
+		if k == udn.NetworkIDAnnotation {
+			val = "<id>"
+		}
+		v.Annotations[k] = val
+	}
+	if ref := metav1.GetControllerOf(nad); ref != nil {
+		v.Owner = ref.Kind + "/" + ref.Name
+		if ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
+			t.Errorf("owner reference without blockOwnerDeletion")
+		}
+	}
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &v.Config); err != nil {
+		t.Fatalf("NAD config is not JSON: %v", err)
+	}
+	got, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", file)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("NAD %s/%s differs from %s:\n--- got\n%s\n--- want\n%s", nad.Namespace, nad.Name, path, got, want)
+	}
+}
+
+func TestRenderedNADs(t *testing.T) {
+	mkNS(t, "golden-primary", primaryLabel)
+	mkNS(t, "golden-secondary", map[string]string{"golden": "yes"})
+
+	docs := l2UDN("golden-primary", "primary-udn", udnv1.NetworkRolePrimary, "10.100.0.0/16")
+	docs.Labels = map[string]string{"app": "vms"}
+	docs.Annotations = map[string]string{"note": "copied", "k8s.ovn.org/internal": "not copied"}
+	docs.Spec.Layer2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}
+	create(t, docs)
+
+	sec := l2UDN("golden-secondary", "secondary-l2", udnv1.NetworkRoleSecondary, "192.168.10.0/24", "fd10::/64")
+	sec.Spec.Layer2.MTU = 1400
+	create(t, sec)
+
+	l3 := &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "golden-secondary", Name: "secondary-l3"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer3, Layer3: &udnv1.Layer3Config{
+			Role: udnv1.NetworkRoleSecondary, Subnets: []udnv1.Layer3Subnet{{CIDR: "10.200.0.0/16", HostSubnet: 24}},
+		}},
+	}
+	create(t, l3)
+
+	localnet := &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: "golden-localnet"},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"golden": "yes"}},
+			Network: udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLocalnet, Localnet: &udnv1.LocalnetConfig{
+				Role: udnv1.NetworkRoleSecondary, PhysicalNetworkName: "physnet", Subnets: udnv1.DualStackCIDRs{"192.168.100.0/24"},
+				ExcludeSubnets: []udnv1.CIDR{"192.168.100.1/32"}, IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent},
+				VLAN: &udnv1.VLANConfig{Mode: udnv1.VLANModeAccess, Access: &udnv1.AccessVLANConfig{ID: 100}},
+			}},
+		},
+	}
+	create(t, localnet)
+
+	checkGolden(t, waitNAD(t, "golden-primary", "primary-udn"), "primary-l2-persistent.yaml")
+	checkGolden(t, waitNAD(t, "golden-secondary", "secondary-l2"), "secondary-l2-dualstack.yaml")
+	checkGolden(t, waitNAD(t, "golden-secondary", "secondary-l3"), "secondary-l3.yaml")
+	checkGolden(t, waitNAD(t, "golden-secondary", "golden-localnet"), "cudn-localnet.yaml")
+
+	waitCondition(t, docs, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
+	waitCondition(t, localnet, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated",
+		"NetworkAttachmentDefinition has been created in following namespaces: [golden-secondary]")
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(docs), docs); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(docs.Finalizers, udn.Finalizer) {
+		t.Errorf("UDN finalizers %v, want %s", docs.Finalizers, udn.Finalizer)
+	}
+}
+
+func TestPrimaryNeedsNamespaceLabel(t *testing.T) {
+	mkNS(t, "unlabelled", nil)
+	u := l2UDN("unlabelled", "primary", udnv1.NetworkRolePrimary, "10.0.0.0/24")
+	create(t, u)
+	waitCondition(t, u, metav1.ConditionFalse, "SyncError",
+		`invalid primary network state for namespace "unlabelled": a valid primary user defined network or network attachment definition custom resource, and required namespace label "k8s.ovn.org/primary-user-defined-network" must both be present`)
+	if _, err := getNAD("unlabelled", "primary"); !apierrors.IsNotFound(err) {
+		t.Fatalf("NAD rendered for a primary network in an unlabelled namespace (err=%v)", err)
+	}
+	// A secondary network needs no label.
+	s := l2UDN("unlabelled", "secondary", udnv1.NetworkRoleSecondary, "10.0.0.0/24")
+	create(t, s)
+	waitNAD(t, "unlabelled", "secondary")
+}
+
+func TestNamespaceLabelImmutable(t *testing.T) {
+	const msg = "The 'k8s.ovn.org/primary-user-defined-network' label cannot be added/removed after the namespace was created"
+	ctx := context.Background()
+	mkNS(t, "label-add", nil)
+	mkNS(t, "label-remove", primaryLabel)
+
+	var ns corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: "label-add"}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels = map[string]string{udn.PrimaryNamespaceLabel: ""}
+	if err := c.Update(ctx, &ns); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("adding the label: err = %v, want %q", err, msg)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: "label-remove"}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	delete(ns.Labels, udn.PrimaryNamespaceLabel)
+	if err := c.Update(ctx, &ns); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("removing the label: err = %v, want %q", err, msg)
+	}
+	// Other labels stay editable.
+	if err := c.Get(ctx, client.ObjectKey{Name: "label-remove"}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["team"] = "blue"
+	if err := c.Update(ctx, &ns); err != nil {
+		t.Fatalf("editing another label: %v", err)
+	}
+}
+
+func TestSecondPrimaryRefused(t *testing.T) {
+	mkNS(t, "two-primaries", primaryLabel)
+	first := l2UDN("two-primaries", "first", udnv1.NetworkRolePrimary, "10.0.0.0/24")
+	create(t, first)
+	waitNAD(t, "two-primaries", "first")
+
+	second := l2UDN("two-primaries", "second", udnv1.NetworkRolePrimary, "10.1.0.0/24")
+	create(t, second)
+	waitCondition(t, second, metav1.ConditionFalse, "SyncError", `primary network already exist in namespace "two-primaries": "first"`)
+	if _, err := getNAD("two-primaries", "second"); !apierrors.IsNotFound(err) {
+		t.Fatalf("second primary NAD exists (err=%v)", err)
+	}
+
+	cudn := &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: "third-primary"},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "two-primaries"}},
+			Network:           udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.2.0.0/24"}}},
+		},
+	}
+	create(t, cudn)
+	waitCondition(t, cudn, metav1.ConditionFalse, "NetworkAttachmentDefinitionSyncError", `primary network already exist in namespace "two-primaries": "first"`)
+
+	// Once the first goes, the second takes the namespace.
+	if err := c.Delete(context.Background(), cudn); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	waitNADGone(t, "two-primaries", "first")
+	waitNAD(t, "two-primaries", "second")
+	waitCondition(t, second, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
+}
+
+func pod(ns, name string, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}
+}
+
+func TestDeletionBlockedWhileInUse(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "in-use", primaryLabel)
+	sec := l2UDN("in-use", "blue", udnv1.NetworkRoleSecondary, "10.9.0.0/24")
+	create(t, sec)
+	prim := l2UDN("in-use", "main", udnv1.NetworkRolePrimary, "10.8.0.0/24")
+	create(t, prim)
+	waitNAD(t, "in-use", "blue")
+	waitNAD(t, "in-use", "main")
+
+	user := pod("in-use", "vm-launcher", map[string]string{"k8s.v1.cni.cncf.io/networks": `[{"name":"blue","namespace":"in-use"}]`})
+	create(t, user)
+
+	if err := c.Delete(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, prim); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, sec, metav1.ConditionFalse, "SyncError", "network in use by the following pods: [in-use/vm-launcher]")
+	// The primary network is used by every pod of its labelled namespace.
+	waitCondition(t, prim, metav1.ConditionFalse, "SyncError", "network in use by the following pods: [in-use/vm-launcher]")
+	if _, err := getNAD("in-use", "blue"); err != nil {
+		t.Fatalf("NAD of a network in use is gone: %v", err)
+	}
+
+	if err := c.Delete(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	waitNADGone(t, "in-use", "blue")
+	waitNADGone(t, "in-use", "main")
+	eventually(t, "UDNs deleted", func() error {
+		var list udnv1.UserDefinedNetworkList
+		if err := c.List(ctx, &list, client.InNamespace("in-use")); err != nil {
+			return err
+		}
+		if len(list.Items) > 0 {
+			return fmt.Errorf("%d UDNs left", len(list.Items))
+		}
+		return nil
+	})
+}
+
+func TestCUDNSelectorChanges(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "sel-a", map[string]string{"sel-team": "x"})
+	mkNS(t, "sel-b", nil)
+	cudn := &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: "shared"},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"sel-team": "x"}},
+			Network:           udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: udnv1.NetworkRoleSecondary, Subnets: udnv1.DualStackCIDRs{"10.50.0.0/24"}}},
+		},
+	}
+	create(t, cudn)
+	nadA := waitNAD(t, "sel-a", "shared")
+	waitCondition(t, cudn, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "in following namespaces: [sel-a]")
+	if _, err := getNAD("sel-b", "shared"); !apierrors.IsNotFound(err) {
+		t.Fatalf("NAD in unselected namespace (err=%v)", err)
+	}
+
+	setLabels := func(name string, labels map[string]string) {
+		t.Helper()
+		var ns corev1.Namespace
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &ns); err != nil {
+			t.Fatal(err)
+		}
+		ns.Labels = labels
+		if err := c.Update(ctx, &ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setLabels("sel-b", map[string]string{"sel-team": "x"})
+	nadB := waitNAD(t, "sel-b", "shared")
+	waitCondition(t, cudn, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "in following namespaces: [sel-a, sel-b]")
+	if udn.NetworkIDOf(nadA) == 0 || udn.NetworkIDOf(nadA) != udn.NetworkIDOf(nadB) {
+		t.Errorf("NADs of one CUDN have network IDs %d and %d, want one non-zero ID", udn.NetworkIDOf(nadA), udn.NetworkIDOf(nadB))
+	}
+
+	// A pod in sel-a using the network keeps its NAD when sel-a is unselected.
+	create(t, pod("sel-a", "user", map[string]string{"k8s.v1.cni.cncf.io/networks": "shared"}))
+	setLabels("sel-a", nil)
+	waitCondition(t, cudn, metav1.ConditionFalse, "NetworkAttachmentDefinitionSyncError", "network in use by the following pods: [sel-a/user]")
+	if _, err := getNAD("sel-a", "shared"); err != nil {
+		t.Fatalf("NAD in use removed: %v", err)
+	}
+	if err := c.Delete(ctx, pod("sel-a", "user", nil)); err != nil {
+		t.Fatal(err)
+	}
+	waitNADGone(t, "sel-a", "shared")
+	waitCondition(t, cudn, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "in following namespaces: [sel-b]")
+
+	// Changing the selector moves the network.
+	if err := c.Get(ctx, client.ObjectKeyFromObject(cudn), cudn); err != nil {
+		t.Fatal(err)
+	}
+	cudn.Spec.NamespaceSelector = metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "sel-a"}}
+	if err := c.Update(ctx, cudn); err != nil {
+		t.Fatal(err)
+	}
+	waitNAD(t, "sel-a", "shared")
+	waitNADGone(t, "sel-b", "shared")
+}
+
+func TestNADEditReverted(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "revert", nil)
+	u := l2UDN("revert", "net", udnv1.NetworkRoleSecondary, "10.60.0.0/24")
+	create(t, u)
+	nad := waitNAD(t, "revert", "net")
+	want := nad.Spec.Config
+	id := udn.NetworkIDOf(nad)
+
+	nad.Spec.Config = `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"hijacked","topology":"layer2"}`
+	delete(nad.Labels, udn.NADLabel)
+	nad.Annotations[udn.NetworkIDAnnotation] = "4000"
+	if err := c.Update(ctx, nad); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NAD reverted", func() error {
+		got, err := getNAD("revert", "net")
+		if err != nil {
+			return err
+		}
+		if got.Spec.Config != want {
+			return fmt.Errorf("config is %s", got.Spec.Config)
+		}
+		if _, ok := got.Labels[udn.NADLabel]; !ok {
+			return fmt.Errorf("label %s not restored", udn.NADLabel)
+		}
+		if udn.NetworkIDOf(got) != id {
+			return fmt.Errorf("network ID %d, want %d", udn.NetworkIDOf(got), id)
+		}
+		return nil
+	})
+}
+
+func TestForeignNAD(t *testing.T) {
+	mkNS(t, "foreign", nil)
+	create(t, &nadv1.NetworkAttachmentDefinition{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "foreign", Name: "taken"},
+		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"1.0.0","type":"bridge","name":"br"}`},
+	})
+	u := l2UDN("foreign", "taken", udnv1.NetworkRoleSecondary, "10.70.0.0/24")
+	create(t, u)
+	waitCondition(t, u, metav1.ConditionFalse, "SyncError", "foreign NetworkAttachmentDefinition with the desired name already exist [foreign/taken]")
+	nad, err := getNAD("foreign", "taken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(nad.Spec.Config, `"bridge"`) {
+		t.Fatalf("foreign NAD overwritten: %s", nad.Spec.Config)
+	}
+}
+
+func TestNetworkIDs(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "ids", nil)
+	ids := map[string]int{}
+	for _, name := range []string{"n1", "n2", "n3"} {
+		create(t, l2UDN("ids", name, udnv1.NetworkRoleSecondary, "10.80.0.0/24"))
+	}
+	for _, name := range []string{"n1", "n2", "n3"} {
+		nad := waitNAD(t, "ids", name)
+		ids[name] = udn.NetworkIDOf(nad)
+		if ids[name] < 1 || ids[name] > udn.MaxNetworkID {
+			t.Fatalf("NAD %s has network ID %q", name, nad.Annotations[udn.NetworkIDAnnotation])
+		}
+		if nad.Annotations[udn.NetworkNameAnnotation] != "ids_"+name {
+			t.Errorf("network name annotation %q", nad.Annotations[udn.NetworkNameAnnotation])
+		}
+	}
+	if ids["n1"] == ids["n2"] || ids["n2"] == ids["n3"] || ids["n1"] == ids["n3"] {
+		t.Fatalf("duplicate network IDs: %v", ids)
+	}
+
+	restartController(t)
+
+	create(t, l2UDN("ids", "n4", udnv1.NetworkRoleSecondary, "10.80.0.0/24"))
+	n4 := udn.NetworkIDOf(waitNAD(t, "ids", "n4"))
+	for name, id := range ids {
+		if id == n4 {
+			t.Fatalf("after restart, n4 got ID %d already held by %s", n4, name)
+		}
+	}
+	// A repaired NAD keeps its ID after the restart too.
+	nad := waitNAD(t, "ids", "n2")
+	nad.Spec.Config = "{}"
+	if err := c.Update(ctx, nad); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n2 repaired with its ID", func() error {
+		got, err := getNAD("ids", "n2")
+		if err != nil {
+			return err
+		}
+		if got.Spec.Config == "{}" || udn.NetworkIDOf(got) != ids["n2"] {
+			return fmt.Errorf("config %s, id %d (want %d)", got.Spec.Config, udn.NetworkIDOf(got), ids["n2"])
+		}
+		return nil
+	})
+	for name := range ids {
+		if got := udn.NetworkIDOf(waitNAD(t, "ids", name)); got != ids[name] {
+			t.Errorf("after restart %s has ID %d, want %d", name, got, ids[name])
+		}
+	}
+}
+
+func TestNamespaceDeletion(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "doomed", primaryLabel)
+	create(t, l2UDN("doomed", "net", udnv1.NetworkRolePrimary, "10.90.0.0/24"))
+	waitNAD(t, "doomed", "net")
+	if err := c.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}}); err != nil {
+		t.Fatal(err)
+	}
+	// kube-controller-manager's namespace controller deletes the UDN; the
+	// finalizers are released by kvnet; then the namespace goes.
+	eventually(t, "namespace gone", func() error {
+		var ns corev1.Namespace
+		err := c.Get(ctx, client.ObjectKey{Name: "doomed"}, &ns)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("namespace phase %s (err=%v)", ns.Status.Phase, err)
+	})
+}
