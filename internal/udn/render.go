@@ -180,25 +180,33 @@ func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
 	out := make([]string, 0, len(DefaultTransitSubnets))
 	for _, def := range DefaultTransitSubnets {
 		p := netip.MustParsePrefix(def)
-		for tries := 0; overlapsAny(p, taken); tries++ {
-			next, ok := nextPrefix(p)
-			if !ok || tries > 1024 {
+		for tries := 0; ; tries++ {
+			q, overlaps := firstOverlap(p, taken)
+			if !overlaps {
+				break
+			}
+			// Jump past whichever of the two is larger.
+			if q.Bits() > p.Bits() {
+				q = p
+			}
+			next, ok := nextPrefix(q)
+			if !ok || tries > 64 {
 				return "", fmt.Errorf("no free transit subnet near %s", def)
 			}
-			p = next
+			p = netip.PrefixFrom(next.Addr(), p.Bits())
 		}
 		out = append(out, p.String())
 	}
 	return strings.Join(out, ","), nil
 }
 
-func overlapsAny(p netip.Prefix, list []netip.Prefix) bool {
+func firstOverlap(p netip.Prefix, list []netip.Prefix) (netip.Prefix, bool) {
 	for _, q := range list {
 		if p.Overlaps(q) {
-			return true
+			return q, true
 		}
 	}
-	return false
+	return netip.Prefix{}, false
 }
 
 // nextPrefix returns the prefix of the same length right after p.
