@@ -19,7 +19,9 @@ import (
 	"strings"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -36,8 +38,11 @@ type Config struct {
 	// BinDir holds etcd, kube-apiserver and kube-controller-manager.
 	// Empty means $KVNET_BIN_DIR, else <repo>/.cache/bin.
 	BinDir string
-	// CRDDirs are directories of CRD manifests installed before Start returns.
-	CRDDirs []string
+	// CRDs are installed (and waited for) before Start returns.
+	CRDs []*apiextensionsv1.CustomResourceDefinition
+	// Manifests are YAML documents server-side applied after the CRDs, such
+	// as admission policies.
+	Manifests [][]byte
 	// WebhookDirs are directories of webhook configurations; envtest rewrites
 	// them to point at a local webhook server (see Env.WebhookInstallOptions).
 	WebhookDirs []string
@@ -69,8 +74,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    binDir,
-		CRDDirectoryPaths:        cfg.CRDDirs,
-		ErrorIfCRDPathMissing:    len(cfg.CRDDirs) > 0,
+		CRDs:                     cfg.CRDs,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
@@ -96,6 +100,23 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	cp.Kubeconfig, err = admin.KubeConfig()
 	if err != nil {
 		return nil, fmt.Errorf("render admin kubeconfig: %w", err)
+	}
+	if len(cfg.Manifests) > 0 {
+		c, err := client.New(restCfg, client.Options{})
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range cfg.Manifests {
+			objs, err := DecodeManifests(m)
+			if err != nil {
+				return nil, fmt.Errorf("decode manifest: %w", err)
+			}
+			for _, o := range objs {
+				if err := Apply(ctx, c, o); err != nil {
+					return nil, fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
+				}
+			}
+		}
 	}
 	cp.dir, err = os.MkdirTemp("", "kvnet-controlplane-")
 	if err != nil {

@@ -9,8 +9,6 @@ package testenv
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -44,10 +42,12 @@ func Start(opts Options) (*Env, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		CRDDirs:             []string{filepath.Join(root, "config", "crd", "bases")},
-		NoControllerManager: opts.NoControllerManager,
-	})
+	cfg, err := controlplane.KvnetConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.NoControllerManager = opts.NoControllerManager
+	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -60,10 +60,6 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		_ = cp.Stop()
 		return nil, err
-	}
-	if err := controlplane.ApplyFiles(ctx, c, filepath.Join(root, "config", "policy")); err != nil {
-		_ = cp.Stop()
-		return nil, fmt.Errorf("apply policies: %w", err)
 	}
 	return &Env{CP: cp, Config: cp.Config, Client: c, Root: root}, nil
 }

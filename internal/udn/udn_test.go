@@ -93,7 +93,7 @@ func TestIDAllocator(t *testing.T) {
 	}
 	full := NewIDAllocator()
 	for i := range MaxNetworkID {
-		if _, err := full.Allocate(string(rune('A' + i%26)) + string(rune(i))); err != nil {
+		if _, err := full.Allocate(string(rune('A'+i%26)) + string(rune(i))); err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
 	}

@@ -259,4 +259,3 @@ func checkErr(t *testing.T, err error, want string) {
 		t.Fatalf("rejected with\n  %v\nwant message containing\n  %q", err, want)
 	}
 }
-

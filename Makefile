@@ -1,0 +1,48 @@
+# kvnet developer entry points. `make help` lists them.
+SHELL := /usr/bin/env bash
+GO ?= go
+BIN := bin
+LAB_DIR ?= .local
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: tools
+tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin (cached)
+	hack/build-tools.sh
+
+.PHONY: build
+build: ## Build kvnet binaries into bin/
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: generate
+generate: ## Regenerate deepcopy code and CRDs from api/
+	hack/update-codegen.sh
+
+.PHONY: verify
+verify: ## Fail if generated files are stale or code is unformatted
+	hack/verify.sh
+
+.PHONY: test
+test: tools ## Run the whole test suite (real apiserver; datapath tests need root)
+	$(GO) test -race -count=1 ./...
+
+.PHONY: bench
+bench: tools ## Run the benchmarks
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+
+.PHONY: local-up
+local-up: tools build ## Start the lab (control plane + kvnet) in the background
+	$(BIN)/kvnet lab up --dir $(LAB_DIR)
+
+.PHONY: local-down
+local-down: ## Stop the lab
+	@if [ -x $(BIN)/kvnet ]; then $(BIN)/kvnet lab down --dir $(LAB_DIR); fi
+
+.PHONY: demo
+demo: local-up ## Start the lab, apply examples/ and show the result
+	$(BIN)/kvnet demo --kubeconfig $(LAB_DIR)/kubeconfig --examples examples
+	@echo; echo "The lab keeps running: KUBECONFIG=$(LAB_DIR)/kubeconfig; stop it with: make local-down"

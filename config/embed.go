@@ -1,0 +1,16 @@
+// Package config embeds the manifests kvnet installs itself: the CRDs and
+// admission policies. The lab applies them from here, so the kvnet binary
+// needs no checkout; a cluster applies the same files with kustomize.
+package config
+
+import "embed"
+
+// CRDs holds crd/bases/*.yaml.
+//
+//go:embed crd/bases/*.yaml
+var CRDs embed.FS
+
+// Policies holds policy/*.yaml (ValidatingAdmissionPolicies).
+//
+//go:embed policy/namespace-label.yaml
+var Policies embed.FS

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the system packages kvnet's tests and lab use, when missing:
+# iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client.
+# Go modules come from the module proxy; control-plane binaries are built by
+# hack/build-tools.sh (make tools).
+set -euo pipefail
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v nft >/dev/null || need+=(nftables)
+command -v busybox >/dev/null || need+=(busybox)
+command -v make >/dev/null || need+=(make)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
+fi

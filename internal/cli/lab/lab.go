@@ -1,0 +1,225 @@
+// Package lab implements "kvnet lab": a whole kvnet installation on one
+// machine. "lab up" starts etcd, kube-apiserver, kube-controller-manager
+// (built by hack/build-tools.sh) and kvnet-controller, installs kvnet's CRDs
+// and policies, and writes an admin kubeconfig into the lab directory;
+// "lab down" stops it.
+//
+// Later layers (simulated nodes, the lab runtime and virt-controller) join
+// the same process.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/k8s/manager"
+)
+
+// Files in the lab directory.
+const (
+	KubeconfigFile = "kubeconfig"
+	pidFile        = "lab.pid"
+	logFile        = "lab.log"
+	readyFile      = "ready"
+)
+
+type flagpole struct {
+	dir        string
+	foreground bool
+	timeout    time.Duration
+}
+
+// NewCommand returns "kvnet lab".
+func NewCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Run kvnet and a real control plane on this machine",
+	}
+	flags := &flagpole{}
+	cmd.PersistentFlags().StringVar(&flags.dir, "dir", ".local", "lab directory (kubeconfig, logs, pid)")
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Start the lab in the background and wait until it is ready",
+		Long: "Starts etcd, kube-apiserver, kube-controller-manager and kvnet-controller.\n" +
+			"The admin kubeconfig is written to <dir>/kubeconfig.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if flags.foreground {
+				return runForeground(cmd.Context(), flags.dir)
+			}
+			return startBackground(flags)
+		},
+	}
+	up.Flags().BoolVar(&flags.foreground, "foreground", false, "run in the foreground until interrupted")
+	up.Flags().DurationVar(&flags.timeout, "timeout", 3*time.Minute, "how long to wait for the lab to be ready")
+	down := &cobra.Command{
+		Use:   "down",
+		Short: "Stop the lab",
+		RunE: func(*cobra.Command, []string) error {
+			return stop(flags.dir)
+		},
+	}
+	cmd.AddCommand(up, down)
+	return cmd
+}
+
+// Running reports whether a lab runs with its state in dir, and its PID.
+func Running(dir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return 0, false
+	}
+	_, err = os.Stat(filepath.Join(dir, readyFile))
+	return pid, err == nil
+}
+
+func startBackground(flags *flagpole) error {
+	if pid, ok := Running(flags.dir); ok {
+		fmt.Printf("kvnet lab already running (pid %d); kubeconfig: %s\n", pid, filepath.Join(flags.dir, KubeconfigFile))
+		return nil
+	}
+	if err := os.MkdirAll(flags.dir, 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Join(flags.dir, readyFile))
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(flags.dir, logFile))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, "lab", "up", "--foreground", "--dir", flags.dir)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start lab: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(flags.timeout)
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("lab exited during start-up (%v); log: %s\n%s", err, logf.Name(), tail(logf.Name(), 20))
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			return fmt.Errorf("lab not ready after %s; log: %s\n%s", flags.timeout, logf.Name(), tail(logf.Name(), 20))
+		case <-time.After(200 * time.Millisecond):
+		}
+		if _, err := os.Stat(filepath.Join(flags.dir, readyFile)); err == nil {
+			fmt.Printf("kvnet lab is up (pid %d)\n  kubeconfig: %s\n  log:        %s\n", cmd.Process.Pid,
+				filepath.Join(flags.dir, KubeconfigFile), logf.Name())
+			return nil
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func runForeground(ctx context.Context, dir string) error {
+	ctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	ctrl.SetLogger(zap.New())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(dir)
+	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(dir, pidFile))
+	defer os.Remove(filepath.Join(dir, readyFile))
+
+	cfg, err := controlplane.KvnetConfig()
+	if err != nil {
+		return err
+	}
+	cfg.LogDir = abs
+	start := time.Now()
+	cp, err := controlplane.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	if err := os.WriteFile(filepath.Join(dir, KubeconfigFile), cp.Kubeconfig, 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("control plane up in %s\n", time.Since(start).Round(time.Millisecond))
+
+	mgr, err := manager.New(cp.Config, manager.Options{MetricsAddr: "127.0.0.1:18080", ProbeAddr: "127.0.0.1:18081"})
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- mgr.Start(ctx) }()
+	select {
+	case <-mgr.Elected():
+	case err := <-errc:
+		return fmt.Errorf("kvnet-controller: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
+		return err
+	}
+	fmt.Println("kvnet-controller running; metrics on http://127.0.0.1:18080/metrics")
+	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	fmt.Println("kvnet lab stopped")
+	return nil
+}
+
+func stop(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		fmt.Println("kvnet lab is not running")
+		return nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("bad pid file %s: %q", filepath.Join(dir, pidFile), b)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		_ = os.Remove(filepath.Join(dir, pidFile))
+		fmt.Println("kvnet lab is not running")
+		return nil
+	}
+	for range 300 {
+		if syscall.Kill(pid, 0) != nil {
+			fmt.Println("kvnet lab stopped")
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	return fmt.Errorf("lab (pid %d) did not stop in 30s; killed", pid)
+}

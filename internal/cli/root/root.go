@@ -1,0 +1,21 @@
+// Package root assembles the kvnet command line.
+package root
+
+import (
+	"github.com/spf13/cobra"
+
+	"kvnet.io/kvnet/internal/cli/demo"
+	"kvnet.io/kvnet/internal/cli/lab"
+)
+
+// NewCommand returns the kvnet root command.
+func NewCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           "kvnet",
+		Short:         "kvnet: VM networking for Kubernetes",
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	cmd.AddCommand(lab.NewCommand(), demo.NewCommand())
+	return cmd
+}
