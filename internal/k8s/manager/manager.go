@@ -60,6 +60,12 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Rely on the API server's priority and fairness rather than client-go's
+	// default 5 requests/s, as controller-runtime's GetConfig does.
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
+	}
 	if opts.MetricsAddr == "" {
 		opts.MetricsAddr = "0"
 	}

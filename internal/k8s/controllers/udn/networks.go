@@ -247,7 +247,19 @@ func (n *networks) createNAD(ctx context.Context, owner udn.Owner, primary bool,
 		}
 	}
 	if err := n.client.Create(ctx, nad); err != nil {
-		return nil, fmt.Errorf("failed to create NetworkAttachmentDefinition: %w", err)
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("failed to create NetworkAttachmentDefinition: %w", err)
+		}
+		// The cache had not seen our own earlier create yet: read it back
+		// and check that it is ours.
+		var cur nadv1.NetworkAttachmentDefinition
+		if err := n.apiReader.Get(ctx, client.ObjectKeyFromObject(nad), &cur); err != nil {
+			return nil, fmt.Errorf("failed to get NetworkAttachmentDefinition %s/%s: %w", ns, nad.Name, err)
+		}
+		if !metav1.IsControlledBy(&cur, owner) {
+			return nil, userErrorf("foreign NetworkAttachmentDefinition with the desired name already exist [%s/%s]", ns, nad.Name)
+		}
+		return &cur, nil
 	}
 	if primary {
 		n.primary[ns] = primaryClaim{nadName: nad.Name, ownerUID: owner.GetUID()}

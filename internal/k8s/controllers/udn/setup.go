@@ -18,11 +18,13 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/netconf"
 )
 
 // Options configures the UDN controllers.
 type Options struct {
-	// MaxConcurrentReconciles per controller; 0 means 4.
+	// MaxConcurrentReconciles per controller; 0 means 16. Reconciles wait on
+	// API writes, not CPU, so more workers than cores pays off.
 	MaxConcurrentReconciles int
 	// SkipNameValidation allows registering the controllers again in one
 	// process (tests that restart the controller).
@@ -33,20 +35,24 @@ type Options struct {
 // controllers with mgr.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.MaxConcurrentReconciles == 0 {
-		opts.MaxConcurrentReconciles = 4
+		opts.MaxConcurrentReconciles = 16
 	}
 	n := newNetworks(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("kvnet-udn-controller"))
 	c := mgr.GetClient()
 
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("userdefinednetwork").
-		For(&udnv1.UserDefinedNetwork{}).
-		// Any NAD change in a namespace may concern its UDNs: their own NAD
-		// (mutated or deleted), a foreign NAD with their name, or another
-		// primary network going away.
+		For(&udnv1.UserDefinedNetwork{}, builder.WithPredicates(specOrMetaChanged)).
+		// A NAD change concerns the UDN of the same name (its own NAD, or a
+		// foreign one in the way); a primary NAD change may also unblock
+		// another primary UDN of the namespace waiting for it to go.
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
-				return udnsIn(ctx, c, o.GetNamespace(), false)
+				reqs := []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
+				if nad, ok := o.(*nadv1.NetworkAttachmentDefinition); ok && isPrimaryNAD(nad) {
+					reqs = append(reqs, unsyncedUDNsIn(ctx, c, o.GetNamespace())...)
+				}
+				return reqs
 			})).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
@@ -59,7 +65,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusteruserdefinednetwork").
-		For(&udnv1.ClusterUserDefinedNetwork{}).
+		For(&udnv1.ClusterUserDefinedNetwork{}, builder.WithPredicates(specOrMetaChanged)).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
 			func(_ context.Context, o client.Object) []reconcile.Request {
 				name := o.GetName()
@@ -96,6 +102,27 @@ func udnsIn(ctx context.Context, c client.Client, namespace string, deletingOnly
 	return out
 }
 
+// unsyncedUDNsIn returns requests for the UDNs of a namespace whose
+// NetworkCreated condition is not True.
+func unsyncedUDNsIn(ctx context.Context, c client.Client, namespace string) []reconcile.Request {
+	var list udnv1.UserDefinedNetworkList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, u := range list.Items {
+		if !meta.IsStatusConditionTrue(u.Status.Conditions, ConditionNetworkCreated) {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: u.Namespace, Name: u.Name}})
+		}
+	}
+	return out
+}
+
+func isPrimaryNAD(nad *nadv1.NetworkAttachmentDefinition) bool {
+	conf, err := netconf.Parse(nad.Spec.Config)
+	return err == nil && conf != nil && conf.IsPrimary()
+}
+
 // cudns returns requests for all CUDNs; when blockedOnly, only for those
 // being deleted or not fully synced (a NAD removal may wait on pods).
 func cudns(ctx context.Context, c client.Client, blockedOnly bool) []reconcile.Request {
@@ -111,6 +138,12 @@ func cudns(ctx context.Context, c client.Client, blockedOnly bool) []reconcile.R
 	}
 	return out
 }
+
+// specOrMetaChanged skips status-only and finalizer-only updates (our own
+// writes); spec changes and deletion bump the generation, and labels and
+// annotations are copied to NADs.
+var specOrMetaChanged = predicate.Or(predicate.GenerationChangedPredicate{},
+	predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{})
 
 // podGone passes pod events that can unblock a network deletion: a pod
 // deleted, or a pod that just completed.
