@@ -1,0 +1,83 @@
+// Checks across the whole repository.
+package lint
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"kvnet.io/kvnet/internal/controlplane"
+)
+
+type pkg struct {
+	ImportPath string
+	Doc        string
+	Deps       []string
+	Name       string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-json", "./...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkg
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+func TestPackageDocs(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if p.Doc == "" {
+			t.Errorf("package %s has no package doc", p.ImportPath)
+		}
+	}
+}
+
+// clientFree are core packages that must not depend on Kubernetes clients.
+var clientFree = []string{
+	"kvnet.io/kvnet/internal/udn",
+	"kvnet.io/kvnet/internal/netconf",
+	"kvnet.io/kvnet/internal/multus",
+}
+
+func TestCorePackagesImportNoClient(t *testing.T) {
+	forbidden := []string{"k8s.io/client-go/", "sigs.k8s.io/controller-runtime/pkg/client", "sigs.k8s.io/controller-runtime/pkg/manager"}
+	seen := 0
+	for _, p := range listPackages(t) {
+		for _, core := range clientFree {
+			if p.ImportPath != core && !strings.HasPrefix(p.ImportPath, core+"/") {
+				continue
+			}
+			seen++
+			for _, d := range p.Deps {
+				for _, f := range forbidden {
+					if strings.HasPrefix(d, f) {
+						t.Errorf("%s depends on %s", p.ImportPath, d)
+					}
+				}
+			}
+		}
+	}
+	if seen < len(clientFree) {
+		t.Fatalf("checked %d core packages, want %d", seen, len(clientFree))
+	}
+}

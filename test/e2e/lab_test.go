@@ -1,0 +1,61 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kvnet.io/kvnet/internal/controlplane"
+)
+
+func TestLabDemo(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kvnet")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/kvnet")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build kvnet: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), controlplane.BinDirEnv+"="+filepath.Join(root, ".cache", "bin"))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("kvnet %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		}
+		return out.String()
+	}
+	run("lab", "up", "--dir", dir)
+	defer run("lab", "down", "--dir", dir)
+	if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err != nil {
+		t.Fatalf("no kubeconfig: %v", err)
+	}
+	out := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
+	for _, want := range []string{
+		"applied  UserDefinedNetwork udn-demo/udn-l2-net",
+		"REJECTED UserDefinedNetwork udn-demo/no-subnets",
+		"Subnets is required with ipam.mode is Enabled or unset",
+		"NetworkAttachmentDefinition has been created in following namespaces: [blue-namespace, red-namespace]",
+		`"name": "udn-demo_udn-l2-net"`,
+		`"allowPersistentIPs": true`,
+		"NetworkAttachmentDefinitions rendered by kvnet (4)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	// Running the demo again is idempotent.
+	if again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples")); !strings.Contains(again, "(4)") {
+		t.Errorf("second demo run differs:\n%s", again)
+	}
+}
