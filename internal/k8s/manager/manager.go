@@ -19,6 +19,7 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	udncontroller "kvnet.io/kvnet/internal/k8s/controllers/udn"
 )
 
@@ -86,11 +87,16 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up UDN controllers: %w", err)
 	}
+	ipamReady, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
+	if err != nil {
+		return nil, fmt.Errorf("set up IPAM controllers: %w", err)
+	}
 	if opts.ProbeAddr != "0" {
 		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 			return nil, err
 		}
-		if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		// Ready only once the allocators are rebuilt from the API.
+		if err := mgr.AddReadyzCheck("ipam-rebuilt", ipamReady); err != nil {
 			return nil, err
 		}
 	}

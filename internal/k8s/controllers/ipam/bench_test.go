@@ -1,0 +1,216 @@
+package ipam_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/podnetworks"
+)
+
+// benchClient is a client without client-side rate limiting.
+func benchClient(b *testing.B) client.Client {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS = -1
+	wc, err := client.New(cfg, client.Options{Scheme: c.Scheme()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return wc
+}
+
+func run(b *testing.B, n, workers int, f func(i int) error) {
+	b.Helper()
+	var wg sync.WaitGroup
+	next := make(chan int)
+	errs := make(chan error, n)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(i); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkEndToEnd1000PodsWithClaims: 1,000 pods, each referencing its
+// own IPAMClaim, created by 32 concurrent writers; the time until all are
+// annotated. The floor is the same run with kvnet stopped, the benchmark
+// making kvnet's writes itself (create pod, write the claim's status,
+// annotate the pod). ratio = floor / kvnet.
+func BenchmarkEndToEnd1000PodsWithClaims(b *testing.B) {
+	const pods, writers = 1000, 32
+	ctx := context.Background()
+	wc := benchClient(b)
+	var kvnetTotal, floorTotal time.Duration
+	for iter := range b.N {
+		b.StopTimer()
+		ns := fmt.Sprintf("e2e-%d-%d", time.Now().UnixNano(), iter)
+		floorNS := ns + "-floor"
+		mkNS(b, ns, false)
+		mkNS(b, floorNS, false)
+		mkUDN(b, ns, "net", udnv1.NetworkRoleSecondary, true, "10.128.0.0/16")
+		for _, n := range []string{ns, floorNS} {
+			run(b, pods, writers, func(i int) error {
+				return wc.Create(ctx, &ipamclaimv1alpha1.IPAMClaim{
+					ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: fmt.Sprintf("vm%d.net", i)},
+					Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: ns + "_net"},
+				})
+			})
+		}
+
+		// Floor, with kvnet stopped.
+		stopController()
+		stopController = func() {}
+		b.StartTimer()
+		start := time.Now()
+		run(b, pods, writers, func(i int) error {
+			p := mkPod(floorNS, fmt.Sprintf("pod-%d", i), secondary("net", fmt.Sprintf("vm%d.net", i)))
+			if err := wc.Create(ctx, p); err != nil {
+				return err
+			}
+			var cl ipamclaimv1alpha1.IPAMClaim
+			if err := wc.Get(ctx, client.ObjectKey{Namespace: floorNS, Name: fmt.Sprintf("vm%d.net", i)}, &cl); err != nil {
+				return err
+			}
+			ip := fmt.Sprintf("10.129.%d.%d/16", i/250, i%250+1)
+			cl.Status.IPs = []string{ip}
+			cl.Status.OwnerPod = &ipamclaimv1alpha1.OwnerPod{Name: p.Name}
+			cl.Status.Conditions = []metav1.Condition{{Type: "IPsAllocated", Status: metav1.ConditionTrue, Reason: "SuccessfulAllocation", Message: "IP addresses successfully allocated", LastTransitionTime: metav1.Now()}}
+			if err := wc.Status().Update(ctx, &cl); err != nil {
+				return err
+			}
+			patch := client.MergeFrom(p.DeepCopy())
+			p.Annotations[podnetworks.Annotation] = fmt.Sprintf(`{"%s/net":{"ip_addresses":[%q],"mac_address":"0a:58:0a:81:00:01","role":"secondary","network":"%s_net","ipam_claim":"vm%d.net"}}`, floorNS, ip, ns, i)
+			return wc.Patch(ctx, p, patch)
+		})
+		floorTotal += time.Since(start)
+		b.StopTimer()
+		var err error
+		if stopController, err = env.RunController(manager.Options{}); err != nil {
+			b.Fatal(err)
+		}
+		waitReady(b, ns)
+		b.StartTimer()
+
+		start = time.Now()
+		run(b, pods, writers, func(i int) error {
+			return wc.Create(ctx, mkPod(ns, fmt.Sprintf("pod-%d", i), secondary("net", fmt.Sprintf("vm%d.net", i))))
+		})
+		for {
+			var list corev1.PodList
+			if err := wc.List(ctx, &list, client.InNamespace(ns)); err != nil {
+				b.Fatal(err)
+			}
+			done := 0
+			for _, p := range list.Items {
+				if _, ok := p.Annotations[podnetworks.Annotation]; ok {
+					done++
+				}
+			}
+			if done == pods {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		kvnetTotal += time.Since(start)
+		b.StopTimer()
+		for _, n := range []string{ns, floorNS} {
+			_ = wc.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(kvnetTotal.Seconds()/float64(b.N), "s/1000pods")
+	b.ReportMetric(floorTotal.Seconds()/float64(b.N), "floor-s/1000pods")
+	b.ReportMetric(floorTotal.Seconds()/kvnetTotal.Seconds(), "ratio")
+}
+
+// waitReady waits until a freshly started controller serves pods, by
+// getting one probe pod annotated.
+func waitReady(b *testing.B, ns string) {
+	b.Helper()
+	name := fmt.Sprintf("probe-%d", time.Now().UnixNano())
+	create(b, mkPod(ns, name, secondary("net", "")))
+	waitAnnotated(b, ns, name)
+	_ = c.Delete(context.Background(), mkPod(ns, name, nil))
+}
+
+// BenchmarkRestartWithClaims: with N IPAMClaims holding IPs (N from
+// KVNET_BENCH_CLAIMS, default 100,000), the time from starting a fresh
+// controller until the first new pod is annotated: cache sync of every
+// claim, the rebuild, and one allocation.
+func BenchmarkRestartWithClaims(b *testing.B) {
+	claims := 100000
+	if v := os.Getenv("KVNET_BENCH_CLAIMS"); v != "" {
+		var err error
+		if claims, err = strconv.Atoi(v); err != nil {
+			b.Fatalf("KVNET_BENCH_CLAIMS=%q: %v", v, err)
+		}
+	}
+	ctx := context.Background()
+	wc := benchClient(b)
+	b.StopTimer()
+	ns := fmt.Sprintf("restart-%d", time.Now().UnixNano())
+	mkNS(b, ns, false)
+	mkUDN(b, ns, "net", udnv1.NetworkRoleSecondary, true, "10.0.0.0/8")
+	setup := time.Now()
+	run(b, claims, 64, func(i int) error {
+		cl := &ipamclaimv1alpha1.IPAMClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("vm%d.net", i)},
+			Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: ns + "_net"},
+		}
+		if err := wc.Create(ctx, cl); err != nil {
+			return err
+		}
+		cl.Status.IPs = []string{fmt.Sprintf("10.%d.%d.%d/8", 1+i/65536, i/256%256, i%256)}
+		return wc.Status().Update(ctx, cl)
+	})
+	b.Logf("created %d claims with IPs in %s", claims, time.Since(setup).Round(time.Second))
+	var total time.Duration
+	for i := range b.N {
+		stopController()
+		stopController = func() {}
+		b.StartTimer()
+		start := time.Now()
+		var err error
+		if stopController, err = env.RunController(manager.Options{}); err != nil {
+			b.Fatal(err)
+		}
+		name := fmt.Sprintf("first-%d", i)
+		if err := wc.Create(ctx, mkPod(ns, name, secondary("net", ""))); err != nil {
+			b.Fatal(err)
+		}
+		a := waitAnnotated(b, ns, name)[ns+"/net"]
+		total += time.Since(start)
+		b.StopTimer()
+		if ip := a.IPAddresses[0]; ip[:5] != "10.0." {
+			// Claims hold 10.1.0.0 and up; the first free address is in 10.0/16.
+			b.Fatalf("first pod got %s, which a claim may hold", ip)
+		}
+	}
+	b.ReportMetric(total.Seconds()/float64(b.N), "s-to-first-allocation")
+	b.ReportMetric(float64(claims), "claims")
+}

@@ -1,0 +1,427 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// IPAMClaim condition vocabulary shared with OVN-Kubernetes.
+const (
+	ConditionIPsAllocated   = "IPsAllocated"
+	ReasonSuccess           = "SuccessfulAllocation"
+	messageSuccess          = "IP addresses successfully allocated"
+	reasonMissingClaim      = "MissingIPAMClaim"
+	retryMissing            = 2 * time.Second
+	retryExhausted          = 30 * time.Second
+	eventAllocationFailed   = "IPAllocationFailed"
+	eventInvalidNetworkReq  = "InvalidNetworkRequest"
+	eventClaimNotHonoured   = "IPAMClaimIgnored"
+	eventClaimMissing       = "IPAMClaimNotFound"
+	eventPrimaryNetworkMiss = "InvalidPrimaryNetwork"
+)
+
+// podReconciler allocates for pods.
+type podReconciler struct {
+	client    client.Client
+	apiReader client.Reader
+	recorder  events.EventRecorder
+	st        *state
+	ready     <-chan struct{}
+}
+
+func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+		return ctrl.Result{}, ctx.Err()
+	}
+	var pod corev1.Pod
+	if err := r.client.Get(ctx, req.NamespacedName, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.st.releasePod(req.NamespacedName, "")
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		r.st.releasePod(req.NamespacedName, pod.UID)
+		return ctrl.Result{}, nil
+	}
+	if pod.Spec.HostNetwork {
+		return ctrl.Result{}, nil
+	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("pod", req.NamespacedName.String()))
+
+	atts, err := r.attachments(ctx, &pod)
+	if err != nil {
+		return r.podError(ctx, &pod, "", err)
+	}
+	if len(atts) == 0 {
+		return ctrl.Result{}, nil
+	}
+	existing := podnetworks.Networks{}
+	if v, ok := pod.Annotations[podnetworks.Annotation]; ok {
+		if existing, err = podnetworks.Parse(v); err != nil {
+			// Only kvnet writes this annotation; a broken one is not
+			// overwritten, so no IP can silently move.
+			r.recorder.Eventf(&pod, nil, corev1.EventTypeWarning, eventAllocationFailed, "Allocate", "%v", err)
+			return ctrl.Result{}, nil
+		}
+	}
+	var missing []ipam.Attachment
+	for _, a := range atts {
+		if _, done := existing[a.NADKey]; !done {
+			missing = append(missing, a)
+		}
+	}
+	if len(missing) == 0 {
+		return ctrl.Result{}, nil
+	}
+
+	var podOwned []*network // rolled back if the attempt fails
+	ok := false
+	defer func() {
+		if !ok {
+			for _, n := range podOwned {
+				n.alloc.Release(podOwner(pod.UID))
+				n.updateGauges()
+			}
+		}
+	}()
+	result := podnetworks.Networks{}
+	for k, v := range existing {
+		result[k] = v
+	}
+	var ownedNets []string
+	for _, a := range missing {
+		entry, n, owned, err := r.allocate(ctx, &pod, a)
+		if err != nil {
+			return r.podError(ctx, &pod, a.Network.Name, err)
+		}
+		if owned {
+			podOwned = append(podOwned, n)
+			ownedNets = append(ownedNets, a.Network.Name)
+		}
+		result[a.NADKey] = entry
+	}
+	value, err := result.Marshal()
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	patch := client.MergeFrom(pod.DeepCopy())
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[podnetworks.Annotation] = value
+	if err := r.client.Patch(ctx, &pod, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("annotate pod: %w", err)
+	}
+	ok = true
+	r.st.recordPod(req.NamespacedName, pod.UID, ownedNets)
+	for _, a := range missing {
+		allocationsTotal.WithLabelValues(a.Network.Name).Inc()
+	}
+	allocationSeconds.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
+	log.FromContext(ctx).V(1).Info("allocated", "attachments", len(missing))
+	return ctrl.Result{}, nil
+}
+
+// attachments returns the pod's kvnet attachments, reading its namespace
+// and NADs from the cache.
+func (r *podReconciler) attachments(ctx context.Context, pod *corev1.Pod) ([]ipam.Attachment, error) {
+	var ns corev1.Namespace
+	if err := r.client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+		return nil, err
+	}
+	_, labelled := ns.Labels[udn.PrimaryNamespaceLabel]
+	primaryKey := ""
+	if labelled {
+		var nads nadv1.NetworkAttachmentDefinitionList
+		if err := r.client.List(ctx, &nads, client.InNamespace(pod.Namespace)); err != nil {
+			return nil, err
+		}
+		for i := range nads.Items {
+			if s, err := netconf.ParseServed(nads.Items[i].Spec.Config); err == nil && s != nil && s.IsPrimary() && nads.Items[i].DeletionTimestamp == nil {
+				primaryKey = pod.Namespace + "/" + nads.Items[i].Name
+				break
+			}
+		}
+	}
+	lookup := func(key string) (*netconf.Served, bool, error) {
+		nsName, name, _ := cutKey(key)
+		var nad nadv1.NetworkAttachmentDefinition
+		if err := r.client.Get(ctx, client.ObjectKey{Namespace: nsName, Name: name}, &nad); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, false, nil
+			}
+			return nil, false, err
+		}
+		s, err := netconf.ParseServed(nad.Spec.Config)
+		if err != nil {
+			return nil, true, fmt.Errorf("%w: NAD %s: %v", ipam.ErrInvalidRequest, key, err)
+		}
+		return s, true, nil
+	}
+	return ipam.PodAttachments(pod, labelled, primaryKey, lookup)
+}
+
+func cutKey(key string) (string, string, bool) {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '/' {
+			return key[:i], key[i+1:], true
+		}
+	}
+	return "", key, false
+}
+
+// errClaimMissing is returned while a referenced IPAMClaim does not exist.
+var errClaimMissing = errors.New("IPAMClaim not found")
+
+// allocate serves one attachment. owned reports whether the pod (rather
+// than a claim) owns the allocation.
+func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.Attachment) (podnetworks.Attachment, *network, bool, error) {
+	n, err := r.st.network(a.Network)
+	if err != nil {
+		return podnetworks.Attachment{}, nil, false, fmt.Errorf("%w: %v", ipam.ErrInvalidRequest, err)
+	}
+	if n.served != a.Network && !sameAddresses(n.cfg, mustConfig(a.Network)) {
+		log.FromContext(ctx).Info("NAD disagrees with the network's first definition; using the first", "network", a.Network.Name, "nad", a.NADKey)
+	}
+	claimRef := a.ClaimRef
+	if claimRef != "" && !a.Network.AllowsPersistentIPs() {
+		r.recorder.Eventf(pod, nil, corev1.EventTypeNormal, eventClaimNotHonoured, "Allocate",
+			"Pod %s/%s referencing an IPAMClaim on network %q which does not honor it", pod.Namespace, pod.Name, a.Network.Name)
+		claimRef = ""
+	}
+	var alloc allocator.Allocation
+	owned := claimRef == ""
+	if owned {
+		alloc, err = n.alloc.Allocate(allocator.Request{Owner: podOwner(pod.UID), IPs: a.IPs, MAC: a.MAC})
+	} else {
+		alloc, err = r.allocateForClaim(ctx, pod, n, a, claimRef)
+	}
+	n.updateGauges()
+	if err != nil {
+		return podnetworks.Attachment{}, n, false, err
+	}
+	entry := podnetworks.Attachment{
+		MACAddress: alloc.MAC.String(),
+		Role:       a.Role,
+		Network:    a.Network.Name,
+		IPAMClaim:  claimRef,
+	}
+	for _, p := range alloc.IPs {
+		entry.IPAddresses = append(entry.IPAddresses, p.String())
+	}
+	for _, g := range alloc.Gateways {
+		entry.GatewayIPs = append(entry.GatewayIPs, g.String())
+		if a.Role == podnetworks.RolePrimary {
+			dest := "0.0.0.0/0"
+			if g.Is6() {
+				dest = "::/0"
+			}
+			entry.Routes = append(entry.Routes, podnetworks.Route{Dest: dest, NextHop: g.String()})
+		}
+	}
+	return entry, n, owned, nil
+}
+
+func mustConfig(s *netconf.Served) allocator.Config {
+	cfg, _ := ipam.NetworkConfig(s)
+	return cfg
+}
+
+// allocateForClaim reuses the claim's IPs or allocates new ones and writes
+// them to the claim's status before the pod is annotated.
+func (r *podReconciler) allocateForClaim(ctx context.Context, pod *corev1.Pod, n *network, a ipam.Attachment, claimName string) (allocator.Allocation, error) {
+	var claim ipamclaimv1alpha1.IPAMClaim
+	key := types.NamespacedName{Namespace: pod.Namespace, Name: claimName}
+	if err := r.client.Get(ctx, key, &claim); err != nil {
+		if apierrors.IsNotFound(err) {
+			// The cache may lag a claim created just before the pod.
+			if err := r.apiReader.Get(ctx, key, &claim); err != nil {
+				if apierrors.IsNotFound(err) {
+					return allocator.Allocation{}, fmt.Errorf("%w: %s (referenced for network %q)", errClaimMissing, key, a.Network.Name)
+				}
+				return allocator.Allocation{}, err
+			}
+		} else {
+			return allocator.Allocation{}, err
+		}
+	}
+	if claim.Spec.Network != a.Network.Name {
+		return allocator.Allocation{}, fmt.Errorf("%w: IPAMClaim %s is for network %q, not %q", ipam.ErrInvalidRequest, key, claim.Spec.Network, a.Network.Name)
+	}
+	owner := claimOwner(key.Namespace, key.Name)
+	r.st.recordClaim(key, a.Network.Name)
+	var alloc allocator.Allocation
+	var err error
+	if len(claim.Status.IPs) > 0 {
+		ips := make([]netip.Addr, 0, len(claim.Status.IPs))
+		for _, s := range claim.Status.IPs {
+			p, perr := netip.ParsePrefix(s)
+			if perr != nil {
+				return allocator.Allocation{}, fmt.Errorf("%w: IPAMClaim %s status.ips value %q: %v", ipam.ErrInvalidRequest, key, s, perr)
+			}
+			ips = append(ips, p.Addr())
+		}
+		if got, held := n.alloc.Get(owner); held {
+			alloc = got
+		} else {
+			mac := a.MAC
+			if mac == nil && len(ips) > 0 {
+				mac = allocator.DeriveMAC(ips[0])
+			}
+			alloc, err = n.alloc.Reserve(owner, ips, mac)
+		}
+	} else {
+		alloc, err = n.alloc.Allocate(allocator.Request{Owner: owner, MAC: a.MAC})
+	}
+	if serr := r.writeClaimStatus(ctx, &claim, pod, alloc, err); serr != nil {
+		if err == nil && len(claim.Status.IPs) == 0 {
+			n.alloc.Release(owner)
+		}
+		return allocator.Allocation{}, serr
+	}
+	return alloc, err
+}
+
+// writeClaimStatus records the outcome on the claim: IPs (only when it had
+// none), the owner pod (the newest pod using it: a migration target), and
+// the IPsAllocated condition.
+func (r *podReconciler) writeClaimStatus(ctx context.Context, claim *ipamclaimv1alpha1.IPAMClaim, pod *corev1.Pod, alloc allocator.Allocation, allocErr error) error {
+	for attempt := 0; ; attempt++ {
+		updated := claim.DeepCopy()
+		cond := metav1.Condition{Type: ConditionIPsAllocated, Status: metav1.ConditionTrue, Reason: ReasonSuccess, Message: messageSuccess, ObservedGeneration: claim.Generation}
+		if allocErr != nil {
+			cond = metav1.Condition{Type: ConditionIPsAllocated, Status: metav1.ConditionFalse, Reason: string(allocator.ReasonOf(allocErr)), Message: allocErr.Error(), ObservedGeneration: claim.Generation}
+		} else if len(updated.Status.IPs) == 0 {
+			for _, p := range alloc.IPs {
+				updated.Status.IPs = append(updated.Status.IPs, p.String())
+			}
+		}
+		meta.SetStatusCondition(&updated.Status.Conditions, cond)
+		if r.newerOwner(ctx, claim, pod) {
+			updated.Status.OwnerPod = &ipamclaimv1alpha1.OwnerPod{Name: pod.Name}
+		}
+		if equalClaimStatus(claim.Status, updated.Status) {
+			return nil
+		}
+		err := r.client.Status().Update(ctx, updated)
+		if err == nil {
+			*claim = *updated
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= 5 {
+			return fmt.Errorf("update IPAMClaim %s/%s status: %w", claim.Namespace, claim.Name, err)
+		}
+		// Another writer (often the other launcher pod of the same VM):
+		// re-read; never overwrite IPs it wrote.
+		if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
+			return err
+		}
+		if len(claim.Status.IPs) > 0 && allocErr == nil && !sameIPs(claim.Status.IPs, alloc.IPs) {
+			return fmt.Errorf("IPAMClaim %s/%s: overwriting existing IPs %v with %v is not allowed", claim.Namespace, claim.Name, claim.Status.IPs, alloc.IPs)
+		}
+	}
+}
+
+func (r *podReconciler) newerOwner(ctx context.Context, claim *ipamclaimv1alpha1.IPAMClaim, pod *corev1.Pod) bool {
+	if claim.Status.OwnerPod == nil || claim.Status.OwnerPod.Name == "" {
+		return true
+	}
+	if claim.Status.OwnerPod.Name == pod.Name {
+		return false
+	}
+	var cur corev1.Pod
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: claim.Status.OwnerPod.Name}, &cur); err != nil {
+		return true // the recorded owner is gone
+	}
+	return pod.CreationTimestamp.After(cur.CreationTimestamp.Time) ||
+		pod.CreationTimestamp.Equal(&cur.CreationTimestamp) && pod.Name > cur.Name
+}
+
+func equalClaimStatus(a, b ipamclaimv1alpha1.IPAMClaimStatus) bool {
+	if len(a.IPs) != len(b.IPs) || (a.OwnerPod == nil) != (b.OwnerPod == nil) || a.OwnerPod != nil && a.OwnerPod.Name != b.OwnerPod.Name {
+		return false
+	}
+	for i := range a.IPs {
+		if a.IPs[i] != b.IPs[i] {
+			return false
+		}
+	}
+	ca, cb := meta.FindStatusCondition(a.Conditions, ConditionIPsAllocated), meta.FindStatusCondition(b.Conditions, ConditionIPsAllocated)
+	if ca == nil || cb == nil {
+		return ca == cb
+	}
+	return ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
+}
+
+func sameIPs(status []string, ips []netip.Prefix) bool {
+	if len(status) != len(ips) {
+		return false
+	}
+	for i := range ips {
+		if status[i] != ips[i].String() {
+			return false
+		}
+	}
+	return true
+}
+
+// podError reports a failed allocation on the pod and decides the retry.
+func (r *podReconciler) podError(ctx context.Context, pod *corev1.Pod, networkName string, err error) (ctrl.Result, error) {
+	reason := string(allocator.ReasonOf(err))
+	result := ctrl.Result{}
+	event := eventAllocationFailed
+	switch {
+	case errors.Is(err, errClaimMissing):
+		reason, event, result = reasonMissingClaim, eventClaimMissing, ctrl.Result{RequeueAfter: retryMissing}
+	case errors.Is(err, ipam.ErrMissingNAD):
+		reason, event, result = "MissingNetworkAttachmentDefinition", eventAllocationFailed, ctrl.Result{RequeueAfter: retryMissing}
+	case errors.Is(err, ipam.ErrNoPrimaryNetwork):
+		reason, event, result = "InvalidPrimaryNetwork", eventPrimaryNetworkMiss, ctrl.Result{RequeueAfter: retryMissing}
+	case errors.Is(err, ipam.ErrInvalidRequest):
+		reason, event = "InvalidRequest", eventInvalidNetworkReq
+	case errors.Is(err, allocator.ErrFull):
+		result = ctrl.Result{RequeueAfter: retryExhausted}
+	case errors.Is(err, allocator.ErrAllocated), errors.Is(err, allocator.ErrMACConflict),
+		errors.Is(err, allocator.ErrNotInSubnet), errors.Is(err, allocator.ErrExcluded), errors.Is(err, allocator.ErrInvalid):
+		// The request must change; the pod's update will retrigger.
+	default:
+		log.FromContext(ctx).Error(err, "allocation failed")
+		if networkName != "" {
+			failuresTotal.WithLabelValues(networkName, reason).Inc()
+		}
+		return ctrl.Result{}, err
+	}
+	if networkName != "" {
+		failuresTotal.WithLabelValues(networkName, reason).Inc()
+	}
+	r.recorder.Eventf(pod, nil, corev1.EventTypeWarning, event, "Allocate", "%v", err)
+	return result, nil
+}

@@ -1,0 +1,148 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/multus"
+	"kvnet.io/kvnet/internal/podnetworks"
+)
+
+// Options configures the allocation controller.
+type Options struct {
+	// MaxConcurrentReconciles of the pod controller; 0 means 16.
+	MaxConcurrentReconciles int
+	// SkipNameValidation allows registering the controllers again in one
+	// process (tests that restart the controller).
+	SkipNameValidation bool
+}
+
+// Setup registers the allocation controllers and the start-up rebuild with
+// mgr. The returned checker fails until the rebuild is done; add it as a
+// readiness check.
+func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 16
+	}
+	st := newState()
+	ready := make(chan struct{})
+	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), st: st, ready: ready}); err != nil {
+		return nil, err
+	}
+	c := mgr.GetClient()
+	pr := &podReconciler{client: c, apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-ipam"), st: st, ready: ready}
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("ipam-pods").
+		For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork)).
+		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, o client.Object) []reconcile.Request {
+				return waitingPods(ctx, c, o.GetNamespace(), "")
+			}), builder.WithPredicates(predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }})).
+		Watches(&ipamclaimv1alpha1.IPAMClaim{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, o client.Object) []reconcile.Request {
+				return waitingPods(ctx, c, o.GetNamespace(), o.GetName())
+			}), builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return true },
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+			DeleteFunc: func(event.DeleteEvent) bool { return false },
+		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
+		Complete(pr)
+	if err != nil {
+		return nil, err
+	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("ipam-claims").
+		For(&ipamclaimv1alpha1.IPAMClaim{}, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+			DeleteFunc: func(event.DeleteEvent) bool { return true },
+		})).
+		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
+		Complete(&claimReconciler{client: c, st: st, ready: ready})
+	if err != nil {
+		return nil, err
+	}
+	return func(*http.Request) error {
+		select {
+		case <-ready:
+			return nil
+		default:
+			return errors.New("ipam allocators not rebuilt yet")
+		}
+	}, nil
+}
+
+// podNeedsWork passes pod events the allocator acts on: new pods, pods
+// whose network requests changed or that lack their annotation, pods that
+// completed, and deletions.
+var podNeedsWork = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return true },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*corev1.Pod)
+		n, ok2 := e.ObjectNew.(*corev1.Pod)
+		if !ok1 || !ok2 {
+			return false
+		}
+		if n.Status.Phase != o.Status.Phase {
+			return true
+		}
+		if _, annotated := n.Annotations[podnetworks.Annotation]; !annotated {
+			return true
+		}
+		for _, k := range []string{multus.NetworksAnnotation, multus.DefaultNetworkAnnotation, ipam.LegacyPrimaryClaimAnnotation} {
+			if o.Annotations[k] != n.Annotations[k] {
+				return true
+			}
+		}
+		return false
+	},
+}
+
+// waitingPods returns the pods of a namespace without their annotation (and
+// referencing claim, when set): a NAD or claim they waited for appeared.
+func waitingPods(ctx context.Context, c client.Client, namespace, claim string) []reconcile.Request {
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, p := range pods.Items {
+		if _, done := p.Annotations[podnetworks.Annotation]; done || p.Spec.HostNetwork {
+			continue
+		}
+		if claim != "" && !referencesClaim(&p, claim) {
+			continue
+		}
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+	}
+	return out
+}
+
+func referencesClaim(p *corev1.Pod, claim string) bool {
+	for _, k := range []string{multus.NetworksAnnotation, multus.DefaultNetworkAnnotation, ipam.LegacyPrimaryClaimAnnotation} {
+		if strings.Contains(p.Annotations[k], claim) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,162 @@
+package ipam
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/netconf"
+)
+
+// Owner keys of allocations. A claim's IPs belong to the claim, so the two
+// launcher pods of a migrating VM share them and deleting a pod frees
+// nothing; a pod without a claim owns its IPs.
+func podOwner(uid types.UID) string     { return "pod/" + string(uid) }
+func claimOwner(ns, name string) string { return "claim/" + ns + "/" + name }
+
+// podRecord is what a pod owns, so it can be released when the pod is gone.
+type podRecord struct {
+	uid      types.UID
+	networks []string // network names where the pod owns an allocation
+}
+
+// state holds every network's allocator and who owns what. Safe for
+// concurrent use; each allocator has its own lock.
+type state struct {
+	mu       sync.Mutex                    // guards following
+	networks map[string]*network           // network name -> allocator
+	pods     map[types.NamespacedName]podRecord
+	claims   map[types.NamespacedName][]string // claim -> network names holding its allocation
+}
+
+type network struct {
+	alloc *allocator.Network
+	cfg   allocator.Config
+	// served is the configuration the network was built from; a NAD with
+	// the same network name but different addresses does not change it.
+	served *netconf.Served
+}
+
+func newState() *state {
+	return &state{
+		networks: map[string]*network{},
+		pods:     map[types.NamespacedName]podRecord{},
+		claims:   map[types.NamespacedName][]string{},
+	}
+}
+
+// network returns the allocator of s's network, creating it on first use.
+func (st *state) network(s *netconf.Served) (*network, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if n, ok := st.networks[s.Name]; ok {
+		return n, nil
+	}
+	cfg, err := ipam.NetworkConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	a, err := allocator.NewNetwork(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: %w", s.Name, err)
+	}
+	n := &network{alloc: a, cfg: cfg, served: s}
+	st.networks[s.Name] = n
+	size, used := a.Stats()
+	poolSize.WithLabelValues(s.Name).Set(float64(size))
+	poolUsed.WithLabelValues(s.Name).Set(float64(used))
+	return n, nil
+}
+
+// sameAddresses reports whether two configurations allocate alike.
+func sameAddresses(a, b allocator.Config) bool {
+	a.Name, b.Name = "", ""
+	return reflect.DeepEqual(a, b)
+}
+
+func (st *state) lookup(name string) (*network, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n, ok := st.networks[name]
+	return n, ok
+}
+
+func (n *network) updateGauges() {
+	size, used := n.alloc.Stats()
+	poolSize.WithLabelValues(n.alloc.Name()).Set(float64(size))
+	poolUsed.WithLabelValues(n.alloc.Name()).Set(float64(used))
+}
+
+// recordPod notes that pod owns allocations on networks.
+func (st *state) recordPod(key types.NamespacedName, uid types.UID, networks []string) {
+	if len(networks) == 0 {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	rec := st.pods[key]
+	if rec.uid != uid {
+		rec = podRecord{uid: uid}
+	}
+	for _, n := range networks {
+		if !slices.Contains(rec.networks, n) {
+			rec.networks = append(rec.networks, n)
+		}
+	}
+	st.pods[key] = rec
+}
+
+// releasePod frees what the pod at key owns. When uid is set, only a record
+// of that pod is released (a new pod with the same name keeps its own).
+func (st *state) releasePod(key types.NamespacedName, uid types.UID) {
+	st.mu.Lock()
+	rec, ok := st.pods[key]
+	if !ok || (uid != "" && rec.uid != uid) {
+		st.mu.Unlock()
+		return
+	}
+	delete(st.pods, key)
+	nets := make([]*network, 0, len(rec.networks))
+	for _, name := range rec.networks {
+		if n, ok := st.networks[name]; ok {
+			nets = append(nets, n)
+		}
+	}
+	st.mu.Unlock()
+	for _, n := range nets {
+		n.alloc.Release(podOwner(rec.uid))
+		n.updateGauges()
+	}
+}
+
+func (st *state) recordClaim(key types.NamespacedName, network string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !slices.Contains(st.claims[key], network) {
+		st.claims[key] = append(st.claims[key], network)
+	}
+}
+
+// releaseClaim frees a deleted claim's IPs on every network.
+func (st *state) releaseClaim(key types.NamespacedName) []string {
+	st.mu.Lock()
+	names := st.claims[key]
+	delete(st.claims, key)
+	nets := make([]*network, 0, len(names))
+	for _, name := range names {
+		if n, ok := st.networks[name]; ok {
+			nets = append(nets, n)
+		}
+	}
+	st.mu.Unlock()
+	for _, n := range nets {
+		n.alloc.Release(claimOwner(key.Namespace, key.Name))
+		n.updateGauges()
+	}
+	return names
+}

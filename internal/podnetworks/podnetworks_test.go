@@ -1,0 +1,71 @@
+package podnetworks
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	good := `{"ns/net":{"ip_addresses":["10.0.0.5/24","fd00::5/64"],"mac_address":"0a:58:0a:00:00:05","gateway_ips":["10.0.0.1"],"routes":[{"dest":"0.0.0.0/0","nextHop":"10.0.0.1"}],"role":"primary","network":"ns_net","ipam_claim":"vm.pod"}}`
+	tests := []struct {
+		name, value, want string
+	}{
+		{"valid", good, ""},
+		{"not json", `{`, "invalid kvnet.io/pod-networks annotation"},
+		{"bad key", strings.Replace(good, `"ns/net"`, `"net"`, 1), `key "net" is not <namespace>/<name>`},
+		{"bad ip", strings.Replace(good, `10.0.0.5/24`, `10.0.0.500/24`, 1), `"ns/net" ip_addresses value "10.0.0.500/24"`},
+		{"bad mac", strings.Replace(good, `0a:58:0a:00:00:05`, `zz`, 1), `mac_address "zz"`},
+		{"bad gateway", strings.Replace(good, `["10.0.0.1"]`, `["x"]`, 1), `gateway_ips value "x"`},
+		{"bad route", strings.Replace(good, `0.0.0.0/0`, `default`, 1), `route dest "default"`},
+		{"bad role", strings.Replace(good, `"primary"`, `"boss"`, 1), `role "boss"`},
+		{"no network", strings.Replace(good, `"network":"ns_net"`, `"network":""`, 1), `network is empty`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := Parse(tt.value)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				a := n["ns/net"]
+				if len(a.Addrs()) != 2 || a.MAC().String() != "0a:58:0a:00:00:05" || a.IPAMClaim != "vm.pod" {
+					t.Fatalf("parsed %+v", a)
+				}
+				s, err := n.Marshal()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if back, err := Parse(s); err != nil || back["ns/net"].MACAddress != a.MACAddress {
+					t.Fatalf("round trip: %v %+v", err, back)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want ErrInvalid containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(`{"ns/net":{"ip_addresses":["10.0.0.5/24"],"mac_address":"0a:58:0a:00:00:05","role":"secondary","network":"n"}}`)
+	f.Add(`{}`)
+	f.Add(`null`)
+	f.Fuzz(func(t *testing.T, v string) {
+		n, err := Parse(v)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error without ErrInvalid: %v", err)
+			}
+			return
+		}
+		s, err := n.Marshal()
+		if err != nil {
+			t.Fatalf("parsed value does not marshal: %v", err)
+		}
+		if _, err := Parse(s); err != nil {
+			t.Fatalf("round trip: %v", err)
+		}
+	})
+}
