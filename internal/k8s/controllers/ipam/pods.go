@@ -408,6 +408,9 @@ func (r *podReconciler) podError(ctx context.Context, pod *corev1.Pod, networkNa
 	case errors.Is(err, ipam.ErrInvalidRequest):
 		reason, event = "InvalidRequest", eventInvalidNetworkReq
 	case errors.Is(err, allocator.ErrFull):
+		// Retried as soon as the network frees an address, and
+		// periodically as a backstop.
+		r.st.waitFor(networkName, client.ObjectKeyFromObject(pod))
 		result = ctrl.Result{RequeueAfter: retryExhausted}
 	case errors.Is(err, allocator.ErrAllocated), errors.Is(err, allocator.ErrMACConflict),
 		errors.Is(err, allocator.ErrNotInSubnet), errors.Is(err, allocator.ErrExcluded), errors.Is(err, allocator.ErrInvalid):

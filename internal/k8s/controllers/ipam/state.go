@@ -6,7 +6,10 @@ import (
 	"slices"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
@@ -28,10 +31,14 @@ type podRecord struct {
 // state holds every network's allocator and who owns what. Safe for
 // concurrent use; each allocator has its own lock.
 type state struct {
-	mu       sync.Mutex                    // guards following
-	networks map[string]*network           // network name -> allocator
+	mu       sync.Mutex          // guards following
+	networks map[string]*network // network name -> allocator
 	pods     map[types.NamespacedName]podRecord
 	claims   map[types.NamespacedName][]string // claim -> network names holding its allocation
+	// waiting holds pods that failed on an exhausted network, to retry as
+	// soon as an address of it is freed.
+	waiting map[string]map[types.NamespacedName]struct{} // network name -> pods
+	wake    chan event.GenericEvent                      // pods to retry
 }
 
 type network struct {
@@ -47,6 +54,38 @@ func newState() *state {
 		networks: map[string]*network{},
 		pods:     map[types.NamespacedName]podRecord{},
 		claims:   map[types.NamespacedName][]string{},
+		waiting:  map[string]map[types.NamespacedName]struct{}{},
+		wake:     make(chan event.GenericEvent, 1024),
+	}
+}
+
+// waitFor records that pod waits for an address of network.
+func (st *state) waitFor(network string, pod types.NamespacedName) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.waiting[network] == nil {
+		st.waiting[network] = map[types.NamespacedName]struct{}{}
+	}
+	st.waiting[network][pod] = struct{}{}
+}
+
+// freed wakes the pods waiting for an address of the networks.
+func (st *state) freed(networks ...string) {
+	st.mu.Lock()
+	var pods []types.NamespacedName
+	for _, n := range networks {
+		for p := range st.waiting[n] {
+			pods = append(pods, p)
+		}
+		delete(st.waiting, n)
+	}
+	st.mu.Unlock()
+	for _, p := range pods {
+		obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+		select {
+		case st.wake <- event.GenericEvent{Object: obj}:
+		default: // full: the periodic retry still serves it
+		}
 	}
 }
 
@@ -132,6 +171,7 @@ func (st *state) releasePod(key types.NamespacedName, uid types.UID) {
 		n.alloc.Release(podOwner(rec.uid))
 		n.updateGauges()
 	}
+	st.freed(rec.networks...)
 }
 
 func (st *state) recordClaim(key types.NamespacedName, network string) {
@@ -158,5 +198,6 @@ func (st *state) releaseClaim(key types.NamespacedName) []string {
 		n.alloc.Release(claimOwner(key.Namespace, key.Name))
 		n.updateGauges()
 	}
+	st.freed(names...)
 	return names
 }
