@@ -79,7 +79,7 @@ func (s *subnet) excluded(ip netip.Addr) bool {
 	return s.r.isNetworkOrBroadcast(ip) || ip == s.gateway || ip == s.mgmt || inAny(s.exclude, ip)
 }
 
-// blocked reports whether ip, inside s, is kept from automatic allocation.
+// isBlocked reports whether ip, inside s, is kept from automatic allocation.
 // Such IPs are taken in the bitmap from the start (inside the window), so
 // owners holding them are recorded in Network.ips alone.
 func (s *subnet) isBlocked(ip netip.Addr) bool {
