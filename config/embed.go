@@ -14,3 +14,8 @@ var CRDs embed.FS
 //
 //go:embed policy/namespace-label.yaml
 var Policies embed.FS
+
+// Webhooks holds webhook/webhooks.yaml (the MutatingWebhookConfiguration).
+//
+//go:embed webhook/webhooks.yaml
+var Webhooks []byte

@@ -16,11 +16,15 @@ func main() {
 	flag.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	flag.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", true, "elect a leader among replicas")
+	webhookPort := flag.Int("webhook-port", 9443, "port of the admission webhooks; 0 disables them")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if *webhookPort != 0 {
+		opts.Webhook = &manager.WebhookOptions{Port: *webhookPort, Namespace: os.Getenv("POD_NAMESPACE")}
+	}
 
 	if err := manager.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), opts); err != nil {
 		ctrl.Log.Error(err, "kvnet-controller failed")

@@ -103,7 +103,7 @@ func PodAttachments(pod *corev1.Pod, namespaceLabelled bool, primaryKey string, 
 		seen[key] = true
 		a := Attachment{NADKey: key, Network: s, Role: podnetworks.RoleSecondary, ClaimRef: e.IPAMClaimReference}
 		where := fmt.Sprintf("annotation %s element %d (%s)", multus.NetworksAnnotation, i, key)
-		if err := request(&a, e, where); err != nil {
+		if err := request(&a, e, where, false); err != nil {
 			return nil, err
 		}
 		out = append(out, a)
@@ -123,14 +123,20 @@ func primaryRequest(pod *corev1.Pod, a *Attachment) error {
 			return fmt.Errorf("%w: annotation %s: want exactly one element, got %d", ErrInvalidRequest, multus.DefaultNetworkAnnotation, len(elems))
 		}
 		a.ClaimRef = elems[0].IPAMClaimReference
-		return request(a, elems[0], "annotation "+multus.DefaultNetworkAnnotation)
+		return request(a, elems[0], "annotation "+multus.DefaultNetworkAnnotation, true)
 	}
 	a.ClaimRef = pod.Annotations[LegacyPrimaryClaimAnnotation]
 	return nil
 }
 
-func request(a *Attachment, e multus.NetworkSelectionElement, where string) error {
-	if len(e.IPRequest) > 0 && e.IPAMClaimReference != "" {
+// request fills static IPs and MAC from a selection element. The
+// multi-network spec makes "ips" with "ipam-claim-reference" an error in the
+// networks annotation; in the primary default-network element (where
+// KubeVirt's ipam-extensions puts a VM's requested IPs next to its claim)
+// they are allowed, as OVN-Kubernetes allows them: they seed the claim's
+// first allocation and must match its IPs afterwards.
+func request(a *Attachment, e multus.NetworkSelectionElement, where string, ipsWithClaim bool) error {
+	if len(e.IPRequest) > 0 && e.IPAMClaimReference != "" && !ipsWithClaim {
 		return fmt.Errorf("%w: %s: ips and ipam-claim-reference cannot be used together (the claim holds the IPs)", ErrInvalidRequest, where)
 	}
 	for _, s := range e.IPRequest {

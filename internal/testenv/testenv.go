@@ -9,7 +9,14 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -18,6 +25,7 @@ import (
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/k8s/webhooks"
 )
 
 // Env is a running control plane for tests.
@@ -83,4 +91,46 @@ func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 		cancel()
 		<-done
 	}, nil
+}
+
+// WebhookOptions returns controller options serving kvnet's webhooks on
+// 127.0.0.1 at a free port, after installing the webhook configuration
+// (pointing there) and the kvnet-system namespace. Pass the result to
+// RunController.
+func (e *Env) WebhookOptions(ctx context.Context) (manager.Options, error) {
+	port, err := freePort()
+	if err != nil {
+		return manager.Options{}, err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvnet-system"}}
+	if err := e.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return manager.Options{}, err
+	}
+	wc, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port))
+	if err != nil {
+		return manager.Options{}, err
+	}
+	var cur admissionregistrationv1.MutatingWebhookConfiguration
+	if err := e.Client.Get(ctx, client.ObjectKeyFromObject(wc), &cur); err == nil {
+		wc.ResourceVersion = cur.ResourceVersion
+		err = e.Client.Update(ctx, wc)
+		if err != nil {
+			return manager.Options{}, err
+		}
+	} else if err := e.Client.Create(ctx, wc); err != nil {
+		return manager.Options{}, err
+	}
+	return manager.Options{Webhook: &manager.WebhookOptions{
+		Host: "127.0.0.1", Port: port, Namespace: "kvnet-system",
+		IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, MACPendingTimeout: 2 * time.Second,
+	}}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -6,21 +6,32 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/certs"
 	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
+	macpoolcontroller "kvnet.io/kvnet/internal/k8s/controllers/macpool"
 	udncontroller "kvnet.io/kvnet/internal/k8s/controllers/udn"
+	vmclaimscontroller "kvnet.io/kvnet/internal/k8s/controllers/vmclaims"
+	"kvnet.io/kvnet/internal/k8s/webhooks"
 )
 
 // NewScheme returns a scheme with the Kubernetes built-ins and every API
@@ -53,6 +64,30 @@ type Options struct {
 	// SkipNameValidation lets one process build the manager more than once
 	// (tests that restart the controller).
 	SkipNameValidation bool
+	// Webhook enables the admission webhooks and the MAC pool; nil leaves
+	// them off.
+	Webhook *WebhookOptions
+}
+
+// WebhookOptions configures the webhook server.
+type WebhookOptions struct {
+	Host string // listen address; "" = all
+	Port int    // default 9443
+	// Namespace holds the certificate Secret and the MAC range ConfigMap.
+	Namespace string
+	// DNSNames and IPs of the serving certificate; default the Service's
+	// DNS names.
+	DNSNames []string
+	IPs      []net.IP
+	// DefaultNetworkNAD is the cluster default network NAD written in
+	// launcher pods' default-network element (default "ovn-kubernetes/default",
+	// as ipam-extensions).
+	DefaultNetworkNAD string
+	// MACRangeConfigMap is the name of the MAC range ConfigMap (default
+	// kvnet-mac-range-config).
+	MACRangeConfigMap string
+	// MACPendingTimeout: see macpool.Options.PendingTimeout.
+	MACPendingTimeout time.Duration
 }
 
 // New builds the manager with every kvnet controller registered.
@@ -73,7 +108,37 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if opts.ProbeAddr == "" {
 		opts.ProbeAddr = "0"
 	}
+	var webhookServer webhook.Server
+	var certMgr *certs.Manager
+	if w := opts.Webhook; w != nil {
+		if w.Port == 0 {
+			w.Port = 9443
+		}
+		if w.Namespace == "" {
+			w.Namespace = "kvnet-system"
+		}
+		if len(w.DNSNames) == 0 && len(w.IPs) == 0 {
+			w.DNSNames = []string{"kvnet-webhook." + w.Namespace + ".svc", "kvnet-webhook." + w.Namespace + ".svc.cluster.local"}
+		}
+		direct, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return nil, err
+		}
+		certMgr = certs.New(direct, certs.Options{Namespace: w.Namespace, SecretName: "kvnet-webhook-certs", DNSNames: w.DNSNames, IPs: w.IPs})
+		// Certificates before serving: the API server must never meet a
+		// webhook without one.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := certMgr.Ensure(ctx); err != nil {
+			return nil, fmt.Errorf("webhook certificates: %w", err)
+		}
+		webhookServer = webhook.NewServer(webhook.Options{
+			Host: w.Host, Port: w.Port,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = certMgr.GetCertificate }},
+		})
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddr},
 		HealthProbeBindAddress:  opts.ProbeAddr,
@@ -91,6 +156,14 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("set up IPAM controllers: %w", err)
 	}
+	if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+		return nil, fmt.Errorf("set up VM claims controller: %w", err)
+	}
+	if opts.Webhook != nil {
+		if err := setupWebhooks(mgr, opts, certMgr); err != nil {
+			return nil, err
+		}
+	}
 	if opts.ProbeAddr != "0" {
 		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 			return nil, err
@@ -101,6 +174,32 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) error {
+	w := opts.Webhook
+	if w.DefaultNetworkNAD == "" {
+		w.DefaultNetworkNAD = "ovn-kubernetes/default"
+	}
+	if w.MACRangeConfigMap == "" {
+		w.MACRangeConfigMap = "kvnet-mac-range-config"
+	}
+	pool, err := macpoolcontroller.Setup(mgr, macpoolcontroller.Options{
+		ConfigMap:          types.NamespacedName{Namespace: w.Namespace, Name: w.MACRangeConfigMap},
+		PendingTimeout:     w.MACPendingTimeout,
+		SkipNameValidation: opts.SkipNameValidation,
+	})
+	if err != nil {
+		return fmt.Errorf("set up MAC pool: %w", err)
+	}
+	srv := mgr.GetWebhookServer()
+	dec := admission.NewDecoder(mgr.GetScheme())
+	srv.Register(webhooks.LauncherPodPath, &webhook.Admission{Handler: &webhooks.LauncherPodMutator{
+		Reader: mgr.GetAPIReader(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
+	}})
+	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
+	// Renewals and caBundle upkeep, on every replica.
+	return mgr.Add(certMgr)
 }
 
 // Run builds the manager and runs it until ctx ends.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,13 +18,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/udn"
 )
 
 // IPAMClaim condition vocabulary shared with OVN-Kubernetes.
@@ -153,49 +153,18 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 // attachments returns the pod's kvnet attachments, reading its namespace
 // and NADs from the cache.
 func (r *podReconciler) attachments(ctx context.Context, pod *corev1.Pod) ([]ipam.Attachment, error) {
-	var ns corev1.Namespace
-	if err := r.client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+	labelled, primaryKey, err := nads.Primary(ctx, r.client, pod.Namespace)
+	if err != nil {
 		return nil, err
 	}
-	_, labelled := ns.Labels[udn.PrimaryNamespaceLabel]
-	primaryKey := ""
-	if labelled {
-		var nads nadv1.NetworkAttachmentDefinitionList
-		if err := r.client.List(ctx, &nads, client.InNamespace(pod.Namespace)); err != nil {
-			return nil, err
-		}
-		for i := range nads.Items {
-			if s, err := netconf.ParseServed(nads.Items[i].Spec.Config); err == nil && s != nil && s.IsPrimary() && nads.Items[i].DeletionTimestamp == nil {
-				primaryKey = pod.Namespace + "/" + nads.Items[i].Name
-				break
-			}
-		}
-	}
 	lookup := func(key string) (*netconf.Served, bool, error) {
-		nsName, name, _ := cutKey(key)
-		var nad nadv1.NetworkAttachmentDefinition
-		if err := r.client.Get(ctx, client.ObjectKey{Namespace: nsName, Name: name}, &nad); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, false, nil
-			}
-			return nil, false, err
-		}
-		s, err := netconf.ParseServed(nad.Spec.Config)
-		if err != nil {
+		s, found, err := nads.Lookup(ctx, r.client, key)
+		if err != nil && found {
 			return nil, true, fmt.Errorf("%w: NAD %s: %v", ipam.ErrInvalidRequest, key, err)
 		}
-		return s, true, nil
+		return s, found, err
 	}
 	return ipam.PodAttachments(pod, labelled, primaryKey, lookup)
-}
-
-func cutKey(key string) (string, string, bool) {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '/' {
-			return key[:i], key[i+1:], true
-		}
-	}
-	return "", key, false
 }
 
 // errClaimMissing is returned while a referenced IPAMClaim does not exist.
@@ -289,6 +258,10 @@ func (r *podReconciler) allocateForClaim(ctx context.Context, pod *corev1.Pod, n
 			}
 			ips = append(ips, p.Addr())
 		}
+		if len(a.IPs) > 0 && !subset(a.IPs, ips) {
+			err := fmt.Errorf("%w: requested IPs %v are not the IPs %v that IPAMClaim %s holds", allocator.ErrAllocated, a.IPs, claim.Status.IPs, key)
+			return allocator.Allocation{}, err
+		}
 		if got, held := n.alloc.Get(owner); held {
 			alloc = got
 		} else {
@@ -299,7 +272,7 @@ func (r *podReconciler) allocateForClaim(ctx context.Context, pod *corev1.Pod, n
 			alloc, err = n.alloc.Reserve(owner, ips, mac)
 		}
 	} else {
-		alloc, err = n.alloc.Allocate(allocator.Request{Owner: owner, MAC: a.MAC})
+		alloc, err = n.alloc.Allocate(allocator.Request{Owner: owner, IPs: a.IPs, MAC: a.MAC})
 	}
 	if serr := r.writeClaimStatus(ctx, &claim, pod, alloc, err); serr != nil {
 		if err == nil && len(claim.Status.IPs) == 0 {
@@ -379,6 +352,15 @@ func equalClaimStatus(a, b ipamclaimv1alpha1.IPAMClaimStatus) bool {
 		return ca == cb
 	}
 	return ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
+}
+
+func subset(want, have []netip.Addr) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
 }
 
 func sameIPs(status []string, ips []netip.Prefix) bool {

@@ -1,0 +1,28 @@
+package macpool
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	poolSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvnet_macpool_size", Help: "MACs the pool can hand out.",
+	})
+	poolUsed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvnet_macpool_used", Help: "MACs of the range held by VMs.",
+	})
+	duplicateMACs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvnet_macpool_duplicate_macs_total", Help: "MACs found on two VMs while rebuilding the pool.",
+	})
+	abandonedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvnet_macpool_abandoned_released_total", Help: "MACs released because the VM admission that took them never reached the API.",
+	})
+	collisions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_mac_collisions", Help: "Running VMIs using each MAC; above 1 is a collision.",
+	}, []string{"mac"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(poolSize, poolUsed, duplicateMACs, abandonedTotal, collisions)
+}

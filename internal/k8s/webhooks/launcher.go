@@ -1,0 +1,138 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/k8s/nads"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/vmclaims"
+)
+
+// LauncherPodPath is where the launcher-pod mutator is served.
+const LauncherPodPath = "/mutate-launcher-pod"
+
+// LauncherPodMutator sets IPAMClaim references on virt-launcher pods.
+type LauncherPodMutator struct {
+	// Reader reads VMIs, namespaces and NADs; an uncached reader, because
+	// the VMI was usually created a moment ago.
+	Reader  client.Reader
+	Decoder admission.Decoder
+	// DefaultNetworkNAD is "<ns>/<name>" of the cluster default network,
+	// written in the default-network element for primary networks.
+	DefaultNetworkNAD string
+	// VMIRetries and VMIRetryDelay bound the wait for a VMI the reader
+	// does not see yet (default 4 × 500 ms, as ipam-extensions).
+	VMIRetries    int
+	VMIRetryDelay time.Duration
+}
+
+// Handle implements admission.Handler.
+func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	defer func() { admissionSeconds.WithLabelValues("launcher-pod").Observe(time.Since(start).Seconds()) }()
+	var pod corev1.Pod
+	if err := m.Decoder.Decode(req, &pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace
+	}
+	vmiName := pod.Annotations[kubevirtv1.DomainAnnotation]
+	if vmiName == "" {
+		return admission.Allowed("not a VM pod")
+	}
+	vmi, err := m.getVMI(ctx, pod.Namespace, vmiName)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get VMI %s/%s of launcher pod: %w", pod.Namespace, vmiName, err))
+	}
+	_, primaryKey, err := nads.Primary(ctx, m.Reader, pod.Namespace)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	var primarySubnets []netip.Prefix
+	lookup := func(key string) (*netconf.Served, bool, error) {
+		s, found, err := nads.Lookup(ctx, m.Reader, key)
+		if err != nil && found {
+			return nil, true, fmt.Errorf("%w: NAD %s: %v", vmclaims.ErrDeny, key, err)
+		}
+		if key == primaryKey && s != nil && s.Conf != nil {
+			primarySubnets, _ = netconf.ParsePrefixes("subnets", s.Conf.Subnets)
+		}
+		return s, found, err
+	}
+	claims, err := vmclaims.Claims(vmi, vmi.Name, primaryKey, lookup)
+	if err != nil {
+		if errors.Is(err, vmclaims.ErrDeny) {
+			return admission.Denied(err.Error())
+		}
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	ann, err := vmclaims.MutatePod(&pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
+		DefaultNetworkNAD: m.DefaultNetworkNAD,
+		Create:            req.Operation == admissionv1.Create,
+	})
+	if err != nil {
+		if errors.Is(err, vmclaims.ErrDeny) {
+			return admission.Denied(err.Error())
+		}
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return patchAnnotations(req.Object.Raw, ann)
+}
+
+func (m *LauncherPodMutator) getVMI(ctx context.Context, ns, name string) (*kubevirtv1.VirtualMachineInstance, error) {
+	retries, delay := m.VMIRetries, m.VMIRetryDelay
+	if retries == 0 {
+		retries, delay = 4, 500*time.Millisecond
+	}
+	var vmi kubevirtv1.VirtualMachineInstance
+	for i := 0; ; i++ {
+		err := m.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &vmi)
+		if err == nil {
+			return &vmi, nil
+		}
+		if !apierrors.IsNotFound(err) || i+1 >= retries {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// patchAnnotations returns a response setting the object's annotations to
+// ann, leaving every other field as it came.
+func patchAnnotations(raw []byte, ann map[string]string) admission.Response {
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	md, _ := obj["metadata"].(map[string]any)
+	if md == nil {
+		md = map[string]any{}
+		obj["metadata"] = md
+	}
+	if len(ann) > 0 {
+		md["annotations"] = ann
+	}
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return admission.PatchResponseFromRaw(raw, out)
+}

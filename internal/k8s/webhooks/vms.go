@@ -1,0 +1,147 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	macpoolctl "kvnet.io/kvnet/internal/k8s/controllers/macpool"
+	"kvnet.io/kvnet/internal/macpool"
+)
+
+// VirtualMachinePath is where the VM MAC mutator is served.
+const VirtualMachinePath = "/mutate-virtualmachines"
+
+// VMMutator gives the interfaces of VirtualMachines unique MACs.
+type VMMutator struct {
+	Pool    *macpoolctl.Manager
+	Decoder admission.Decoder
+}
+
+// Handle implements admission.Handler.
+func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	defer func() { admissionSeconds.WithLabelValues("virtualmachine").Observe(time.Since(start).Seconds()) }()
+	if !m.Pool.Ready() {
+		return admission.Errored(http.StatusServiceUnavailable, errors.New("MAC pool is not rebuilt yet; retry"))
+	}
+	var vm kubevirtv1.VirtualMachine
+	if err := m.Decoder.Decode(req, &vm); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if vm.Namespace == "" {
+		vm.Namespace = req.Namespace
+	}
+	if vm.Name == "" || vm.Spec.Template == nil {
+		return admission.Allowed("no name yet or no template: nothing to assign")
+	}
+	owner := macpoolctl.Owner(vm.Namespace, vm.Name)
+	dryRun := req.DryRun != nil && *req.DryRun
+	spec := vm.Spec.Template.Spec
+
+	assigned := map[int]string{} // interface index -> MAC to write
+	var taken []net.HardwareAddr // newly held, released on failure or dry run
+	fail := func(resp admission.Response) admission.Response {
+		for _, mac := range taken {
+			m.Pool.Pool.Release(owner, mac)
+		}
+		return resp
+	}
+	seen := map[string]string{} // MAC -> interface, for duplicates inside the VM
+	for i, iface := range spec.Domain.Devices.Interfaces {
+		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress == "" {
+			continue
+		}
+		mac, err := net.ParseMAC(iface.MacAddress)
+		if err != nil || len(mac) != 6 {
+			return fail(admission.Denied(fmt.Sprintf("spec.template.spec.domain.devices.interfaces[%d].macAddress %q of interface %q is not a MAC-48 address", i, iface.MacAddress, iface.Name)))
+		}
+		if other, dup := seen[mac.String()]; dup {
+			return fail(admission.Denied(fmt.Sprintf("MAC %s is used by both interfaces %q and %q of VM %s", mac, other, iface.Name, owner)))
+		}
+		seen[mac.String()] = iface.Name
+		_, held := m.Pool.Pool.Holder(mac)
+		if err := m.Pool.Pool.Reserve(owner, mac); err != nil {
+			var ce *macpool.ConflictError
+			if errors.As(err, &ce) {
+				return fail(admission.Denied(fmt.Sprintf("MAC %s of interface %q is already used by VM %s", mac, iface.Name, ce.Holder)))
+			}
+			return fail(admission.Denied(fmt.Sprintf("interface %q: %v", iface.Name, err)))
+		}
+		if !held {
+			taken = append(taken, mac)
+		}
+	}
+	for i, iface := range spec.Domain.Devices.Interfaces {
+		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress != "" {
+			continue
+		}
+		mac, err := m.Pool.Pool.Allocate(owner)
+		if err != nil {
+			return fail(admission.Errored(http.StatusInternalServerError, fmt.Errorf("allocate a MAC for interface %q of VM %s: %w", iface.Name, owner, err)))
+		}
+		taken = append(taken, mac)
+		assigned[i] = mac.String()
+	}
+	if dryRun {
+		fail(admission.Response{})
+	} else if len(taken) > 0 {
+		m.Pool.MarkPending(owner)
+	}
+	if len(assigned) == 0 {
+		return admission.Allowed("MACs already set")
+	}
+	return patchMACs(req.Object.Raw, assigned)
+}
+
+// patchMACs writes MACs into the raw VM, keeping every field it does not
+// know, and stamps the transaction annotation.
+func patchMACs(raw []byte, assigned map[int]string) admission.Response {
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	ifaces, ok := dig(obj, "spec", "template", "spec", "domain", "devices", "interfaces").([]any)
+	if !ok {
+		return admission.Errored(http.StatusBadRequest, errors.New("spec.template.spec.domain.devices.interfaces is not a list"))
+	}
+	for i, mac := range assigned {
+		if i >= len(ifaces) {
+			continue
+		}
+		if iface, ok := ifaces[i].(map[string]any); ok {
+			iface["macAddress"] = mac
+		}
+	}
+	md, _ := obj["metadata"].(map[string]any)
+	ann, _ := md["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
+		md["annotations"] = ann
+	}
+	ann[macpoolctl.TransactionAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return admission.PatchResponseFromRaw(raw, out)
+}
+
+func dig(obj map[string]any, path ...string) any {
+	var cur any = obj
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[p]
+	}
+	return cur
+}

@@ -1,0 +1,420 @@
+package webhooks_test
+
+// Webhook tests on the real apiserver: the webhook configuration kvnet
+// ships is installed (pointing at the controller on 127.0.0.1, with the
+// caBundle kvnet patches itself), so every request goes through admission.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/kubevirt/launcher"
+	"kvnet.io/kvnet/internal/multus"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var (
+	env            *testenv.Env
+	c              client.Client
+	opts           manager.Options
+	stopController func()
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		os.Exit(1)
+	}
+	c = env.Client
+	code := 1
+	if opts, err = env.WebhookOptions(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook options:", err)
+	} else if stopController, err = env.RunController(opts); err != nil {
+		fmt.Fprintln(os.Stderr, "start controller:", err)
+	} else {
+		code = m.Run()
+		if stopController != nil {
+			stopController()
+		}
+	}
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func restartController(t testing.TB) {
+	t.Helper()
+	stopController()
+	stop, err := env.RunController(opts)
+	if err != nil {
+		stopController = nil
+		t.Fatal(err)
+	}
+	stopController = stop
+}
+
+func eventually(t testing.TB, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func create(t testing.TB, o client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), o); err != nil {
+		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+	}
+}
+
+func mkNS(t testing.TB, name string, labels map[string]string) {
+	t.Helper()
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})
+}
+
+func mkUDN(t testing.TB, ns, name string, role udnv1.NetworkRole, subnet udnv1.CIDR) {
+	t.Helper()
+	create(t, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: role, Subnets: udnv1.DualStackCIDRs{subnet}, IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent},
+		}},
+	})
+	eventually(t, "NAD "+ns+"/"+name, func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nadv1.NetworkAttachmentDefinition{})
+	})
+}
+
+func launcherPod(ns, vmi string, annotations map[string]string) *corev1.Pod {
+	ann := map[string]string{kubevirtv1.DomainAnnotation: vmi}
+	for k, v := range annotations {
+		ann[k] = v
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "virt-launcher-" + vmi + "-", Annotations: ann,
+			Labels: map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: vmi}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", Image: "virt-launcher"}}},
+	}
+}
+
+func TestLauncherPodSecondary(t *testing.T) {
+	mkNS(t, "lp-sec", nil)
+	mkUDN(t, "lp-sec", "blue", udnv1.NetworkRoleSecondary, "192.168.10.0/24")
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-sec", Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+				{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}},
+				{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:aa:00:00:00:01"},
+			}}},
+			Networks: []kubevirtv1.Network{
+				{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
+				{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}},
+			},
+		},
+	}
+	create(t, vmi)
+	// The annotations a virt-controller would template.
+	ann, err := launcher.Annotations(vmi, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := launcherPod("lp-sec", "vm1", ann)
+	create(t, pod)
+	elems, err := multus.ParseSelection(multus.NetworksAnnotation, pod.Annotations[multus.NetworksAnnotation], "lp-sec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(elems) != 1 || elems[0].IPAMClaimReference != "vm1.blue-net" || elems[0].MacRequest != "02:aa:00:00:00:01" || elems[0].InterfaceRequest != launcher.PodInterfaceName("blue-net") {
+		t.Fatalf("networks annotation after admission: %+v", elems)
+	}
+	if _, ok := pod.Annotations[multus.DefaultNetworkAnnotation]; ok {
+		t.Fatal("default-network set for a VM without a primary UDN")
+	}
+}
+
+func primaryVMI(ns, name, mac string, addresses string) *kubevirtv1.VirtualMachineInstance {
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+				{Name: "podnet", Binding: &kubevirtv1.PluginBinding{Name: "l2bridge"}, MacAddress: mac},
+			}}},
+			Networks: []kubevirtv1.Network{{Name: "podnet", Pod: &kubevirtv1.PodNetwork{}}},
+		},
+	}
+	if addresses != "" {
+		vmi.Annotations = map[string]string{kubevirtv1.AddressesAnnotation: addresses}
+	}
+	return vmi
+}
+
+func TestLauncherPodPrimary(t *testing.T) {
+	mkNS(t, "lp-prim", map[string]string{"k8s.ovn.org/primary-user-defined-network": ""})
+	mkUDN(t, "lp-prim", "tenant", udnv1.NetworkRolePrimary, "10.100.0.0/16")
+	create(t, primaryVMI("lp-prim", "vm2", "02:bb:00:00:00:02", `{"podnet":["10.100.0.50"]}`))
+	pod := launcherPod("lp-prim", "vm2", nil)
+	create(t, pod)
+	if got := pod.Annotations["k8s.ovn.org/primary-udn-ipamclaim"]; got != "vm2.podnet" {
+		t.Fatalf("legacy claim annotation %q", got)
+	}
+	var elems []multus.NetworkSelectionElement
+	if err := json.Unmarshal([]byte(pod.Annotations[multus.DefaultNetworkAnnotation]), &elems); err != nil {
+		t.Fatalf("default-network %q: %v", pod.Annotations[multus.DefaultNetworkAnnotation], err)
+	}
+	want := multus.NetworkSelectionElement{Name: "default", Namespace: "ovn-kubernetes", IPAMClaimReference: "vm2.podnet", MacRequest: "02:bb:00:00:00:02", IPRequest: []string{"10.100.0.50/16"}}
+	if len(elems) != 1 || fmt.Sprint(elems[0]) != fmt.Sprint(want) {
+		t.Fatalf("default-network element %+v, want %+v", elems, want)
+	}
+
+	// A launcher pod that already names a default network is refused.
+	create(t, primaryVMI("lp-prim", "vm3", "", ""))
+	err := c.Create(context.Background(), launcherPod("lp-prim", "vm3", map[string]string{multus.DefaultNetworkAnnotation: "other"}))
+	if err == nil || !strings.Contains(err.Error(), "pod already has annotation v1.multus-cni.io/default-network") {
+		t.Fatalf("err = %v, want the default-network denial", err)
+	}
+	// A requested IP outside the network is refused, naming it.
+	create(t, primaryVMI("lp-prim", "vm4", "", `{"podnet":["192.0.2.1"]}`))
+	err = c.Create(context.Background(), launcherPod("lp-prim", "vm4", nil))
+	if err == nil || !strings.Contains(err.Error(), "192.0.2.1 is not in the network's subnets") {
+		t.Fatalf("err = %v, want the address denial", err)
+	}
+}
+
+func TestNonVMPodsUntouched(t *testing.T) {
+	mkNS(t, "lp-plain", map[string]string{"k8s.ovn.org/primary-user-defined-network": ""})
+	mkUDN(t, "lp-plain", "tenant", udnv1.NetworkRolePrimary, "10.101.0.0/16")
+	plain := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-plain", Name: "web", Annotations: map[string]string{multus.DefaultNetworkAnnotation: "x"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "nginx"}}},
+	}
+	create(t, plain)
+	if len(plain.Annotations) != 1 || plain.Annotations[multus.DefaultNetworkAnnotation] != "x" {
+		t.Fatalf("non-VM pod mutated: %v", plain.Annotations)
+	}
+	// Labelled virt-launcher but without a domain: allowed as is.
+	p := launcherPod("lp-plain", "x", nil)
+	delete(p.Annotations, kubevirtv1.DomainAnnotation)
+	create(t, p)
+	if len(p.Annotations) != 0 {
+		t.Fatalf("pod without domain mutated: %v", p.Annotations)
+	}
+}
+
+func vm(ns, name string, ifaces ...kubevirtv1.Interface) *kubevirtv1.VirtualMachine {
+	var nets []kubevirtv1.Network
+	for _, i := range ifaces {
+		if i.Masquerade != nil {
+			nets = append(nets, kubevirtv1.Network{Name: i.Name, Pod: &kubevirtv1.PodNetwork{}})
+		} else {
+			nets = append(nets, kubevirtv1.Network{Name: i.Name, Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}})
+		}
+	}
+	halted := "Halted"
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &halted, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: ifaces}}, Networks: nets},
+		}},
+	}
+}
+
+func masq() kubevirtv1.Interface {
+	return kubevirtv1.Interface{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}}
+}
+
+func bridge(name, mac string) kubevirtv1.Interface {
+	return kubevirtv1.Interface{Name: name, Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: mac}
+}
+
+func macs(v *kubevirtv1.VirtualMachine) []string {
+	var out []string
+	for _, i := range v.Spec.Template.Spec.Domain.Devices.Interfaces {
+		out = append(out, i.MacAddress)
+	}
+	return out
+}
+
+func TestMACPoolThousandVMs(t *testing.T) {
+	mkNS(t, "mac-many", nil)
+	const n = 1000
+	var mu sync.Mutex
+	seen := map[string]string{}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			v := vm("mac-many", fmt.Sprintf("vm-%04d", i), masq(), bridge("sec", ""))
+			if err := c.Create(context.Background(), v); err != nil {
+				t.Errorf("create %s: %v", v.Name, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range macs(v) {
+				hw, err := net.ParseMAC(m)
+				if err != nil || hw[0]&1 != 0 || m == "02:00:00:00:00:00" {
+					t.Errorf("VM %s got MAC %q", v.Name, m)
+				}
+				if other, dup := seen[m]; dup {
+					t.Errorf("MAC %s given to %s and %s", m, other, v.Name)
+				}
+				seen[m] = v.Name
+			}
+		})
+	}
+	wg.Wait()
+	if len(seen) != 2*n {
+		t.Fatalf("%d unique MACs for %d interfaces", len(seen), 2*n)
+	}
+}
+
+func TestMACPoolConflictsRestartAndUpdates(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-conf", nil)
+	a := vm("mac-conf", "vm-a", masq(), bridge("sec", "02:00:00:00:aa:01"))
+	create(t, a)
+	if got := macs(a); got[1] != "02:00:00:00:aa:01" || got[0] == "" {
+		t.Fatalf("VM a MACs %v", got)
+	}
+	if a.Annotations["kubemacpool.io/transaction-timestamp"] == "" {
+		t.Error("no transaction annotation")
+	}
+	const msg = `MAC 02:00:00:00:aa:01 of interface "sec" is already used by VM mac-conf/vm-a`
+	err := c.Create(ctx, vm("mac-conf", "vm-b", bridge("sec", "02:00:00:00:AA:01")))
+	if err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("err = %v, want %q", err, msg)
+	}
+	// An update keeps the VM's MACs.
+	keep := macs(a)
+	a.Spec.Template.Spec.Hostname = "renamed"
+	if err := c.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if got := macs(a); fmt.Sprint(got) != fmt.Sprint(keep) {
+		t.Fatalf("MACs changed on update: %v -> %v", keep, got)
+	}
+
+	// Restart: the pool is rebuilt from VMs, so the conflict still shows.
+	restartController(t)
+	eventually(t, "conflict after restart", func() error {
+		err := c.Create(ctx, vm("mac-conf", "vm-c", bridge("sec", keep[0])))
+		if err == nil {
+			return fmt.Errorf("VM with a taken MAC %s admitted after restart", keep[0])
+		}
+		if !strings.Contains(err.Error(), "is already used by VM mac-conf/vm-a") {
+			return err
+		}
+		return nil
+	})
+
+	// Deleting the VM releases its MACs.
+	if err := c.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "MAC released", func() error {
+		d := vm("mac-conf", fmt.Sprintf("vm-d-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:aa:01"))
+		return c.Create(ctx, d)
+	})
+}
+
+func TestMACPoolRangeReload(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-range", nil)
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kvnet-system", Name: "kvnet-mac-range-config"},
+		Data:       map[string]string{"RANGE_START": "0a:bc:00:00:00:00", "RANGE_END": "0a:bc:00:00:00:ff"},
+	}
+	create(t, cm)
+	eventually(t, "new range used", func() error {
+		v := vm("mac-range", fmt.Sprintf("vm-%d", time.Now().UnixNano()), masq())
+		if err := c.Create(ctx, v); err != nil {
+			return err
+		}
+		if m := macs(v)[0]; !strings.HasPrefix(m, "0a:bc:00:00:00:") {
+			return fmt.Errorf("MAC %s outside the reloaded range", m)
+		}
+		return nil
+	})
+	// A bad range is refused and the good one kept.
+	cm.Data = map[string]string{"RANGE_START": "0a:bc:00:00:00:ff", "RANGE_END": "0a:bc:00:00:00:00"}
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	v := vm("mac-range", "after-bad", masq())
+	create(t, v)
+	if m := macs(v)[0]; !strings.HasPrefix(m, "0a:bc:00:00:00:") {
+		t.Fatalf("after a bad range update got %s", m)
+	}
+	_ = c.Delete(ctx, cm)
+}
+
+func TestMACPoolOptOut(t *testing.T) {
+	mkNS(t, "mac-ignored", map[string]string{"mutatevirtualmachines.kubemacpool.io": "ignore"})
+	v := vm("mac-ignored", "vm", masq(), bridge("sec", ""))
+	create(t, v)
+	if got := macs(v); got[0] != "" || got[1] != "" {
+		t.Fatalf("opted-out namespace got MACs %v", got)
+	}
+	if _, ok := v.Annotations["kubemacpool.io/transaction-timestamp"]; ok {
+		t.Fatal("opted-out VM annotated")
+	}
+}
+
+// BenchmarkAdmission50ConcurrentVMs creates 50 VMs at once through the
+// webhook and reports the p50 and p99 of the create calls' latency.
+func BenchmarkAdmission50ConcurrentVMs(b *testing.B) {
+	ctx := context.Background()
+	ns := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+	mkNS(b, ns, nil)
+	var lat []time.Duration
+	for iter := range b.N {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Go(func() {
+				v := vm(ns, fmt.Sprintf("vm-%d-%d", iter, i), masq(), bridge("sec", ""))
+				start := time.Now()
+				if err := c.Create(ctx, v); err != nil {
+					b.Error(err)
+				}
+				d := time.Since(start)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
