@@ -1,0 +1,288 @@
+package vmclaims_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var (
+	env *testenv.Env
+	c   client.Client
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	// kube-controller-manager runs: claims are deleted by its garbage collector.
+	env, err = testenv.Start(testenv.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		os.Exit(1)
+	}
+	c = env.Client
+	code := 1
+	if stop, err := env.RunController(manager.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, "start controller:", err)
+	} else {
+		code = m.Run()
+		stop()
+	}
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func create(t *testing.T, o client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), o); err != nil {
+		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+	}
+}
+
+// setup makes a namespace with a persistent primary UDN and a persistent
+// and a plain secondary UDN.
+func setup(t *testing.T, ns string) {
+	t.Helper()
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	for _, u := range []struct {
+		name       string
+		role       udnv1.NetworkRole
+		persistent bool
+		subnet     udnv1.CIDR
+	}{{"primary", udnv1.NetworkRolePrimary, true, "10.0.0.0/16"}, {"blue", udnv1.NetworkRoleSecondary, true, "10.1.0.0/16"}, {"plain", udnv1.NetworkRoleSecondary, false, "10.2.0.0/16"}} {
+		obj := &udnv1.UserDefinedNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: u.name},
+			Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: u.role, Subnets: udnv1.DualStackCIDRs{u.subnet}}},
+		}
+		if u.persistent {
+			obj.Spec.Layer2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}
+		}
+		create(t, obj)
+		eventually(t, "NAD "+u.name, func() error {
+			return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: u.name}, &nadv1.NetworkAttachmentDefinition{})
+		})
+	}
+}
+
+func vmiSpec(nets ...string) kubevirtv1.VirtualMachineInstanceSpec {
+	var s kubevirtv1.VirtualMachineInstanceSpec
+	for _, n := range nets {
+		if n == "pod" {
+			s.Networks = append(s.Networks, kubevirtv1.Network{Name: "pod", Pod: &kubevirtv1.PodNetwork{}})
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: "pod", Binding: &kubevirtv1.PluginBinding{Name: "l2bridge"}})
+			continue
+		}
+		s.Networks = append(s.Networks, kubevirtv1.Network{Name: n + "-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: n}})
+		s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: n + "-net", Bridge: &kubevirtv1.InterfaceBridge{}})
+	}
+	return s
+}
+
+func mkVM(t *testing.T, ns, name string, nets ...string) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: vmiSpec(nets...)}},
+	}
+	create(t, vm)
+	return vm
+}
+
+// startVMI creates the VMI a VM runs (as virt-controller would).
+func startVMI(t *testing.T, vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachineInstance {
+	t.Helper()
+	tr := true
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name, OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID, Controller: &tr, BlockOwnerDeletion: &tr,
+		}}},
+		Spec: vm.Spec.Template.Spec,
+	}
+	create(t, vmi)
+	return vmi
+}
+
+func claims(t *testing.T, ns, vm string) map[string]ipamclaimv1alpha1.IPAMClaim {
+	t.Helper()
+	var list ipamclaimv1alpha1.IPAMClaimList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{"kubevirt.io/vm": vm}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]ipamclaimv1alpha1.IPAMClaim{}
+	for _, cl := range list.Items {
+		out[cl.Name] = cl
+	}
+	return out
+}
+
+func waitClaims(t *testing.T, ns, vm string, want ...string) map[string]ipamclaimv1alpha1.IPAMClaim {
+	t.Helper()
+	var got map[string]ipamclaimv1alpha1.IPAMClaim
+	eventually(t, fmt.Sprintf("claims of %s/%s = %v", ns, vm, want), func() error {
+		got = claims(t, ns, vm)
+		var names []string
+		for n := range got {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		slices.Sort(want)
+		if !slices.Equal(names, want) {
+			return fmt.Errorf("claims %v", names)
+		}
+		return nil
+	})
+	return got
+}
+
+func deleteAndWait(t *testing.T, o client.Object, opts ...client.DeleteOption) {
+	t.Helper()
+	if err := c.Delete(context.Background(), o, opts...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "gone: "+o.GetName(), func() error {
+		err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (err=%v)", err)
+	})
+}
+
+func TestClaimsLifecycle(t *testing.T) {
+	setup(t, "vmc")
+	vm := mkVM(t, "vmc", "vm1", "pod", "blue", "plain")
+	vmi := startVMI(t, vm)
+	got := waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
+	for name, cl := range got {
+		ref := metav1.GetControllerOf(&cl)
+		if ref == nil || ref.Kind != "VirtualMachine" || ref.UID != vm.UID || ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
+			t.Errorf("claim %s owner %+v", name, ref)
+		}
+		if !slices.Contains(cl.Finalizers, "kubevirt.io/persistent-ipam") {
+			t.Errorf("claim %s finalizers %v", name, cl.Finalizers)
+		}
+	}
+	if got["vm1.pod"].Spec.Network != "vmc_primary" || got["vm1.blue-net"].Spec.Network != "vmc_blue" {
+		t.Errorf("spec.network: %q, %q", got["vm1.pod"].Spec.Network, got["vm1.blue-net"].Spec.Network)
+	}
+
+	// Stop: the VMI goes, the claims stay.
+	deleteAndWait(t, vmi)
+	time.Sleep(time.Second)
+	waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
+	// Start: same claims (same UIDs).
+	startVMI(t, vm)
+	again := waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
+	for n := range got {
+		if again[n].UID != got[n].UID {
+			t.Errorf("claim %s was replaced across stop/start", n)
+		}
+	}
+
+	// Hot plug: a new persistent network gets its claim; unplug keeps it.
+	var cur kubevirtv1.VirtualMachineInstance
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "vmc", Name: "vm1"}, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Networks = append(cur.Spec.Networks, kubevirtv1.Network{Name: "hot", Multus: &kubevirtv1.MultusNetwork{NetworkName: "vmc/blue"}})
+	cur.Spec.Domain.Devices.Interfaces = append(cur.Spec.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: "hot", Bridge: &kubevirtv1.InterfaceBridge{}})
+	if err := c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net", "vm1.hot")
+	cur.Spec.Domain.Devices.Interfaces[len(cur.Spec.Domain.Devices.Interfaces)-1].State = kubevirtv1.InterfaceStateAbsent
+	if err := c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net", "vm1.hot")
+
+	// Delete the VM (background): VMI and claims go.
+	deleteAndWait(t, vm, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	waitClaims(t, "vmc", "vm1")
+}
+
+func TestClaimsForegroundDeletion(t *testing.T) {
+	setup(t, "vmc-fg")
+	vm := mkVM(t, "vmc-fg", "vm2", "blue")
+	startVMI(t, vm)
+	waitClaims(t, "vmc-fg", "vm2", "vm2.blue-net")
+	deleteAndWait(t, vm, client.PropagationPolicy(metav1.DeletePropagationForeground))
+	waitClaims(t, "vmc-fg", "vm2")
+}
+
+func TestStandaloneVMI(t *testing.T) {
+	setup(t, "vmc-sa")
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "vmc-sa", Name: "lonely"}, Spec: vmiSpec("blue")}
+	create(t, vmi)
+	got := waitClaims(t, "vmc-sa", "lonely", "lonely.blue-net")
+	if ref := metav1.GetControllerOf(ptr(got["lonely.blue-net"])); ref == nil || ref.Kind != "VirtualMachineInstance" || ref.UID != vmi.UID {
+		t.Fatalf("owner %+v", ref)
+	}
+	deleteAndWait(t, vmi)
+	waitClaims(t, "vmc-sa", "lonely")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestLeakedClaimReported(t *testing.T) {
+	setup(t, "vmc-leak")
+	// A claim with the VM's claim name but another (live) owner: the
+	// garbage collector keeps it, and the VM must not take it over.
+	other := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "vmc-leak", Name: "someone"}}
+	create(t, other)
+	create(t, &ipamclaimv1alpha1.IPAMClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "vmc-leak", Name: "vm3.blue-net", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "ConfigMap", Name: "someone", UID: other.UID,
+		}}},
+		Spec: ipamclaimv1alpha1.IPAMClaimSpec{Network: "vmc-leak_blue"},
+	})
+	vm := mkVM(t, "vmc-leak", "vm3", "blue")
+	startVMI(t, vm)
+	eventually(t, "LeakedIPAMClaim event", func() error {
+		var evs corev1.EventList
+		if err := c.List(context.Background(), &evs, client.InNamespace("vmc-leak")); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "LeakedIPAMClaim" && e.InvolvedObject.Kind == "VirtualMachine" && strings.Contains(e.Message, "leaked IPAMClaim found: vmc-leak/vm3.blue-net") {
+				return nil
+			}
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			seen = append(seen, e.InvolvedObject.Kind+"/"+e.Reason+": "+e.Message)
+		}
+		return fmt.Errorf("no LeakedIPAMClaim event on the VM; events: %v", seen)
+	})
+}
