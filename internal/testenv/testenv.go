@@ -9,14 +9,8 @@ package testenv
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"time"
-
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -102,22 +96,7 @@ func (e *Env) WebhookOptions(ctx context.Context) (manager.Options, error) {
 	if err != nil {
 		return manager.Options{}, err
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvnet-system"}}
-	if err := e.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		return manager.Options{}, err
-	}
-	wc, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port))
-	if err != nil {
-		return manager.Options{}, err
-	}
-	var cur admissionregistrationv1.MutatingWebhookConfiguration
-	if err := e.Client.Get(ctx, client.ObjectKeyFromObject(wc), &cur); err == nil {
-		wc.ResourceVersion = cur.ResourceVersion
-		err = e.Client.Update(ctx, wc)
-		if err != nil {
-			return manager.Options{}, err
-		}
-	} else if err := e.Client.Create(ctx, wc); err != nil {
+	if err := webhooks.InstallLocal(ctx, e.Client, "kvnet-system", port); err != nil {
 		return manager.Options{}, err
 	}
 	return manager.Options{Webhook: &manager.WebhookOptions{

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -49,13 +50,23 @@ func TestLabDemo(t *testing.T) {
 		`"name": "udn-demo_udn-l2-net"`,
 		`"allowPersistentIPs": true`,
 		"NetworkAttachmentDefinitions rendered by kvnet (4)",
+		"applied  VirtualMachine udn-demo/vm-a",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
+	if !regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+02:[0-9a-f:]{14}`).MatchString(out) {
+		t.Errorf("demo output lacks a pool MAC for vm-a's secondary interface:\n%s", out)
+	}
 	// Running the demo again is idempotent.
-	if again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples")); !strings.Contains(again, "(4)") {
+	macRE := regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+(02:[0-9a-f:]{14})`)
+	again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
+	if !strings.Contains(again, "(4)") {
 		t.Errorf("second demo run differs:\n%s", again)
+	}
+	// Re-applying the VM manifest (which names no MAC) keeps its MAC.
+	if m1, m2 := macRE.FindStringSubmatch(out), macRE.FindStringSubmatch(again); m1 == nil || m2 == nil || m1[1] != m2[1] {
+		t.Errorf("vm-a's MAC changed on re-apply: %v -> %v", m1, m2)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
@@ -108,6 +109,9 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 		return err
 	}
 	if err := printNADs(ctx, out, c); err != nil {
+		return err
+	}
+	if err := printVMs(ctx, out, c); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%d manifest(s) rejected by the API server, as expected for examples/*invalid*.\n", rejected)
@@ -229,4 +233,34 @@ func printNADs(ctx context.Context, out io.Writer, c client.Client) error {
 		fmt.Fprintf(out, "   %s\n", buf.String())
 	}
 	return nil
+}
+
+func printVMs(ctx context.Context, out io.Writer, c client.Client) error {
+	var vms kubevirtv1.VirtualMachineList
+	if err := c.List(ctx, &vms); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\n== VirtualMachines: interface MACs (from kvnet's MAC pool where not set)\n")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VM\tINTERFACE\tBINDING\tMAC")
+	for _, vm := range vms.Items {
+		if vm.Spec.Template == nil {
+			continue
+		}
+		for _, i := range vm.Spec.Template.Spec.Domain.Devices.Interfaces {
+			binding := "bridge"
+			switch {
+			case i.Masquerade != nil:
+				binding = "masquerade"
+			case i.Binding != nil:
+				binding = i.Binding.Name
+			}
+			mac := i.MacAddress
+			if mac == "" {
+				mac = "(the pod's, from kvnet IPAM)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", key(vm.Namespace, vm.Name), i.Name, binding, mac)
+		}
+	}
+	return tw.Flush()
 }

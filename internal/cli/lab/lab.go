@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -23,10 +24,12 @@ import (
 
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/k8s/webhooks"
 )
 
 // Files in the lab directory.
@@ -176,7 +179,23 @@ func runForeground(ctx context.Context, dir string) error {
 	}
 	fmt.Printf("control plane up in %s\n", time.Since(start).Round(time.Millisecond))
 
-	mgr, err := manager.New(cp.Config, manager.Options{MetricsAddr: "127.0.0.1:18080", ProbeAddr: "127.0.0.1:18081"})
+	// Webhooks on 127.0.0.1: the API server calls them by URL.
+	const webhookPort = 19443
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cp.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	if err := webhooks.InstallLocal(ctx, c, "kvnet-system", webhookPort); err != nil {
+		return fmt.Errorf("install webhooks: %w", err)
+	}
+	mgr, err := manager.New(cp.Config, manager.Options{
+		MetricsAddr: "127.0.0.1:18080", ProbeAddr: "127.0.0.1:18081",
+		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: "kvnet-system", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
+	})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
@@ -79,9 +80,28 @@ func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.R
 			taken = append(taken, mac)
 		}
 	}
+	// On UPDATE an interface that lost its MAC (an apply that does not
+	// mention it) keeps the one it had: a VM keeps its MACs.
+	previous := map[string]string{}
+	if req.Operation == admissionv1.Update && len(req.OldObject.Raw) > 0 {
+		var old kubevirtv1.VirtualMachine
+		if err := m.Decoder.DecodeRaw(req.OldObject, &old); err == nil {
+			previous = macpoolctl.VMMACs(&old)
+		}
+	}
 	for i, iface := range spec.Domain.Devices.Interfaces {
 		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress != "" {
 			continue
+		}
+		if prev, ok := previous[iface.Name]; ok {
+			if hw, err := net.ParseMAC(prev); err == nil {
+				if h, held := m.Pool.Pool.Holder(hw); !held || h == owner {
+					if err := m.Pool.Pool.Reserve(owner, hw); err == nil {
+						assigned[i] = hw.String()
+						continue
+					}
+				}
+			}
 		}
 		mac, err := m.Pool.Pool.Allocate(owner)
 		if err != nil {

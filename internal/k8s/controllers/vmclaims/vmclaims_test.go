@@ -82,7 +82,7 @@ func setup(t *testing.T, ns string) {
 	}{{"primary", udnv1.NetworkRolePrimary, true, "10.0.0.0/16"}, {"blue", udnv1.NetworkRoleSecondary, true, "10.1.0.0/16"}, {"plain", udnv1.NetworkRoleSecondary, false, "10.2.0.0/16"}} {
 		obj := &udnv1.UserDefinedNetwork{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: u.name},
-			Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: u.role, Subnets: udnv1.DualStackCIDRs{u.subnet}}},
+			Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: u.role, Subnets: udnv1.DualStackCIDRs{u.subnet}}},
 		}
 		if u.persistent {
 			obj.Spec.Layer2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}

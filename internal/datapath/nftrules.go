@@ -1,0 +1,513 @@
+package datapath
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// This file turns a State into nftables rules as plain data (tables of
+// chains of rules), with no kernel access, so the rule set is unit-tested
+// against golden files (testdata/*.nft). Each rule carries both its
+// netlink expressions and an nft-syntax rendering built from the same
+// builder calls, so the golden text cannot drift from what is programmed.
+
+// tableName is the name of every nftables table kvnet owns, in every
+// family and namespace: Apply deletes a table of that name when the state
+// needs none, and never touches other tables.
+const tableName = "kvnet"
+
+// vxlanPort is the IANA VXLAN UDP port, used for every VXLAN device.
+const vxlanPort = 4789
+
+// nftTable is one desired nftables table.
+type nftTable struct {
+	family nftables.TableFamily
+	chains []nftChain
+}
+
+// nftChain is one chain; base is nil for a regular (jump target) chain.
+type nftChain struct {
+	name  string
+	base  *baseChain
+	rules []nftRule
+}
+
+// baseChain holds the hook attachment of a base chain.
+type baseChain struct {
+	typ      nftables.ChainType
+	hook     nftables.ChainHook
+	priority nftables.ChainPriority
+	policy   nftables.ChainPolicy
+}
+
+// nftRule is one rule: its expressions, its nft-syntax text and comment.
+type nftRule struct {
+	exprs   []expr.Any
+	text    []string
+	comment string
+}
+
+// counted reports whether the rule has a counter.
+func (r nftRule) counted() bool {
+	return slices.ContainsFunc(r.exprs, func(e expr.Any) bool { _, ok := e.(*expr.Counter); return ok })
+}
+
+// ruleBuilder builds an nftRule; every method appends matching
+// expressions and text. Register 1 is the only scratch register needed.
+type ruleBuilder struct{ r nftRule }
+
+func newRule() *ruleBuilder { return &ruleBuilder{} }
+
+func (b *ruleBuilder) add(text string, exprs ...expr.Any) *ruleBuilder {
+	b.r.text = append(b.r.text, text)
+	b.r.exprs = append(b.r.exprs, exprs...)
+	return b
+}
+
+// ifnameData returns the cmp data for an interface name: the name padded
+// to IFNAMSIZ for an exact match, or the bytes before a trailing "*" for
+// a prefix match (how nft encodes `iifname "kvtr*"`).
+func ifnameData(name string) []byte {
+	if prefix, ok := strings.CutSuffix(name, "*"); ok {
+		return []byte(prefix)
+	}
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+func (b *ruleBuilder) metaName(key expr.MetaKey, keyword, name string) *ruleBuilder {
+	return b.add(fmt.Sprintf("%s %q", keyword, name),
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameData(name)})
+}
+
+func (b *ruleBuilder) iifname(n string) *ruleBuilder { return b.metaName(expr.MetaKeyIIFNAME, "iifname", n) }
+func (b *ruleBuilder) oifname(n string) *ruleBuilder { return b.metaName(expr.MetaKeyOIFNAME, "oifname", n) }
+func (b *ruleBuilder) ibrname(n string) *ruleBuilder {
+	return b.metaName(expr.MetaKeyBRIIIFNAME, "meta ibrname", n)
+}
+func (b *ruleBuilder) obrname(n string) *ruleBuilder {
+	return b.metaName(expr.MetaKeyBRIOIFNAME, "meta obrname", n)
+}
+
+// match loads len bytes at off from base and compares them with data,
+// optionally under a mask (prefix matches).
+func (b *ruleBuilder) match(text string, base expr.PayloadBase, off uint32, data, mask []byte, neq bool) *ruleBuilder {
+	op := expr.CmpOpEq
+	if neq {
+		op = expr.CmpOpNeq
+	}
+	exprs := []expr.Any{&expr.Payload{DestRegister: 1, Base: base, Offset: off, Len: uint32(len(data))}}
+	if mask != nil {
+		exprs = append(exprs, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(len(data)),
+			Mask: mask, Xor: make([]byte, len(data))})
+	}
+	exprs = append(exprs, &expr.Cmp{Op: op, Register: 1, Data: data})
+	return b.add(text, exprs...)
+}
+
+func neqText(neq bool) string {
+	if neq {
+		return "!= "
+	}
+	return ""
+}
+
+// Ethernet header offsets (link-layer base).
+const (
+	ethSaddrOff = 6
+	ethTypeOff  = 12
+)
+
+func (b *ruleBuilder) etherSaddr(mac net.HardwareAddr, neq bool) *ruleBuilder {
+	return b.match("ether saddr "+neqText(neq)+mac.String(), expr.PayloadBaseLLHeader, ethSaddrOff, []byte(mac), nil, neq)
+}
+
+// etherTypeNames renders ether types the way nft does.
+var etherTypeNames = map[uint16]string{unix.ETH_P_IP: "ip", unix.ETH_P_ARP: "arp", unix.ETH_P_IPV6: "ip6"}
+
+func (b *ruleBuilder) etherType(t uint16, neq bool) *ruleBuilder {
+	return b.match("ether type "+neqText(neq)+etherTypeNames[t], expr.PayloadBaseLLHeader, ethTypeOff,
+		binary.BigEndian.AppendUint16(nil, t), nil, neq)
+}
+
+// prefixMatch matches len(p.Addr()) bytes at off against prefix p.
+func (b *ruleBuilder) prefixMatch(keyword string, off uint32, p netip.Prefix, neq bool) *ruleBuilder {
+	addr := p.Masked().Addr().AsSlice()
+	text := keyword + " " + neqText(neq) + p.Addr().String()
+	var mask []byte
+	if p.Bits() != len(addr)*8 {
+		mask = net.CIDRMask(p.Bits(), len(addr)*8)
+		text = keyword + " " + neqText(neq) + p.Masked().String()
+	}
+	return b.match(text, expr.PayloadBaseNetworkHeader, off, addr, mask, neq)
+}
+
+// IPv4/IPv6/ARP header offsets (network base). ARP offsets assume
+// Ethernet/IPv4 ARP (hlen 6, plen 4), the only kind Linux and guests
+// accept on an Ethernet link.
+const (
+	ip4ProtoOff = 9
+	ip4SaddrOff = 12
+	ip4DaddrOff = 16
+	ip6SaddrOff = 8
+	arpShaOff   = 8
+	arpSpaOff   = 14
+)
+
+func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
+
+func (b *ruleBuilder) ipSaddr(p netip.Prefix, neq bool) *ruleBuilder {
+	return b.prefixMatch("ip saddr", ip4SaddrOff, p, neq)
+}
+func (b *ruleBuilder) ipDaddr(p netip.Prefix, neq bool) *ruleBuilder {
+	return b.prefixMatch("ip daddr", ip4DaddrOff, p, neq)
+}
+func (b *ruleBuilder) ip6Saddr(p netip.Prefix, neq bool) *ruleBuilder {
+	return b.prefixMatch("ip6 saddr", ip6SaddrOff, p, neq)
+}
+func (b *ruleBuilder) ip6Daddr(p netip.Prefix, neq bool) *ruleBuilder {
+	return b.prefixMatch("ip6 daddr", 24, p, neq)
+}
+func (b *ruleBuilder) arpSpa(a netip.Addr) *ruleBuilder {
+	return b.prefixMatch("arp saddr ip", arpSpaOff, hostPrefix(a), false)
+}
+func (b *ruleBuilder) arpSha(mac net.HardwareAddr, neq bool) *ruleBuilder {
+	return b.match("arp saddr ether "+neqText(neq)+mac.String(), expr.PayloadBaseNetworkHeader, arpShaOff, []byte(mac), nil, neq)
+}
+
+// ipProtoUDP matches the IPv4 protocol field (bridge family, where the
+// frame is already known to be IPv4).
+func (b *ruleBuilder) ipProtoUDP() *ruleBuilder {
+	return b.match("ip protocol udp", expr.PayloadBaseNetworkHeader, ip4ProtoOff, []byte{unix.IPPROTO_UDP}, nil, false)
+}
+
+// l4protoUDP matches UDP in the inet family, either IP version.
+func (b *ruleBuilder) l4protoUDP() *ruleBuilder {
+	return b.add("meta l4proto udp",
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}})
+}
+
+func (b *ruleBuilder) udpSport(p uint16) *ruleBuilder {
+	return b.match(fmt.Sprintf("udp sport %d", p), expr.PayloadBaseTransportHeader, 0, binary.BigEndian.AppendUint16(nil, p), nil, false)
+}
+func (b *ruleBuilder) udpDport(p uint16) *ruleBuilder {
+	return b.match(fmt.Sprintf("udp dport %d", p), expr.PayloadBaseTransportHeader, 2, binary.BigEndian.AppendUint16(nil, p), nil, false)
+}
+
+// nfproto restricts an inet-family rule to IPv4 or IPv6.
+func (b *ruleBuilder) nfproto(v6 bool) *ruleBuilder {
+	p, name := byte(unix.NFPROTO_IPV4), "ipv4"
+	if v6 {
+		p, name = unix.NFPROTO_IPV6, "ipv6"
+	}
+	return b.add("meta nfproto "+name,
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}})
+}
+
+// ctEstRel matches (neq: does not match) conntrack state established or
+// related.
+func (b *ruleBuilder) ctEstRel(neq bool) *ruleBuilder {
+	op, text := expr.CmpOpNeq, "ct state established,related"
+	if neq {
+		op, text = expr.CmpOpEq, "ct state & (established|related) == 0"
+	}
+	mask := binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
+	return b.add(text,
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)})
+}
+
+func (b *ruleBuilder) counter() *ruleBuilder { return b.add("counter", &expr.Counter{}) }
+
+// Terminal statements: each returns the finished rule.
+func (b *ruleBuilder) verdict(text string, kind expr.VerdictKind, comment string) nftRule {
+	b.add(text, &expr.Verdict{Kind: kind})
+	return b.done(comment)
+}
+
+// maxCommentLen is nft's limit on rule comments; longer ones (long network
+// names) are cut so that the rule set still loads and lists.
+const maxCommentLen = 128
+
+func (b *ruleBuilder) done(comment string) nftRule {
+	if len(comment) > maxCommentLen {
+		comment = comment[:maxCommentLen]
+	}
+	b.r.comment = comment
+	return b.r
+}
+func (b *ruleBuilder) accept(comment string) nftRule {
+	return b.verdict("accept", expr.VerdictAccept, comment)
+}
+func (b *ruleBuilder) drop(comment string) nftRule { return b.verdict("drop", expr.VerdictDrop, comment) }
+func (b *ruleBuilder) ret(comment string) nftRule  { return b.verdict("return", expr.VerdictReturn, comment) }
+func (b *ruleBuilder) jump(chain, comment string) nftRule {
+	b.add("jump "+chain, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain})
+	return b.done(comment)
+}
+func (b *ruleBuilder) masquerade(comment string) nftRule {
+	b.add("masquerade", &expr.Masq{})
+	return b.done(comment)
+}
+func (b *ruleBuilder) notrack(comment string) nftRule {
+	b.add("notrack", &expr.Notrack{})
+	return b.done(comment)
+}
+
+// bridgePriorityFilter is the bridge family's "filter" priority.
+const bridgePriorityFilter nftables.ChainPriority = -200
+
+func filterChain(name string, hook *nftables.ChainHook, prio nftables.ChainPriority, policy nftables.ChainPolicy, rules []nftRule) nftChain {
+	return nftChain{name: name, base: &baseChain{typ: nftables.ChainTypeFilter, hook: *hook, priority: prio, policy: policy}, rules: rules}
+}
+
+// nodeRules returns the desired kvnet tables of the node namespace, keyed
+// by family: a bridge table (gateway kept off the overlay, node stack kept
+// off tenant bridges, per-port anti-spoofing) and an inet table (transit
+// isolation and egress masquerade). There are none when s has no network.
+func nodeRules(underlayDev string, s State) []nftTable {
+	if len(s.Networks) == 0 {
+		return nil
+	}
+	nets := slices.Clone(s.Networks)
+	slices.SortFunc(nets, func(a, b Network) int { return cmp.Compare(a.ID, b.ID) })
+	ports := slices.Clone(s.Ports)
+	slices.SortFunc(ports, func(a, b Port) int { return strings.Compare(a.HostIfName, b.HostIfName) })
+
+	var fwd []nftRule
+	for _, n := range nets {
+		if !n.Primary {
+			continue
+		}
+		// Every node answers for the gateway with the same MAC; if frames
+		// from it crossed the tunnel, bridges would learn the gateway on
+		// the VXLAN port and send gateway traffic to another node.
+		gw := GatewayMAC(n.ID)
+		fwd = append(fwd,
+			newRule().iifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
+				drop(fmt.Sprintf("network %s: gateway MAC never enters from the overlay", n.Name)),
+			newRule().oifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
+				drop(fmt.Sprintf("network %s: gateway MAC never leaves on the overlay", n.Name)))
+	}
+	portChains := make([]nftChain, 0, len(ports))
+	for _, p := range ports {
+		fwd = append(fwd, newRule().iifname(p.HostIfName).jump(portChainName(p.HostIfName), "port "+p.HostIfName))
+		portChains = append(portChains, nftChain{name: portChainName(p.HostIfName), rules: portRules(p)})
+	}
+	bridge := nftTable{family: nftables.TableFamilyBridge, chains: append([]nftChain{
+		filterChain("forward", nftables.ChainHookForward, bridgePriorityFilter, nftables.ChainPolicyAccept, fwd),
+		// The node has no address on tenant bridges and must not take part
+		// in their L2: otherwise it answers ARP for its own addresses and a
+		// pod could route through the node around its tenant router.
+		filterChain("input", nftables.ChainHookInput, bridgePriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().ibrname(bridgePrefix + "*").counter().drop("tenant networks never reach the node stack"),
+		}),
+		filterChain("output", nftables.ChainHookOutput, bridgePriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().obrname(bridgePrefix + "*").counter().drop("the node stack never sends into tenant networks"),
+		}),
+	}, portChains...)}
+
+	var input []nftRule
+	for _, n := range nets {
+		if !n.Primary {
+			continue
+		}
+		for _, v6 := range networkFamilies(n) {
+			_, node, _ := TransitAddrs(n.ID, v6)
+			b := newRule().iifname(transitName(n.ID)).nfproto(v6)
+			if v6 {
+				b.ip6Daddr(transitPrefix6, false).ip6Daddr(hostPrefix(node), true)
+			} else {
+				b.ipDaddr(transitPrefix4, false).ipDaddr(hostPrefix(node), true)
+			}
+			input = append(input, b.counter().drop(fmt.Sprintf("network %s: no other network's transit address", n.Name)))
+		}
+	}
+	// VXLAN carries no authentication: a tenant that could send UDP 4789
+	// to any VTEP (through its router and the node's masquerade) could
+	// inject frames into every network on that node.
+	input = append(input, newRule().iifname(transitPrefix+"*").l4protoUDP().udpDport(vxlanPort).counter().
+		drop("tenants never reach a VXLAN port"))
+	inet := nftTable{family: nftables.TableFamilyINet, chains: []nftChain{
+		// Tenants reuse addresses; with br_netfilter, bridged frames would
+		// otherwise share the node's conntrack table and collide.
+		filterChain("prerouting", nftables.ChainHookPrerouting, *nftables.ChainPriorityRaw, nftables.ChainPolicyAccept, []nftRule{
+			newRule().iifname(bridgePrefix + "*").notrack("bridged tenant frames stay out of the node's conntrack"),
+		}),
+		filterChain("input", nftables.ChainHookInput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, input),
+		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().iifname(transitPrefix+"*").oifname(transitPrefix+"*").counter().
+				drop("no forwarding between tenant routers"),
+			newRule().oifname(transitPrefix+"*").ctEstRel(true).counter().
+				drop("only replies enter tenant routers"),
+			newRule().iifname(transitPrefix+"*").l4protoUDP().udpDport(vxlanPort).counter().
+				drop("tenants never speak VXLAN to the underlay"),
+		}),
+		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
+			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
+			newRule().iifname(transitPrefix+"*").oifname(underlayDev).
+				masquerade("tenant egress leaves with the node's address"),
+		}},
+	}}
+	return []nftTable{bridge, inet}
+}
+
+// networkFamilies returns the IP families of n's subnets: false for IPv4,
+// true for IPv6, IPv4 first.
+func networkFamilies(n Network) []bool {
+	var v4, v6 bool
+	for _, p := range n.Subnets {
+		if p.Addr().Is4() {
+			v4 = true
+		} else {
+			v6 = true
+		}
+	}
+	var out []bool
+	if v4 {
+		out = append(out, false)
+	}
+	if v6 {
+		out = append(out, true)
+	}
+	return out
+}
+
+// Addresses a port may use besides its own: the unspecified address for
+// DHCP, ARP probes (RFC 5227) and IPv6 DAD, and IPv6 link-local sources,
+// which every IPv6 host uses for neighbour discovery.
+var (
+	unspecified4 = netip.IPv4Unspecified()
+	linkLocal6   = netip.MustParsePrefix("fe80::/10")
+)
+
+// portRules returns the anti-spoofing chain of port p. Matching frames
+// "return" to the forward chain, which accepts them; everything else the
+// port sends is dropped by a counted rule saying why.
+func portRules(p Port) []nftRule {
+	c := func(what string) string { return fmt.Sprintf("port %s: %s", p.HostIfName, what) }
+	rules := []nftRule{newRule().etherSaddr(p.MAC, true).counter().drop(c("spoofed source MAC"))}
+	if len(p.IPs) == 0 {
+		return rules // pure L2 port: the MAC is all it was given
+	}
+	var v4, v6 []netip.Addr
+	for _, ip := range p.IPs {
+		if a := ip.Addr().Unmap(); a.Is4() {
+			v4 = append(v4, a)
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	slices.SortFunc(v4, netip.Addr.Compare)
+	slices.SortFunc(v6, netip.Addr.Compare)
+	v4 = slices.Compact(v4)
+	v6 = slices.Compact(v6)
+
+	for _, a := range v4 {
+		rules = append(rules, newRule().etherType(unix.ETH_P_IP, false).ipSaddr(hostPrefix(a), false).ret(c("IPv4 source "+a.String())))
+	}
+	rules = append(rules,
+		newRule().etherType(unix.ETH_P_IP, false).ipSaddr(hostPrefix(unspecified4), false).ipProtoUDP().
+			udpSport(68).udpDport(67).ret(c("DHCP client")),
+		newRule().etherType(unix.ETH_P_IP, false).counter().drop(c("spoofed IPv4 source")),
+		newRule().etherType(unix.ETH_P_ARP, false).arpSha(p.MAC, true).counter().drop(c("spoofed ARP sender MAC")))
+	for _, a := range append(v4, unspecified4) {
+		rules = append(rules, newRule().etherType(unix.ETH_P_ARP, false).arpSpa(a).ret(c("ARP sender "+a.String())))
+	}
+	rules = append(rules,
+		newRule().etherType(unix.ETH_P_ARP, false).counter().drop(c("spoofed ARP sender IP")),
+		newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(hostPrefix(netip.IPv6Unspecified()), false).ret(c("IPv6 DAD")),
+		newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(linkLocal6, false).ret(c("IPv6 link-local")))
+	for _, a := range v6 {
+		rules = append(rules, newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(hostPrefix(a), false).ret(c("IPv6 source "+a.String())))
+	}
+	// Anything else (802.1Q-tagged frames in particular) would carry IP
+	// past the checks above.
+	return append(rules,
+		newRule().etherType(unix.ETH_P_IPV6, false).counter().drop(c("spoofed IPv6 source")),
+		newRule().etherType(unix.ETH_P_IP, true).etherType(unix.ETH_P_ARP, true).etherType(unix.ETH_P_IPV6, true).
+			counter().drop(c("non-IP ethertype")))
+}
+
+// routerRules returns the kvnet table of network n's router namespace:
+// only connections from the tenant outwards (and between its own subnets)
+// are forwarded, and everything leaving through the transit veth is
+// masqueraded to the router's transit address, so the node never sees
+// tenant addresses and two tenants may use the same subnet.
+func routerRules(n Network) []nftTable {
+	return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
+		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, []nftRule{
+			newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name)),
+			newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
+			newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)),
+			newRule().counter().drop(fmt.Sprintf("network %s: nothing else is forwarded", n.Name)),
+		}),
+		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
+			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
+			newRule().oifname(routerTransitIf).masquerade(fmt.Sprintf("network %s: the node sees the transit address only", n.Name)),
+		}},
+	}}}
+}
+
+// familyNames renders table families the way nft does.
+var familyNames = map[nftables.TableFamily]string{
+	nftables.TableFamilyBridge: "bridge", nftables.TableFamilyINet: "inet",
+	nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6",
+}
+
+// hookNames renders hooks the way nft does (bridge and inet numbers agree).
+var hookNames = map[nftables.ChainHook]string{
+	*nftables.ChainHookPrerouting: "prerouting", *nftables.ChainHookInput: "input",
+	*nftables.ChainHookForward: "forward", *nftables.ChainHookOutput: "output",
+	*nftables.ChainHookPostrouting: "postrouting",
+}
+
+// renderTables renders tables in nft syntax (close to `nft list table`),
+// for golden files and debugging.
+func renderTables(tables []nftTable) string {
+	var sb strings.Builder
+	for i, t := range tables {
+		if i > 0 {
+			sb.WriteString("\n")
+		}
+		fmt.Fprintf(&sb, "table %s %s {\n", familyNames[t.family], tableName)
+		for j, c := range t.chains {
+			if j > 0 {
+				sb.WriteString("\n")
+			}
+			fmt.Fprintf(&sb, "\tchain %s {\n", c.name)
+			if c.base != nil {
+				policy := "accept"
+				if c.base.policy == nftables.ChainPolicyDrop {
+					policy = "drop"
+				}
+				fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %d; policy %s;\n",
+					c.base.typ, hookNames[c.base.hook], c.base.priority, policy)
+			}
+			for _, r := range c.rules {
+				sb.WriteString("\t\t" + strings.Join(r.text, " "))
+				if r.comment != "" {
+					fmt.Fprintf(&sb, " comment %q", r.comment)
+				}
+				sb.WriteString("\n")
+			}
+			sb.WriteString("\t}\n")
+		}
+		sb.WriteString("}\n")
+	}
+	return sb.String()
+}

@@ -1,0 +1,181 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+)
+
+// NodeConfig describes the node a Datapath runs on. It does not change over
+// the Datapath's life.
+type NodeConfig struct {
+	// Name is the node's name, used in errors only.
+	Name string
+	// NetNS is the path of the namespace the node's datapath lives in; ""
+	// is the namespace of the thread calling New (the host, on a real
+	// node). Tests and the lab give each simulated node its own.
+	NetNS string
+	// UnderlayIP is the node's VTEP address: the VXLAN source address and
+	// what other nodes list in Network.Remotes and RemoteMAC.VTEP.
+	UnderlayIP netip.Addr
+	// UnderlayDev carries the underlay and the egress traffic; egress from
+	// tenant routers is masqueraded to its address.
+	UnderlayDev string
+	// MTU overrides the pod MTU; 0 = UnderlayDev's MTU minus the VXLAN
+	// overhead (50 for an IPv4 underlay, 70 for IPv6).
+	MTU int
+	// RouterNSPrefix overrides the prefix of router namespace names
+	// (RouterNSName); "" = "kvnet-r" in the host namespace, or
+	// "kvnet-<base name of NetNS>-r" for a node in its own namespace.
+	RouterNSPrefix string
+}
+
+// Network is one network present on the node.
+type Network struct {
+	// Name is the network's name, e.g. "tenant-a_udn"; used in rule
+	// comments and errors.
+	Name string
+	// ID is the cluster-wide network ID, 1..4095. It is the VXLAN VNI and
+	// names the bridge, VXLAN device, router namespace and transit
+	// addresses, so it must be the same on every node.
+	ID int
+	// Primary networks get a router (gateway, egress SNAT); secondary
+	// networks are pure L2.
+	Primary bool
+	// Subnets of the network; empty for a secondary network without IPAM.
+	Subnets []netip.Prefix
+	// Gateways holds, for a primary network, one gateway IP per subnet
+	// (the subnet's first address unless the UDN sets defaultGatewayIPs).
+	Gateways []netip.Addr
+	// Remotes are the underlay IPs of the other nodes hosting this network;
+	// broadcast and unknown unicast frames are replicated to each.
+	Remotes []netip.Addr
+}
+
+// Port is a pod interface on this node: the host end of its veth, made by
+// SetupPodInterface.
+type Port struct {
+	Network    string           // Network.Name
+	HostIfName string           // host end of the pod's veth
+	MAC        net.HardwareAddr // the only source MAC the port may use
+	IPs        []netip.Prefix   // the only source IPs it may use; empty: MAC check only
+}
+
+// RemoteMAC is a pod on another node: a unicast FDB entry.
+type RemoteMAC struct {
+	Network string // Network.Name
+	MAC     net.HardwareAddr
+	VTEP    netip.Addr // UnderlayIP of the node hosting the MAC
+}
+
+// State is what the node's datapath should look like. Apply makes the node
+// match it exactly within what kvnet owns.
+type State struct {
+	Networks   []Network
+	Ports      []Port
+	RemoteMACs []RemoteMAC
+}
+
+// Route is a route in a pod: to Dst via Via; an invalid Via makes Dst
+// on-link.
+type Route struct {
+	Dst netip.Prefix
+	Via netip.Addr
+}
+
+// ErrInvalidState matches (errors.Is) every validation error of Apply.
+var ErrInvalidState = errors.New("invalid datapath state")
+
+// validate checks s and returns the networks by name. It reports every
+// problem, each naming the offending field and value.
+func (s *State) validate() (map[string]*Network, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidState}, args...)...))
+	}
+	byName := map[string]*Network{} // network name -> network
+	byID := map[int]string{}        // network ID -> network name
+	for i := range s.Networks {
+		n := &s.Networks[i]
+		switch {
+		case n.Name == "":
+			bad("networks[%d]: empty name", i)
+		case byName[n.Name] != nil:
+			bad("network %q: listed twice", n.Name)
+		}
+		byName[n.Name] = n
+		if n.ID < 1 || n.ID > MaxNetworkID {
+			bad("network %q: id %d out of range 1-%d", n.Name, n.ID, MaxNetworkID)
+		} else if other, dup := byID[n.ID]; dup {
+			bad("network %q: id %d already used by network %q", n.Name, n.ID, other)
+		}
+		byID[n.ID] = n.Name
+		for _, p := range n.Subnets {
+			if !p.IsValid() || p != p.Masked() {
+				bad("network %q: subnet %q is not a valid network prefix", n.Name, p)
+			}
+		}
+		if n.Primary {
+			if len(n.Subnets) == 0 {
+				bad("network %q: primary network without subnets", n.Name)
+			}
+			if len(n.Gateways) != len(n.Subnets) {
+				bad("network %q: %d gateways for %d subnets", n.Name, len(n.Gateways), len(n.Subnets))
+			}
+			for j, gw := range n.Gateways {
+				if j < len(n.Subnets) && !n.Subnets[j].Contains(gw) {
+					bad("network %q: gateway %q outside subnet %q", n.Name, gw, n.Subnets[j])
+				}
+			}
+		} else if len(n.Gateways) != 0 {
+			bad("network %q: gateways on a secondary network", n.Name)
+		}
+		for _, r := range n.Remotes {
+			if !r.IsValid() || r.IsUnspecified() {
+				bad("network %q: remote %q is not a valid address", n.Name, r)
+			}
+		}
+	}
+	ports := map[string]bool{} // host interface name -> seen
+	for i, p := range s.Ports {
+		if byName[p.Network] == nil {
+			bad("ports[%d] %q: unknown network %q", i, p.HostIfName, p.Network)
+		}
+		if p.HostIfName == "" || len(p.HostIfName) > 15 {
+			bad("ports[%d]: host interface name %q must be 1-15 characters", i, p.HostIfName)
+		} else if _, _, owned := parseOwnedLink(p.HostIfName); owned {
+			bad("port %q: host interface name uses a kvnet-reserved prefix", p.HostIfName)
+		}
+		if ports[p.HostIfName] {
+			bad("port %q: listed twice", p.HostIfName)
+		}
+		ports[p.HostIfName] = true
+		if !isUnicastMAC(p.MAC) {
+			bad("port %q: MAC %q is not a unicast Ethernet address", p.HostIfName, p.MAC)
+		}
+		for _, ip := range p.IPs {
+			if !ip.IsValid() {
+				bad("port %q: invalid IP %q", p.HostIfName, ip)
+			}
+		}
+	}
+	for i, m := range s.RemoteMACs {
+		if byName[m.Network] == nil {
+			bad("remoteMACs[%d] %q: unknown network %q", i, m.MAC, m.Network)
+		}
+		if !isUnicastMAC(m.MAC) {
+			bad("remoteMACs[%d]: MAC %q is not a unicast Ethernet address", i, m.MAC)
+		}
+		if !m.VTEP.IsValid() || m.VTEP.IsUnspecified() {
+			bad("remote MAC %q: VTEP %q is not a valid address", m.MAC, m.VTEP)
+		}
+	}
+	return byName, errors.Join(errs...)
+}
+
+// isUnicastMAC reports whether mac is a 6-byte, non-zero unicast address.
+func isUnicastMAC(mac net.HardwareAddr) bool {
+	return len(mac) == 6 && mac[0]&1 == 0 && !slices.Equal(mac, make(net.HardwareAddr, 6))
+}
