@@ -1,0 +1,245 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// managedFamilies are the families in which a table named kvnet is ours:
+// any of them not wanted by the state is deleted, which also removes
+// tables left by older kvnet versions that used ip/ip6 tables.
+var managedFamilies = []nftables.TableFamily{
+	nftables.TableFamilyBridge, nftables.TableFamilyINet,
+	nftables.TableFamilyIPv4, nftables.TableFamilyIPv6,
+}
+
+// nftConn opens an nftables connection in the namespace of fd.
+func nftConn(nsFd int) (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFd))
+	if err != nil {
+		return nil, fmt.Errorf("open nftables connection: %w", err)
+	}
+	return c, nil
+}
+
+// syncTables makes the kvnet tables reachable through conn match want, in
+// one atomic transaction. It rewrites only chains whose rules differ (so
+// counters of unchanged chains survive an Apply), adds missing chains and
+// deletes chains and tables the state no longer has.
+func syncTables(conn *nftables.Conn, want []nftTable) error {
+	tables, err := conn.ListTables()
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	have := map[nftables.TableFamily]*nftables.Table{} // family -> existing kvnet table
+	for _, t := range tables {
+		if t.Name == tableName {
+			have[t.Family] = t
+		}
+	}
+	wanted := map[nftables.TableFamily]bool{} // family -> in want
+	for _, wt := range want {
+		wanted[wt.family] = true
+	}
+	for _, fam := range managedFamilies {
+		if t := have[fam]; t != nil && !wanted[fam] {
+			conn.DelTable(t)
+		}
+	}
+	for _, wt := range want {
+		if err := syncTable(conn, wt, have[wt.family] != nil); err != nil {
+			return err
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("program nftables tables %q: %w", tableName, err)
+	}
+	return nil
+}
+
+// syncTable queues the changes that make one table match wt.
+func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
+	t := &nftables.Table{Family: wt.family, Name: tableName}
+	haveChains := map[string]*nftables.Chain{} // chain name -> existing chain
+	if exists {
+		chains, err := conn.ListChainsOfTableFamily(wt.family)
+		if err != nil {
+			return fmt.Errorf("list chains of table %s %q: %w", familyNames[wt.family], tableName, err)
+		}
+		for _, c := range chains {
+			if c.Table.Name == tableName {
+				haveChains[c.Name] = c
+			}
+		}
+	} else {
+		conn.AddTable(t)
+	}
+
+	// Order inside the transaction: create every missing chain first (jump
+	// rules need their target), then rewrite rules, then drop chains that
+	// nothing jumps to any more.
+	type rewrite struct {
+		chain *nftables.Chain
+		rules []nftRule
+		flush bool
+	}
+	var rewrites []rewrite
+	wantChains := map[string]bool{} // chain name -> wanted
+	for _, wc := range wt.chains {
+		wantChains[wc.name] = true
+		hc := haveChains[wc.name]
+		c := chainSpec(t, wc)
+		switch {
+		case hc == nil:
+			conn.AddChain(c)
+			rewrites = append(rewrites, rewrite{chain: c, rules: wc.rules})
+		case !sameChainSpec(hc, wc):
+			// A base chain's hook or policy changed (an older kvnet): its
+			// rules go with it and no rule refers to a base chain.
+			conn.FlushChain(hc)
+			conn.DelChain(hc)
+			conn.AddChain(c)
+			rewrites = append(rewrites, rewrite{chain: c, rules: wc.rules})
+		default:
+			current, err := conn.GetRules(t, hc)
+			if err != nil {
+				return fmt.Errorf("list rules of chain %q: %w", wc.name, err)
+			}
+			same, err := sameRules(wt.family, current, wc.rules)
+			if err != nil {
+				return err
+			}
+			if !same {
+				rewrites = append(rewrites, rewrite{chain: c, rules: wc.rules, flush: true})
+			}
+		}
+	}
+	for _, rw := range rewrites {
+		if rw.flush {
+			conn.FlushChain(rw.chain)
+		}
+		for _, r := range rw.rules {
+			conn.AddRule(&nftables.Rule{Table: t, Chain: rw.chain, Exprs: r.exprs, UserData: ruleUserData(r)})
+		}
+	}
+	var stale []*nftables.Chain
+	for name, hc := range haveChains {
+		if !wantChains[name] {
+			conn.FlushChain(hc)
+			stale = append(stale, hc)
+		}
+	}
+	for _, hc := range stale {
+		conn.DelChain(hc)
+	}
+	return nil
+}
+
+// chainSpec returns the nftables chain for wc in table t.
+func chainSpec(t *nftables.Table, wc nftChain) *nftables.Chain {
+	c := &nftables.Chain{Name: wc.name, Table: t}
+	if b := wc.base; b != nil {
+		hook, prio, policy := b.hook, b.priority, b.policy
+		c.Type, c.Hooknum, c.Priority, c.Policy = b.typ, &hook, &prio, &policy
+	}
+	return c
+}
+
+// sameChainSpec reports whether the existing chain hc is attached like wc.
+func sameChainSpec(hc *nftables.Chain, wc nftChain) bool {
+	if wc.base == nil || hc.Hooknum == nil {
+		return wc.base == nil && hc.Hooknum == nil
+	}
+	return hc.Type == wc.base.typ && *hc.Hooknum == wc.base.hook &&
+		hc.Priority != nil && *hc.Priority == wc.base.priority &&
+		hc.Policy != nil && *hc.Policy == wc.base.policy
+}
+
+func ruleUserData(r nftRule) []byte {
+	if r.comment == "" {
+		return nil
+	}
+	return userdata.AppendString(nil, userdata.TypeComment, r.comment)
+}
+
+// sameRules reports whether the kernel's rules equal want, comparing the
+// netlink encoding of every expression (with counter values zeroed) and
+// the comment.
+func sameRules(fam nftables.TableFamily, have []*nftables.Rule, want []nftRule) (bool, error) {
+	if len(have) != len(want) {
+		return false, nil
+	}
+	for i, hr := range have {
+		hk, err := exprsKey(fam, hr.Exprs)
+		if err != nil {
+			return false, err
+		}
+		wk, err := exprsKey(fam, want[i].exprs)
+		if err != nil {
+			return false, err
+		}
+		hc, _ := userdata.GetString(hr.UserData, userdata.TypeComment)
+		if !bytes.Equal(hk, wk) || hc != want[i].comment {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// exprsKey encodes exprs for comparison.
+func exprsKey(fam nftables.TableFamily, exprs []expr.Any) ([]byte, error) {
+	var key []byte
+	for _, e := range exprs {
+		if _, ok := e.(*expr.Counter); ok {
+			e = &expr.Counter{}
+		}
+		b, err := expr.Marshal(byte(fam), e)
+		if err != nil {
+			return nil, fmt.Errorf("encode nftables expression %T: %w", e, err)
+		}
+		key = binary.BigEndian.AppendUint32(key, uint32(len(b)))
+		key = append(key, b...)
+	}
+	return key, nil
+}
+
+// readCounters adds the packet counts of the counted kvnet rules reachable
+// through conn to out, keyed by rule comment.
+func readCounters(conn *nftables.Conn, out map[string]uint64) error {
+	tables, err := conn.ListTables()
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name != tableName {
+			continue
+		}
+		chains, err := conn.ListChainsOfTableFamily(t.Family)
+		if err != nil {
+			return fmt.Errorf("list chains of table %s %q: %w", familyNames[t.Family], tableName, err)
+		}
+		for _, c := range chains {
+			if c.Table.Name != tableName {
+				continue
+			}
+			rules, err := conn.GetRules(t, c)
+			if err != nil {
+				return fmt.Errorf("list rules of chain %q: %w", c.Name, err)
+			}
+			for _, r := range rules {
+				comment, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+				for _, e := range r.Exprs {
+					if ctr, ok := e.(*expr.Counter); ok && comment != "" {
+						out[comment] += ctr.Packets
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
