@@ -72,24 +72,12 @@ func restartController(t testing.TB) {
 
 func eventually(t testing.TB, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
 func create(t testing.TB, o client.Object) {
 	t.Helper()
-	if err := c.Create(context.Background(), o); err != nil {
-		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-	}
+	testenv.Create(t, c, o)
 }
 
 func mkNS(t testing.TB, name string, labels map[string]string) {

@@ -71,17 +71,7 @@ func restartController(t *testing.T) {
 
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
 func mkNS(t *testing.T, name string, labels map[string]string) {
@@ -106,9 +96,7 @@ func l2UDN(ns, name string, role udnv1.NetworkRole, subnets ...udnv1.CIDR) *udnv
 
 func create(t *testing.T, o client.Object) {
 	t.Helper()
-	if err := c.Create(context.Background(), o); err != nil {
-		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-	}
+	testenv.Create(t, c, o)
 }
 
 func getNAD(ns, name string) (*nadv1.NetworkAttachmentDefinition, error) {

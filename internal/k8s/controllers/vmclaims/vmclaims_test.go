@@ -49,24 +49,12 @@ func TestMain(m *testing.M) {
 
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, 45*time.Second, what, f)
 }
 
 func create(t *testing.T, o client.Object) {
 	t.Helper()
-	if err := c.Create(context.Background(), o); err != nil {
-		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-	}
+	testenv.Create(t, c, o)
 }
 
 // setup makes a namespace with a persistent primary UDN and a persistent
