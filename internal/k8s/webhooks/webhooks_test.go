@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -405,4 +406,70 @@ func BenchmarkAdmission50ConcurrentVMs(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+func TestMACPoolAbandonedAdmissionReleased(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-abandon", nil)
+	// A policy that refuses some VMs after kvnet's webhook admitted them:
+	// the MAC was taken for a VM that never reaches the API.
+	create(t, &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-doomed-vms"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"kubevirt.io"}, APIVersions: []string{"v1"}, Resources: []string{"virtualmachines"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "!object.metadata.name.startsWith('doomed')", Message: "doomed"}},
+		},
+	})
+	create(t, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-doomed-vms"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName: "deny-doomed-vms", ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "mac-abandon"}}},
+		},
+	})
+	eventually(t, "policy denies", func() error {
+		err := c.Create(ctx, vm("mac-abandon", fmt.Sprintf("doomed-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:dd:01")))
+		if err == nil || !strings.Contains(err.Error(), "doomed") {
+			return fmt.Errorf("err = %v", err)
+		}
+		return nil
+	})
+	// The MAC is held by the doomed VM's admission for a while, then freed.
+	eventually(t, "abandoned MAC released", func() error {
+		return c.Create(ctx, vm("mac-abandon", fmt.Sprintf("ok-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:dd:01")))
+	})
+}
+
+func TestMACCollisionReported(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-collide", map[string]string{"mutatevirtualmachines.kubemacpool.io": "ignore"})
+	for _, name := range []string{"vmi-1", "vmi-2"} {
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "mac-collide", Name: name}}
+		create(t, vmi)
+		vmi.Status = kubevirtv1.VirtualMachineInstanceStatus{Phase: "Running", Interfaces: []kubevirtv1.VirtualMachineInstanceNetworkInterface{{Name: "default", MAC: "02:00:00:00:cc:01"}}}
+		if err := c.Status().Update(ctx, vmi); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "MACCollision events", func() error {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace("mac-collide")); err != nil {
+			return err
+		}
+		on := map[string]bool{}
+		for _, e := range evs.Items {
+			if e.Reason == "MACCollision" && strings.Contains(e.Message, "MAC 02:00:00:00:cc:01 is used by 2 running VMIs") {
+				on[e.InvolvedObject.Name] = true
+			}
+		}
+		if !on["vmi-1"] || !on["vmi-2"] {
+			return fmt.Errorf("MACCollision on %v", on)
+		}
+		return nil
+	})
 }
