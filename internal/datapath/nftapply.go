@@ -15,7 +15,7 @@ import (
 // tables left by older kvnet versions that used ip/ip6 tables.
 var managedFamilies = []nftables.TableFamily{
 	nftables.TableFamilyBridge, nftables.TableFamilyINet,
-	nftables.TableFamilyIPv4, nftables.TableFamilyIPv6,
+	nftables.TableFamilyIPv4, nftables.TableFamilyIPv6, nftables.TableFamilyARP,
 }
 
 // nftConn opens an nftables connection in the namespace of fd.

@@ -91,13 +91,11 @@ func (b *ruleBuilder) metaName(key expr.MetaKey, keyword, name string) *ruleBuil
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameData(name)})
 }
 
-func (b *ruleBuilder) iifname(n string) *ruleBuilder { return b.metaName(expr.MetaKeyIIFNAME, "iifname", n) }
-func (b *ruleBuilder) oifname(n string) *ruleBuilder { return b.metaName(expr.MetaKeyOIFNAME, "oifname", n) }
-func (b *ruleBuilder) ibrname(n string) *ruleBuilder {
-	return b.metaName(expr.MetaKeyBRIIIFNAME, "meta ibrname", n)
+func (b *ruleBuilder) iifname(n string) *ruleBuilder {
+	return b.metaName(expr.MetaKeyIIFNAME, "iifname", n)
 }
-func (b *ruleBuilder) obrname(n string) *ruleBuilder {
-	return b.metaName(expr.MetaKeyBRIOIFNAME, "meta obrname", n)
+func (b *ruleBuilder) oifname(n string) *ruleBuilder {
+	return b.metaName(expr.MetaKeyOIFNAME, "oifname", n)
 }
 
 // match loads len bytes at off from base and compares them with data,
@@ -222,7 +220,7 @@ func (b *ruleBuilder) nfproto(v6 bool) *ruleBuilder {
 func (b *ruleBuilder) ctEstRel(neq bool) *ruleBuilder {
 	op, text := expr.CmpOpNeq, "ct state established,related"
 	if neq {
-		op, text = expr.CmpOpEq, "ct state & (established|related) == 0"
+		op, text = expr.CmpOpEq, "ct state ! established,related"
 	}
 	mask := binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
 	return b.add(text,
@@ -253,8 +251,12 @@ func (b *ruleBuilder) done(comment string) nftRule {
 func (b *ruleBuilder) accept(comment string) nftRule {
 	return b.verdict("accept", expr.VerdictAccept, comment)
 }
-func (b *ruleBuilder) drop(comment string) nftRule { return b.verdict("drop", expr.VerdictDrop, comment) }
-func (b *ruleBuilder) ret(comment string) nftRule  { return b.verdict("return", expr.VerdictReturn, comment) }
+func (b *ruleBuilder) drop(comment string) nftRule {
+	return b.verdict("drop", expr.VerdictDrop, comment)
+}
+func (b *ruleBuilder) ret(comment string) nftRule {
+	return b.verdict("return", expr.VerdictReturn, comment)
+}
 func (b *ruleBuilder) jump(chain, comment string) nftRule {
 	b.add("jump "+chain, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain})
 	return b.done(comment)
@@ -268,6 +270,13 @@ func (b *ruleBuilder) notrack(comment string) nftRule {
 	return b.done(comment)
 }
 
+// The arp family numbers its hooks differently from inet and bridge
+// (linux/netfilter_arp.h: NF_ARP_IN 0, NF_ARP_OUT 1).
+var (
+	arpHookIn  = nftables.ChainHookRef(0)
+	arpHookOut = nftables.ChainHookRef(1)
+)
+
 // bridgePriorityFilter is the bridge family's "filter" priority.
 const bridgePriorityFilter nftables.ChainPriority = -200
 
@@ -275,10 +284,11 @@ func filterChain(name string, hook *nftables.ChainHook, prio nftables.ChainPrior
 	return nftChain{name: name, base: &baseChain{typ: nftables.ChainTypeFilter, hook: *hook, priority: prio, policy: policy}, rules: rules}
 }
 
-// nodeRules returns the desired kvnet tables of the node namespace, keyed
-// by family: a bridge table (gateway kept off the overlay, node stack kept
-// off tenant bridges, per-port anti-spoofing) and an inet table (transit
-// isolation and egress masquerade). There are none when s has no network.
+// nodeRules returns the desired kvnet tables of the node namespace: a
+// bridge table (gateway kept off the overlay, per-port anti-spoofing), an
+// inet table (node stack kept off tenant bridges, transit isolation,
+// egress masquerade) and an arp table (no ARP between the node and tenant
+// bridges). There are none when s has no network.
 func nodeRules(underlayDev string, s State) []nftTable {
 	if len(s.Networks) == 0 {
 		return nil
@@ -288,7 +298,10 @@ func nodeRules(underlayDev string, s State) []nftTable {
 	ports := slices.Clone(s.Ports)
 	slices.SortFunc(ports, func(a, b Port) int { return strings.Compare(a.HostIfName, b.HostIfName) })
 
-	var fwd []nftRule
+	// Port checks run at prerouting, before the bridge learns the source
+	// MAC: checked at forward, a spoofed frame would already have moved the
+	// victim's FDB entry to the attacker's port.
+	var pre, fwd []nftRule
 	for _, n := range nets {
 		if !n.Primary {
 			continue
@@ -297,28 +310,19 @@ func nodeRules(underlayDev string, s State) []nftTable {
 		// from it crossed the tunnel, bridges would learn the gateway on
 		// the VXLAN port and send gateway traffic to another node.
 		gw := GatewayMAC(n.ID)
-		fwd = append(fwd,
-			newRule().iifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
-				drop(fmt.Sprintf("network %s: gateway MAC never enters from the overlay", n.Name)),
-			newRule().oifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
-				drop(fmt.Sprintf("network %s: gateway MAC never leaves on the overlay", n.Name)))
+		pre = append(pre, newRule().iifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
+			drop(fmt.Sprintf("network %s: gateway MAC never enters from the overlay", n.Name)))
+		fwd = append(fwd, newRule().oifname(VXLANName(n.ID)).etherSaddr(gw, false).counter().
+			drop(fmt.Sprintf("network %s: gateway MAC never leaves on the overlay", n.Name)))
 	}
 	portChains := make([]nftChain, 0, len(ports))
 	for _, p := range ports {
-		fwd = append(fwd, newRule().iifname(p.HostIfName).jump(portChainName(p.HostIfName), "port "+p.HostIfName))
+		pre = append(pre, newRule().iifname(p.HostIfName).jump(portChainName(p.HostIfName), "port "+p.HostIfName))
 		portChains = append(portChains, nftChain{name: portChainName(p.HostIfName), rules: portRules(p)})
 	}
 	bridge := nftTable{family: nftables.TableFamilyBridge, chains: append([]nftChain{
+		filterChain("prerouting", nftables.ChainHookPrerouting, bridgePriorityFilter, nftables.ChainPolicyAccept, pre),
 		filterChain("forward", nftables.ChainHookForward, bridgePriorityFilter, nftables.ChainPolicyAccept, fwd),
-		// The node has no address on tenant bridges and must not take part
-		// in their L2: otherwise it answers ARP for its own addresses and a
-		// pod could route through the node around its tenant router.
-		filterChain("input", nftables.ChainHookInput, bridgePriorityFilter, nftables.ChainPolicyAccept, []nftRule{
-			newRule().ibrname(bridgePrefix + "*").counter().drop("tenant networks never reach the node stack"),
-		}),
-		filterChain("output", nftables.ChainHookOutput, bridgePriorityFilter, nftables.ChainPolicyAccept, []nftRule{
-			newRule().obrname(bridgePrefix + "*").counter().drop("the node stack never sends into tenant networks"),
-		}),
 	}, portChains...)}
 
 	var input []nftRule
@@ -334,7 +338,11 @@ func nodeRules(underlayDev string, s State) []nftTable {
 			} else {
 				b.ipDaddr(transitPrefix4, false).ipDaddr(hostPrefix(node), true)
 			}
-			input = append(input, b.counter().drop(fmt.Sprintf("network %s: no other network's transit address", n.Name)))
+			fam := "IPv4"
+			if v6 {
+				fam = "IPv6"
+			}
+			input = append(input, b.counter().drop(fmt.Sprintf("network %s: no other network's %s transit address", n.Name, fam)))
 		}
 	}
 	// VXLAN carries no authentication: a tenant that could send UDP 4789
@@ -342,6 +350,22 @@ func nodeRules(underlayDev string, s State) []nftTable {
 	// inject frames into every network on that node.
 	input = append(input, newRule().iifname(transitPrefix+"*").l4protoUDP().udpDport(vxlanPort).counter().
 		drop("tenants never reach a VXLAN port"))
+	// The node has no address on tenant bridges and must not take part in
+	// their L2 or L3: otherwise it answers ARP for its own addresses, and a
+	// pod could route through the node around its tenant router. (Matching
+	// the bridge itself, meta ibrname, needs nft_meta_bridge, which not
+	// every kernel has; the bridge device as iif/oif in the inet and arp
+	// families works everywhere.)
+	input = append([]nftRule{newRule().iifname(bridgePrefix + "*").counter().
+		drop("tenant networks never reach the node stack")}, input...)
+	arp := nftTable{family: nftables.TableFamilyARP, chains: []nftChain{
+		filterChain("input", arpHookIn, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().iifname(bridgePrefix + "*").counter().drop("tenant ARP never reaches the node stack"),
+		}),
+		filterChain("output", arpHookOut, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().oifname(bridgePrefix + "*").counter().drop("the node never ARPs into tenant networks"),
+		}),
+	}}
 	inet := nftTable{family: nftables.TableFamilyINet, chains: []nftChain{
 		// Tenants reuse addresses; with br_netfilter, bridged frames would
 		// otherwise share the node's conntrack table and collide.
@@ -349,21 +373,24 @@ func nodeRules(underlayDev string, s State) []nftTable {
 			newRule().iifname(bridgePrefix + "*").notrack("bridged tenant frames stay out of the node's conntrack"),
 		}),
 		filterChain("input", nftables.ChainHookInput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, input),
+		filterChain("output", nftables.ChainHookOutput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+			newRule().oifname(bridgePrefix + "*").counter().drop("the node stack never sends into tenant networks"),
+		}),
 		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
-			newRule().iifname(transitPrefix+"*").oifname(transitPrefix+"*").counter().
+			newRule().iifname(transitPrefix + "*").oifname(transitPrefix + "*").counter().
 				drop("no forwarding between tenant routers"),
-			newRule().oifname(transitPrefix+"*").ctEstRel(true).counter().
+			newRule().oifname(transitPrefix + "*").ctEstRel(true).counter().
 				drop("only replies enter tenant routers"),
-			newRule().iifname(transitPrefix+"*").l4protoUDP().udpDport(vxlanPort).counter().
+			newRule().iifname(transitPrefix + "*").l4protoUDP().udpDport(vxlanPort).counter().
 				drop("tenants never speak VXLAN to the underlay"),
 		}),
 		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
-			newRule().iifname(transitPrefix+"*").oifname(underlayDev).
+			newRule().iifname(transitPrefix + "*").oifname(underlayDev).
 				masquerade("tenant egress leaves with the node's address"),
 		}},
 	}}
-	return []nftTable{bridge, inet}
+	return []nftTable{bridge, inet, arp}
 }
 
 // networkFamilies returns the IP families of n's subnets: false for IPv4,
@@ -396,7 +423,7 @@ var (
 )
 
 // portRules returns the anti-spoofing chain of port p. Matching frames
-// "return" to the forward chain, which accepts them; everything else the
+// "return" to the prerouting chain, which accepts them; everything else the
 // port sends is dropped by a counted rule saying why.
 func portRules(p Port) []nftRule {
 	c := func(what string) string { return fmt.Sprintf("port %s: %s", p.HostIfName, what) }
@@ -425,10 +452,11 @@ func portRules(p Port) []nftRule {
 			udpSport(68).udpDport(67).ret(c("DHCP client")),
 		newRule().etherType(unix.ETH_P_IP, false).counter().drop(c("spoofed IPv4 source")),
 		newRule().etherType(unix.ETH_P_ARP, false).arpSha(p.MAC, true).counter().drop(c("spoofed ARP sender MAC")))
-	for _, a := range append(v4, unspecified4) {
+	for _, a := range v4 {
 		rules = append(rules, newRule().etherType(unix.ETH_P_ARP, false).arpSpa(a).ret(c("ARP sender "+a.String())))
 	}
 	rules = append(rules,
+		newRule().etherType(unix.ETH_P_ARP, false).arpSpa(unspecified4).ret(c("ARP probe")),
 		newRule().etherType(unix.ETH_P_ARP, false).counter().drop(c("spoofed ARP sender IP")),
 		newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(hostPrefix(netip.IPv6Unspecified()), false).ret(c("IPv6 DAD")),
 		newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(linkLocal6, false).ret(c("IPv6 link-local")))
@@ -467,6 +495,7 @@ func routerRules(n Network) []nftTable {
 var familyNames = map[nftables.TableFamily]string{
 	nftables.TableFamilyBridge: "bridge", nftables.TableFamilyINet: "inet",
 	nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6",
+	nftables.TableFamilyARP: "arp",
 }
 
 // hookNames renders hooks the way nft does (bridge and inet numbers agree).
@@ -495,8 +524,12 @@ func renderTables(tables []nftTable) string {
 				if c.base.policy == nftables.ChainPolicyDrop {
 					policy = "drop"
 				}
+				hook := hookNames[c.base.hook]
+				if t.family == nftables.TableFamilyARP {
+					hook = map[nftables.ChainHook]string{*arpHookIn: "input", *arpHookOut: "output"}[c.base.hook]
+				}
 				fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %d; policy %s;\n",
-					c.base.typ, hookNames[c.base.hook], c.base.priority, policy)
+					c.base.typ, hook, c.base.priority, policy)
 			}
 			for _, r := range c.rules {
 				sb.WriteString("\t\t" + strings.Join(r.text, " "))

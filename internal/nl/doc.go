@@ -41,6 +41,9 @@
 //     another thread. Do the namespace-sensitive part (socket creation,
 //     netlink.NewHandle) synchronously inside the function; the resulting
 //     file descriptors may then be used from anywhere.
+//   - [Handle.PeerLink] looks up the peer of a veth in another namespace
+//     by netns ID, without entering it (useful when only the local end is
+//     known).
 //   - Named namespaces are bind mounts under [NetNSDir], compatible with
 //     `ip netns`. [CreateNamedNS] creates one from a throwaway locked thread
 //     that is never unlocked, so no Go thread ever stays in the new namespace.

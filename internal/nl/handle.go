@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+	vnl "github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,7 @@ func notFound(err error) error {
 // time per socket; the library serialises).
 type Handle struct {
 	*netlink.Handle
+	nsPath string // the handle's namespace, for requests the library lacks
 }
 
 // NewHandle opens a handle in the namespace at nsPath; "" means the
@@ -70,7 +72,7 @@ func NewHandle(nsPath string) (*Handle, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open netlink handle: %w", err)
 		}
-		return &Handle{h}, nil
+		return &Handle{Handle: h}, nil
 	}
 	nsh, err := netns.GetFromPath(nsPath)
 	if err != nil {
@@ -81,7 +83,7 @@ func NewHandle(nsPath string) (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open netlink handle in %q: %w", nsPath, err)
 	}
-	return &Handle{h}, nil
+	return &Handle{Handle: h, nsPath: nsPath}, nil
 }
 
 // Close releases the handle's sockets.
@@ -108,6 +110,39 @@ func (h *Handle) LinkByIndex(index int) (netlink.Link, error) {
 		return nil, notFound(fmt.Errorf("get link %d: %w", index, err))
 	}
 	return l, nil
+}
+
+// PeerLink returns the other end of veth l as the kernel sees it now,
+// even when it lives in another namespace (which this handle's namespace
+// knows by the netns ID in l's IFLA_LINK_NETNSID). The library has no
+// request for that, so this sends RTM_GETLINK with IFLA_TARGET_NETNSID
+// (Linux 4.20+) itself.
+func (h *Handle) PeerLink(l netlink.Link) (netlink.Link, error) {
+	peer := l.Attrs().ParentIndex
+	if l.Attrs().NetNsID < 0 {
+		return h.LinkByIndex(peer)
+	}
+	var link netlink.Link
+	err := Do(h.nsPath, func() error {
+		req := vnl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
+		msg := vnl.NewIfInfomsg(unix.AF_UNSPEC)
+		msg.Index = int32(peer)
+		req.AddData(msg)
+		req.AddData(vnl.NewRtAttr(unix.IFLA_TARGET_NETNSID, vnl.Uint32Attr(uint32(l.Attrs().NetNsID))))
+		msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return unix.ENODEV
+		}
+		link, err = netlink.LinkDeserialize(nil, msgs[0])
+		return err
+	})
+	if err != nil {
+		return nil, notFound(fmt.Errorf("get peer %d of link %q: %w", peer, l.Attrs().Name, err))
+	}
+	return link, nil
 }
 
 // LinkList lists all links, retrying interrupted dumps.

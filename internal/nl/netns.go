@@ -226,3 +226,6 @@ func SetSysctl(nsPath, key, value string) error {
 		return nil
 	})
 }
+
+// NamedNSExists reports whether the named namespace name is mounted.
+func NamedNSExists(name string) bool { return isNetNS(NSPath(name)) }

@@ -3,6 +3,7 @@ package nl
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -79,5 +80,54 @@ func TestNamedNSAndHandle(t *testing.T) {
 	}
 	if _, err := NewHandle(path); !errors.Is(err, ErrNotFound) {
 		t.Errorf("NewHandle(deleted ns) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPeerLinkAcrossNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces")
+	}
+	a, b := fmt.Sprintf("kvtnlpa%d", os.Getpid()), fmt.Sprintf("kvtnlpb%d", os.Getpid())
+	pa, err := CreateNamedNS(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DeleteNamedNS(a) })
+	pb, err := CreateNamedNS(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DeleteNamedNS(b) })
+	nsb, err := OpenNS(pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsb.Close()
+	h, err := NewHandle(pa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "host0"}, PeerName: "pod0",
+		PeerNamespace: netlink.NsFd(int(nsb))}); err != nil {
+		t.Fatal(err)
+	}
+	host, err := h.LinkByName("host0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := h.PeerLink(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peer.Attrs().Name != "pod0" {
+		t.Errorf("PeerLink = %q, want pod0", peer.Attrs().Name)
+	}
+	if err := h.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	// The peer is down: the host end has no carrier, and PeerLink sees it.
+	if peer, err = h.PeerLink(host); err != nil || peer.Attrs().Flags&net.FlagUp != 0 {
+		t.Errorf("PeerLink after host up = %v, %v; want pod0 still admin down", peer, err)
 	}
 }

@@ -1,0 +1,414 @@
+// Package cni is kvnet-cni, the CNI 1.1 plugin Multus calls for kvnet
+// networks. It allocates nothing: kvnet-controller has already written the
+// pod's addresses to the kvnet.io/pod-networks annotation, and ADD waits
+// (bounded) for that entry and wires exactly it. The same binary serves
+// IPAM-only mode ("ipam": {"type": "kvnet-ipam"} inside a bridge or macvlan
+// NAD), returning the allocated addresses as an IPAM result.
+//
+// It reads the pod through a small PodSource interface, so this package
+// imports no Kubernetes client (internal/k8s/podsource implements it).
+package cni
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/podnetworks"
+)
+
+// PodSource reads a pod's kvnet.io/pod-networks annotation. It returns nil
+// networks (and no error) while the pod has no annotation yet.
+type PodSource interface {
+	PodNetworks(ctx context.Context, namespace, name string) (podnetworks.Networks, error)
+}
+
+// Options are plugin settings a NAD may carry (top level, or inside "ipam"
+// in IPAM-only mode).
+type Options struct {
+	// Kubeconfig of the node's kvnet-cni identity. Default: $KVNET_KUBECONFIG,
+	// else /etc/cni/net.d/kvnet.d/kvnet.kubeconfig.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// AnnotationTimeout bounds ADD's wait for the allocation ("30s").
+	AnnotationTimeout string `json:"annotationTimeout,omitempty"`
+	// StatusFile is written by kvnet-node: {"ready": bool, "exhaustedNetworks": [..]}.
+	StatusFile string `json:"statusFile,omitempty"`
+	// DefaultMTU when the network sets none (the node's pod MTU).
+	DefaultMTU int `json:"defaultMTU,omitempty"`
+}
+
+// Defaults.
+const (
+	DefaultKubeconfig = "/etc/cni/net.d/kvnet.d/kvnet.kubeconfig"
+	DefaultStatusFile = "/run/kvnet/cni-status.json"
+	defaultTimeout    = 30 * time.Second
+	defaultMTU        = 1400
+	hostIfPrefix      = "kvp" // host ends of pod veths: "kvp" + 10 hex
+)
+
+// Plugin implements the CNI verbs.
+type Plugin struct {
+	// NewSource builds the PodSource from a kubeconfig path.
+	NewSource func(kubeconfig string) (PodSource, error)
+	// Poll is the interval of ADD's wait (default 100 ms).
+	Poll time.Duration
+}
+
+// Funcs returns the verbs for skel.PluginMainFuncs.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+}
+
+// request is a parsed CNI invocation.
+type request struct {
+	served   *netconf.Served
+	opts     Options
+	version  string
+	prev     *current.Result
+	ipamOnly bool
+}
+
+func parse(stdin []byte) (*request, error) {
+	var top struct {
+		CNIVersion string          `json:"cniVersion"`
+		Type       string          `json:"type"`
+		IPAM       json.RawMessage `json:"ipam"`
+		PrevResult json.RawMessage `json:"prevResult"`
+		Options
+	}
+	if err := json.Unmarshal(stdin, &top); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode network configuration", err.Error())
+	}
+	s, err := netconf.ParseServed(string(stdin))
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration", err.Error())
+	}
+	if s == nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
+			fmt.Sprintf("neither \"type\": %q nor \"ipam\": {\"type\": %q}", netconf.PluginType, netconf.IPAMType))
+	}
+	r := &request{served: s, opts: top.Options, version: top.CNIVersion, ipamOnly: s.IPAM != nil}
+	if r.ipamOnly && len(top.IPAM) > 0 {
+		var o Options
+		if err := json.Unmarshal(top.IPAM, &o); err == nil {
+			r.opts = o
+		}
+	}
+	if len(top.PrevResult) > 0 {
+		res, err := current.NewResult(top.PrevResult)
+		if err == nil {
+			r.prev, _ = current.NewResultFromResult(res)
+		}
+	}
+	return r, nil
+}
+
+// podArgs are the Kubernetes CNI_ARGS.
+type podArgs struct {
+	types.CommonArgs
+	K8S_POD_NAMESPACE types.UnmarshallableString //nolint:revive // CNI_ARGS names
+	K8S_POD_NAME      types.UnmarshallableString //nolint:revive
+}
+
+// HostIfName is the host-side veth name of an attachment (≤ 15 chars,
+// stable for a container ID and interface).
+func HostIfName(containerID, ifName string) string {
+	h := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return hostIfPrefix + hex.EncodeToString(h[:])[:10]
+}
+
+// entry waits for the pod's allocation for this network.
+func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, error) {
+	var pa podArgs
+	if err := types.LoadArgs(args.Args, &pa); err != nil {
+		return podnetworks.Attachment{}, types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	}
+	ns, name := string(pa.K8S_POD_NAMESPACE), string(pa.K8S_POD_NAME)
+	if ns == "" || name == "" {
+		return podnetworks.Attachment{}, types.NewError(types.ErrInvalidEnvironmentVariables, "missing pod identity", "CNI_ARGS must carry K8S_POD_NAMESPACE and K8S_POD_NAME")
+	}
+	kubeconfig := r.opts.Kubeconfig
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KVNET_KUBECONFIG")
+	}
+	if kubeconfig == "" {
+		kubeconfig = DefaultKubeconfig
+	}
+	src, err := p.NewSource(kubeconfig)
+	if err != nil {
+		return podnetworks.Attachment{}, types.NewError(types.ErrTryAgainLater, "cannot reach the API server", err.Error())
+	}
+	timeout := defaultTimeout
+	if r.opts.AnnotationTimeout != "" {
+		if timeout, err = time.ParseDuration(r.opts.AnnotationTimeout); err != nil || timeout <= 0 {
+			return podnetworks.Attachment{}, types.NewError(types.ErrInvalidNetworkConfig, "invalid annotationTimeout", fmt.Sprintf("%q is not a positive duration", r.opts.AnnotationTimeout))
+		}
+	}
+	poll := p.Poll
+	if poll == 0 {
+		poll = 100 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var lastErr error
+	for {
+		nets, err := src.PodNetworks(ctx, ns, name)
+		lastErr = err
+		if err == nil {
+			if a, ok := find(nets, r); ok {
+				return a, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			msg := fmt.Sprintf("no allocation for network %q in annotation %s of pod %s/%s after %s; is kvnet-controller running? (pod events say why an allocation failed)",
+				r.served.Name, podnetworks.Annotation, ns, name, timeout)
+			if lastErr != nil {
+				msg += fmt.Sprintf("; last error: %v", lastErr)
+			}
+			return podnetworks.Attachment{}, types.NewError(types.ErrTryAgainLater, "allocation not found", msg)
+		case <-time.After(poll):
+		}
+	}
+}
+
+// find picks the network's entry: by NAD key when the configuration names
+// it, else by network name (hand-written and IPAM-only NADs).
+func find(nets podnetworks.Networks, r *request) (podnetworks.Attachment, bool) {
+	if r.served.Conf != nil && r.served.Conf.NADName != "" {
+		if a, ok := nets[r.served.Conf.NADName]; ok {
+			return a, true
+		}
+	}
+	for _, a := range nets {
+		if a.Network == r.served.Name {
+			return a, true
+		}
+	}
+	return podnetworks.Attachment{}, false
+}
+
+// result turns an allocation into a CNI result; with iface set, the IPs
+// belong to the container interface (index 1).
+func result(version string, a podnetworks.Attachment, ifaces []*current.Interface, primary bool) (*current.Result, error) {
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: ifaces}
+	gws := map[bool]net.IP{}
+	for _, g := range a.GatewayIPs {
+		if addr, err := netip.ParseAddr(g); err == nil {
+			gws[addr.Is4()] = net.IP(addr.AsSlice())
+		}
+	}
+	for _, s := range a.IPAddresses {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("annotation %s: ip %q: %w", podnetworks.Annotation, s, err)
+		}
+		ipc := &current.IPConfig{Address: net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if len(ifaces) > 1 {
+			idx := 1
+			ipc.Interface = &idx
+		}
+		if primary {
+			ipc.Gateway = gws[p.Addr().Is4()]
+		}
+		res.IPs = append(res.IPs, ipc)
+	}
+	for _, rt := range a.Routes {
+		_, dst, err := net.ParseCIDR(rt.Dest)
+		if err != nil {
+			return nil, fmt.Errorf("annotation %s: route %q: %w", podnetworks.Annotation, rt.Dest, err)
+		}
+		res.Routes = append(res.Routes, &types.Route{Dst: *dst, GW: net.ParseIP(rt.NextHop)})
+	}
+	if version == "" {
+		version = current.ImplementedSpecVersion
+	}
+	out, err := res.GetAsVersion(version)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*current.Result), nil
+}
+
+// Add wires the pod (or, in IPAM-only mode, returns its addresses).
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return err
+	}
+	a, err := p.entry(args, r)
+	if err != nil {
+		return err
+	}
+	if r.ipamOnly {
+		res, err := result(r.version, a, nil, false)
+		if err != nil {
+			return err
+		}
+		return types.PrintResult(res, r.version)
+	}
+	mac, err := net.ParseMAC(a.MACAddress)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "bad allocation", err.Error())
+	}
+	var ips []netip.Prefix
+	for _, s := range a.IPAddresses {
+		if pfx, err := netip.ParsePrefix(s); err == nil {
+			ips = append(ips, pfx)
+		}
+	}
+	var routes []datapath.Route
+	for _, rt := range a.Routes {
+		dst, err1 := netip.ParsePrefix(rt.Dest)
+		via, err2 := netip.ParseAddr(rt.NextHop)
+		if err1 == nil && err2 == nil {
+			routes = append(routes, datapath.Route{Dst: dst, Via: via})
+		}
+	}
+	mtu := r.served.Conf.MTU
+	if mtu == 0 {
+		mtu = r.opts.DefaultMTU
+	}
+	if mtu == 0 {
+		mtu = defaultMTU
+	}
+	host := HostIfName(args.ContainerID, args.IfName)
+	ok := false
+	defer func() {
+		if !ok {
+			_ = datapath.TeardownPodInterface(host)
+		}
+	}()
+	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
+		return types.NewError(types.ErrInternal, "set up pod interface", err.Error())
+	}
+	// kvnet-node attaches the host end to the network's bridge (it knows
+	// the network ID and owns the bridge); the alias tells it which pod and
+	// network the port is, since the name only encodes the container.
+	if err := setAlias(host, PortAlias(podKey(args), nadKeyOf(r, a))); err != nil {
+		return types.NewError(types.ErrInternal, "label host interface", err.Error())
+	}
+	res, err := result(r.version, a, []*current.Interface{
+		{Name: host},
+		{Name: args.IfName, Mac: mac.String(), Sandbox: args.Netns},
+	}, r.served.IsPrimary())
+	if err != nil {
+		return err
+	}
+	ok = true
+	return types.PrintResult(res, r.version)
+}
+
+// Del removes the host end (the pod end goes with it). It succeeds when
+// everything is already gone, including the netns.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if r.ipamOnly {
+		return nil // addresses are freed by kvnet-controller when the pod goes
+	}
+	if err := datapath.TeardownPodInterface(HostIfName(args.ContainerID, args.IfName)); err != nil {
+		return types.NewError(types.ErrInternal, "tear down pod interface", err.Error())
+	}
+	return nil
+}
+
+// Check verifies that the pod interface has the allocated MAC, addresses
+// and routes.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return err
+	}
+	a, err := p.entry(args, r)
+	if err != nil {
+		return err
+	}
+	if r.ipamOnly {
+		return nil
+	}
+	return checkInterface(args.Netns, args.IfName, a)
+}
+
+// GC removes host ends of pod veths that belong to no valid attachment.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	var in struct {
+		Valid []types.GCAttachment `json:"cni.dev/valid-attachments"`
+	}
+	if err := json.Unmarshal(args.StdinData, &in); err != nil {
+		return types.NewError(types.ErrDecodingFailure, "decode GC arguments", err.Error())
+	}
+	keep := map[string]bool{}
+	for _, a := range in.Valid {
+		keep[HostIfName(a.ContainerID, a.IfName)] = true
+	}
+	return gcHostInterfaces(hostIfPrefix, keep)
+}
+
+// status is what kvnet-node reports for the CNI's STATUS verb.
+type status struct {
+	Ready             bool     `json:"ready"`
+	ExhaustedNetworks []string `json:"exhaustedNetworks"`
+}
+
+// Status reports whether pods can be added to this network now: code 50
+// ("plugin not available") when kvnet-node is not ready or the network's
+// address pool is exhausted.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return err
+	}
+	path := r.opts.StatusFile
+	if path == "" {
+		path = DefaultStatusFile
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", fmt.Sprintf("read %s: %v", path, err))
+	}
+	var st status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node status unreadable", fmt.Sprintf("%s: %v", path, err))
+	}
+	if !st.Ready {
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", path+" says not ready")
+	}
+	for _, n := range st.ExhaustedNetworks {
+		if n == r.served.Name {
+			return types.NewError(types.ErrPluginNotAvailable, "address pool exhausted", fmt.Sprintf("network %q has no free address", n))
+		}
+	}
+	return nil
+}
+
+// PortAlias is the interface alias of a pod's host end:
+// "kvnet:<namespace>/<pod>:<nad namespace>/<nad name>".
+func PortAlias(pod, nad string) string { return "kvnet:" + pod + ":" + nad }
+
+func podKey(args *skel.CmdArgs) string {
+	var pa podArgs
+	_ = types.LoadArgs(args.Args, &pa)
+	return string(pa.K8S_POD_NAMESPACE) + "/" + string(pa.K8S_POD_NAME)
+}
+
+func nadKeyOf(r *request, a podnetworks.Attachment) string {
+	if r.served.Conf != nil && r.served.Conf.NADName != "" {
+		return r.served.Conf.NADName
+	}
+	return a.Network
+}

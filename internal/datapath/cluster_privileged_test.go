@@ -1,0 +1,507 @@
+package datapath
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"kvnet.io/kvnet/internal/nl"
+)
+
+// This file simulates a cluster on one machine: a "switch" namespace with a
+// bridge, one namespace per node attached to it by a veth (the underlay,
+// 192.168.100.0/24, MTU 1500), an "external" namespace on the same switch
+// (192.168.100.254, plus 198.51.100.1 on its loopback) standing for the
+// internet, and pods as namespaces wired with SetupPodInterface.
+
+const (
+	underlayDev = "eth0"
+	switchBr    = "sw0"
+)
+
+var (
+	externalIP   = netip.MustParseAddr("192.168.100.254")
+	internetIP   = netip.MustParseAddr("198.51.100.1") // on the external ns' loopback, routed via externalIP
+	underlayBits = 24
+)
+
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: network namespaces")
+	}
+}
+
+// cluster is a simulated set of nodes.
+type cluster struct {
+	tb     testing.TB
+	prefix string // unique namespace name prefix of this cluster
+	sw     string // switch namespace path
+	ext    string // external namespace path
+	nodes  []*node
+	pods   []*pod
+}
+
+type node struct {
+	name string
+	ns   string // namespace path
+	ip   netip.Addr
+	dp   *Datapath
+}
+
+type pod struct {
+	name    string
+	ns      string // namespace path
+	node    *node
+	network string
+	hostIf  string
+	mac     net.HardwareAddr
+	ips     []netip.Prefix
+	l2only  bool // Port.IPs left empty (secondary network without IPAM)
+}
+
+// newCluster builds a switch, n nodes and the external namespace; all of
+// it is removed when the test ends.
+func newCluster(tb testing.TB, n int) *cluster {
+	tb.Helper()
+	requireRoot(tb)
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	c := &cluster{tb: tb, prefix: "kvt" + hex.EncodeToString(suffix)}
+	tb.Cleanup(c.cleanup)
+	c.sw = c.mkNS("sw")
+	c.must(withHandle(c.sw, func(h *nl.Handle) error {
+		if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: switchBr}}); err != nil {
+			return err
+		}
+		br, err := h.LinkByName(switchBr)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetUp(br)
+	}))
+	// A physical switch does not run conntrack on what it forwards.
+	for _, key := range []string{"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables", "net/bridge/bridge-nf-call-arptables"} {
+		if err := nl.SetSysctl(c.sw, key, "0"); err != nil && !errors.Is(err, nl.ErrNotFound) {
+			tb.Fatal(err)
+		}
+	}
+	c.ext = c.mkNS("ext")
+	c.plug(c.ext, "ext", externalIP)
+	c.must(withHandle(c.ext, func(h *nl.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return h.AddrAdd(lo, &netlink.Addr{IPNet: ipNet(hostPrefix(internetIP))})
+	}))
+	for i := 1; i <= n; i++ {
+		nd := &node{name: fmt.Sprintf("n%d", i), ip: netip.AddrFrom4([4]byte{192, 168, 100, byte(i)})}
+		nd.ns = c.mkNS(nd.name)
+		c.plug(nd.ns, nd.name, nd.ip)
+		// The node reaches "the internet" through the external namespace.
+		c.must(withHandle(nd.ns, func(h *nl.Handle) error {
+			dev, err := h.LinkByName(underlayDev)
+			if err != nil {
+				return err
+			}
+			return h.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: defaultDst(false), Gw: net.IP(externalIP.AsSlice())})
+		}))
+		dp, err := New(NodeConfig{Name: nd.name, NetNS: nd.ns, UnderlayIP: nd.ip, UnderlayDev: underlayDev})
+		c.must(err)
+		nd.dp = dp
+		c.nodes = append(c.nodes, nd)
+	}
+	return c
+}
+
+func (c *cluster) must(err error) {
+	c.tb.Helper()
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+}
+
+// mkNS creates the namespace <prefix>-<name> and returns its path.
+func (c *cluster) mkNS(name string) string {
+	c.tb.Helper()
+	path, err := nl.CreateNamedNS(c.prefix + "-" + name)
+	c.must(err)
+	return path
+}
+
+// plug connects namespace ns to the switch with a veth: eth0 (addr/24,
+// MTU 1500, up) in ns, swPort on the switch bridge.
+func (c *cluster) plug(ns, swPort string, addr netip.Addr) {
+	c.tb.Helper()
+	c.must(withHandle(c.sw, func(sw *nl.Handle) error {
+		return withNS(ns, func(fd int) error {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: swPort, MTU: 1500}, PeerName: underlayDev,
+				PeerNamespace: netlink.NsFd(fd), PeerMTU: 1500}
+			if err := sw.LinkAdd(veth); err != nil {
+				return fmt.Errorf("create veth %q: %w", swPort, err)
+			}
+			port, err := sw.LinkByName(swPort)
+			if err != nil {
+				return err
+			}
+			br, err := sw.LinkByName(switchBr)
+			if err != nil {
+				return err
+			}
+			if err := sw.LinkSetMaster(port, br); err != nil {
+				return err
+			}
+			return sw.LinkSetUp(port)
+		})
+	}))
+	c.must(withHandle(ns, func(h *nl.Handle) error {
+		dev, err := h.LinkByName(underlayDev)
+		if err != nil {
+			return err
+		}
+		if err := h.AddrAdd(dev, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(addr, underlayBits))}); err != nil {
+			return err
+		}
+		return h.LinkSetUp(dev)
+	}))
+}
+
+func (c *cluster) cleanup() {
+	for _, nd := range c.nodes {
+		if nd.dp != nil {
+			if err := nd.dp.Apply(context.Background(), State{}); err != nil {
+				c.tb.Errorf("clean up node %s: %v", nd.name, err)
+			}
+			nd.dp.Close()
+		}
+	}
+	// Delete every namespace of this cluster, router namespaces included
+	// (they are named after the node namespaces).
+	for _, prefix := range []string{c.prefix + "-", "kvnet-" + c.prefix + "-"} {
+		names, _ := nl.ListNamedNS(prefix)
+		for _, name := range names {
+			if err := nl.DeleteNamedNS(name); err != nil {
+				c.tb.Errorf("delete netns %s: %v", name, err)
+			}
+		}
+	}
+}
+
+// addPod creates a pod namespace wired to nd with SetupPodInterface. mac is
+// derived from the pod's index unless given.
+func (c *cluster) addPod(nd *node, name, network string, mac net.HardwareAddr, ips []netip.Prefix, routes []Route) *pod {
+	c.tb.Helper()
+	if mac == nil {
+		mac = net.HardwareAddr{0x02, 0x6b, 0x76, 0, byte(len(c.pods) >> 8), byte(len(c.pods) + 1)}
+	}
+	p := &pod{name: name, node: nd, network: network, hostIf: "v" + name, mac: mac, ips: ips}
+	p.ns = c.mkNS("p-" + name)
+	c.must(nl.Do(nd.ns, func() error {
+		return SetupPodInterface(p.ns, "eth0", p.hostIf, mac, ips, routes, nd.dp.MTU())
+	}))
+	c.pods = append(c.pods, p)
+	return p
+}
+
+// gatewayRoutes returns a default route via gw.
+func gatewayRoutes(gw string) []Route {
+	return []Route{{Dst: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr(gw)}}
+}
+
+// state returns the State of node nd for networks nets: every network on
+// every node, remotes = the other nodes, ports = pods on nd, remote MACs =
+// pods elsewhere.
+func (c *cluster) state(nd *node, nets []Network) State {
+	var s State
+	for _, n := range nets {
+		n.Remotes = nil
+		for _, other := range c.nodes {
+			if other != nd {
+				n.Remotes = append(n.Remotes, other.ip)
+			}
+		}
+		s.Networks = append(s.Networks, n)
+	}
+	for _, p := range c.pods {
+		if p.node == nil {
+			continue // torn down
+		}
+		if p.node == nd {
+			port := Port{Network: p.network, HostIfName: p.hostIf, MAC: p.mac}
+			if !p.l2only {
+				port.IPs = p.ips
+			}
+			s.Ports = append(s.Ports, port)
+		} else {
+			s.RemoteMACs = append(s.RemoteMACs, RemoteMAC{Network: p.network, MAC: p.mac, VTEP: p.node.ip})
+		}
+	}
+	return s
+}
+
+// applyAll applies each node's state for nets.
+func (c *cluster) applyAll(nets []Network) {
+	c.tb.Helper()
+	for _, nd := range c.nodes {
+		if err := nd.dp.Apply(context.Background(), c.state(nd, nets)); err != nil {
+			c.tb.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+}
+
+// withHandle runs f with a netlink handle in the namespace at path.
+func withHandle(path string, f func(h *nl.Handle) error) error {
+	h, err := nl.NewHandle(path)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return f(h)
+}
+
+// errTimeout is returned by ping when no reply came in time.
+var errTimeout = errors.New("timeout")
+
+// ping sends ICMP (ICMPv6) echo requests from the namespace at ns (from
+// src if valid) to dst and waits up to timeout for a reply from dst. With
+// resend it sends a request every 200ms, otherwise exactly one.
+func ping(ns string, src, dst netip.Addr, timeout time.Duration, resend bool) error {
+	network, laddr, reqType, replyType := "ip4:icmp", "0.0.0.0", byte(8), byte(0)
+	if dst.Is6() {
+		// The kernel computes ICMPv6 checksums on raw sockets itself.
+		network, laddr, reqType, replyType = "ip6:ipv6-icmp", "::", 128, 129
+	}
+	if src.IsValid() {
+		laddr = src.String()
+	}
+	return nl.Do(ns, func() error {
+		conn, err := net.ListenPacket(network, laddr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var idb [2]byte
+		_, _ = rand.Read(idb[:])
+		id := binary.BigEndian.Uint16(idb[:])
+		deadline := time.Now().Add(timeout)
+		buf := make([]byte, 1500)
+		for seq := uint16(1); ; seq++ {
+			if _, err := conn.WriteTo(echoRequest(reqType, id, seq), &net.IPAddr{IP: net.IP(dst.AsSlice())}); err != nil {
+				return err
+			}
+			wait := deadline
+			if resend && time.Until(deadline) > 200*time.Millisecond {
+				wait = time.Now().Add(200 * time.Millisecond)
+			}
+			for {
+				_ = conn.SetReadDeadline(wait)
+				n, from, err := conn.ReadFrom(buf)
+				if err != nil {
+					break // read deadline
+				}
+				ip, _ := from.(*net.IPAddr)
+				if n >= 8 && buf[0] == replyType && binary.BigEndian.Uint16(buf[4:]) == id && ip != nil && ip.IP.Equal(net.IP(dst.AsSlice())) {
+					return nil
+				}
+			}
+			if !time.Now().Before(deadline) {
+				return fmt.Errorf("ping %s from %s: %w", dst, laddr, errTimeout)
+			}
+		}
+	})
+}
+
+// echoRequest builds an ICMP echo request of type typ (8, or 128 for
+// ICMPv6, whose checksum the kernel fills in).
+func echoRequest(typ byte, id, seq uint16) []byte {
+	b := []byte{typ, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq)}
+	b = append(b, []byte("kvnet-ping")...)
+	if typ == 8 {
+		binary.BigEndian.PutUint16(b[2:], inetChecksum(b))
+	}
+	return b
+}
+
+func inetChecksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
+
+// listen opens a TCP listener inside the namespace at ns. The socket keeps
+// the namespace; Accept may then run on any goroutine.
+func listen(tb testing.TB, ns, addr string) net.Listener {
+	tb.Helper()
+	var ln net.Listener
+	if err := nl.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// serve runs handle for every connection ln accepts until ln closes.
+func serve(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				handle(conn)
+			}()
+		}
+	}()
+}
+
+// echoPort is where every test pod runs its echo server.
+const echoPort = 7
+
+// startEcho runs a TCP echo server in pod p that first sends p's name (the
+// token telling which pod answered), then echoes every line.
+func startEcho(tb testing.TB, p *pod) {
+	ln := listen(tb, p.ns, fmt.Sprintf(":%d", echoPort))
+	serve(ln, func(conn net.Conn) {
+		fmt.Fprintf(conn, "%s\n", p.name)
+		_, _ = io.Copy(conn, conn)
+	})
+}
+
+// dial connects from the namespace at ns to addr.
+func dial(ns, addr string, timeout time.Duration) (net.Conn, error) {
+	var conn net.Conn
+	err := nl.Do(ns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", addr, timeout)
+		return err
+	})
+	return conn, err
+}
+
+// echoSession connects from p to dst's echo server, returns the token it
+// announces and keeps the connection for rounds round trips spaced by
+// 100ms, checking each echo.
+func echoSession(p *pod, dst netip.Addr, rounds int) (string, error) {
+	conn, err := dial(p.ns, netip.AddrPortFrom(dst, echoPort).String(), 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Duration(rounds)*200*time.Millisecond + 3*time.Second))
+	r := bufio.NewReader(conn)
+	token, err := r.ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("read token: %w", err)
+	}
+	for i := range rounds {
+		msg := fmt.Sprintf("round %d from %s\n", i, p.name)
+		if _, err := io.WriteString(conn, msg); err != nil {
+			return "", err
+		}
+		got, err := r.ReadString('\n')
+		if err != nil {
+			return "", fmt.Errorf("round %d: %w", i, err)
+		}
+		if got != msg {
+			return "", fmt.Errorf("round %d: echo %q, want %q", i, got, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return strings.TrimSpace(token), nil
+}
+
+// podLink runs f on pod p's eth0.
+func podLink(p *pod, f func(h *nl.Handle, l netlink.Link) error) error {
+	return withHandle(p.ns, func(h *nl.Handle) error {
+		l, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return f(h, l)
+	})
+}
+
+// sendRawFrame sends an Ethernet frame out of eth0 in pod p.
+func sendRawFrame(p *pod, frame []byte) error {
+	return nl.Do(p.ns, func() error {
+		l, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		proto := htons(unix.ETH_P_ALL)
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: l.Index}); err != nil {
+			return err
+		}
+		_, err = unix.Write(fd, frame)
+		return err
+	})
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// udpFrame builds an Ethernet/IPv4/UDP frame.
+func udpFrame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
+	f := append(append(append([]byte{}, dstMAC...), srcMAC...), 0x08, 0x00)
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
+	ip[8] = 64
+	ip[9] = unix.IPPROTO_UDP
+	s4, d4 := src.As4(), dst.As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	binary.BigEndian.PutUint16(ip[10:], inetChecksum(ip))
+	udp := make([]byte, 8)
+	binary.BigEndian.PutUint16(udp[0:], sport)
+	binary.BigEndian.PutUint16(udp[2:], dport)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	return append(append(append(f, ip...), udp...), payload...)
+}
+
+// runParallel runs fs concurrently and returns their errors joined.
+func runParallel(fs ...func() error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
