@@ -7,6 +7,7 @@ package webhooks_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -432,13 +433,24 @@ func TestMACPoolAbandonedAdmissionReleased(t *testing.T) {
 			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "mac-abandon"}}},
 		},
 	})
+	// Wait until the policy is in force, with VMs that hold no chosen MAC
+	// (one admitted before that is deleted again).
 	eventually(t, "policy denies", func() error {
-		err := c.Create(ctx, vm("mac-abandon", fmt.Sprintf("doomed-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:dd:01")))
-		if err == nil || !strings.Contains(err.Error(), "doomed") {
-			return fmt.Errorf("err = %v", err)
+		probe := vm("mac-abandon", fmt.Sprintf("doomed-probe-%d", time.Now().UnixNano()), masq())
+		err := c.Create(ctx, probe)
+		if err == nil {
+			_ = c.Delete(ctx, probe)
+			return errors.New("policy not in force yet")
+		}
+		if !strings.Contains(err.Error(), "deny-doomed-vms") {
+			return err
 		}
 		return nil
 	})
+	err := c.Create(ctx, vm("mac-abandon", "doomed-1", bridge("sec", "02:00:00:00:dd:01")))
+	if err == nil || !strings.Contains(err.Error(), "deny-doomed-vms") {
+		t.Fatalf("doomed VM: err = %v, want the policy's denial", err)
+	}
 	// The MAC is held by the doomed VM's admission for a while, then freed.
 	eventually(t, "abandoned MAC released", func() error {
 		return c.Create(ctx, vm("mac-abandon", fmt.Sprintf("ok-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:dd:01")))
