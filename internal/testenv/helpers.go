@@ -2,10 +2,14 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kvnet.io/kvnet/internal/k8s/manager"
 )
 
 // Eventually calls f until it returns nil, failing the test with f's last
@@ -32,4 +36,72 @@ func Create(t testing.TB, c client.Client, o client.Object) {
 	if err := c.Create(context.Background(), o); err != nil {
 		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 	}
+}
+
+// Controller is a kvnet-controller running against an Env in tests.
+type Controller struct {
+	env  *Env
+	opts manager.Options
+	stop func()
+}
+
+// Stop stops the controller; it is safe to call twice.
+func (c *Controller) Stop() {
+	if c.stop != nil {
+		c.stop()
+		c.stop = nil
+	}
+}
+
+// Start starts a stopped controller: a fresh one, which must rebuild its
+// state from the API.
+func (c *Controller) Start(t testing.TB) {
+	t.Helper()
+	if c.stop != nil {
+		return
+	}
+	stop, err := c.env.RunController(c.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stop = stop
+}
+
+// Restart stops the controller and starts a fresh one.
+func (c *Controller) Restart(t testing.TB) {
+	t.Helper()
+	c.Stop()
+	c.Start(t)
+}
+
+// Main is a test package's TestMain body: it starts a control plane and
+// kvnet-controller (with the options setup returns; nil setup means
+// defaults), stores them in env and ctl, runs the tests and tears down.
+// It returns the exit code.
+func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error), env **Env, ctl **Controller) int {
+	e, err := Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		return 1
+	}
+	defer e.Stop()
+	var mo manager.Options
+	if setup != nil {
+		if mo, err = setup(e); err != nil {
+			fmt.Fprintln(os.Stderr, "set up controller:", err)
+			return 1
+		}
+	}
+	stop, err := e.RunController(mo)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start controller:", err)
+		return 1
+	}
+	c := &Controller{env: e, opts: mo, stop: stop}
+	defer c.Stop()
+	*env = e
+	if ctl != nil {
+		*ctl = c
+	}
+	return m.Run()
 }

@@ -32,44 +32,16 @@ import (
 )
 
 var (
-	env            *testenv.Env
-	c              client.Client
-	opts           manager.Options
-	stopController func()
+	env *testenv.Env
+	c   client.Client
+	ctl *testenv.Controller
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		os.Exit(1)
-	}
-	c = env.Client
-	code := 1
-	if opts, err = env.WebhookOptions(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook options:", err)
-	} else if stopController, err = env.RunController(opts); err != nil {
-		fmt.Fprintln(os.Stderr, "start controller:", err)
-	} else {
-		code = m.Run()
-		if stopController != nil {
-			stopController()
-		}
-	}
-	_ = env.Stop()
-	os.Exit(code)
-}
-
-func restartController(t testing.TB) {
-	t.Helper()
-	stopController()
-	stop, err := env.RunController(opts)
-	if err != nil {
-		stopController = nil
-		t.Fatal(err)
-	}
-	stopController = stop
+	os.Exit(testenv.Main(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) (manager.Options, error) {
+		c = e.Client
+		return e.WebhookOptions(context.Background())
+	}, &env, &ctl))
 }
 
 func eventually(t testing.TB, what string, f func() error) {
@@ -313,7 +285,7 @@ func TestMACPoolConflictsRestartAndUpdates(t *testing.T) {
 	}
 
 	// Restart: the pool is rebuilt from VMs, so the conflict still shows.
-	restartController(t)
+	ctl.Restart(t)
 	eventually(t, "conflict after restart", func() error {
 		err := c.Create(ctx, vm("mac-conf", "vm-c", bridge("sec", keep[0])))
 		if err == nil {

@@ -16,7 +16,6 @@ import (
 
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -89,8 +88,7 @@ func BenchmarkEndToEnd1000PodsWithClaims(b *testing.B) {
 		}
 
 		// Floor, with kvnet stopped.
-		stopController()
-		stopController = func() {}
+		ctl.Stop()
 		b.StartTimer()
 		start := time.Now()
 		run(b, pods, writers, func(i int) error {
@@ -122,10 +120,7 @@ func BenchmarkEndToEnd1000PodsWithClaims(b *testing.B) {
 		if err := wc.DeleteAllOf(ctx, &ipamclaimv1alpha1.IPAMClaim{}, client.InNamespace(floorNS)); err != nil {
 			b.Fatal(err)
 		}
-		var err error
-		if stopController, err = env.RunController(manager.Options{}); err != nil {
-			b.Fatal(err)
-		}
+		ctl.Start(b)
 		waitReady(b, ns)
 		b.StartTimer()
 
@@ -204,14 +199,10 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 	b.Logf("created %d claims with IPs in %s", claims, time.Since(setup).Round(time.Second))
 	var total time.Duration
 	for i := range b.N {
-		stopController()
-		stopController = func() {}
+		ctl.Stop()
 		b.StartTimer()
 		start := time.Now()
-		var err error
-		if stopController, err = env.RunController(manager.Options{}); err != nil {
-			b.Fatal(err)
-		}
+		ctl.Start(b)
 		name := fmt.Sprintf("first-%d", i)
 		if err := wc.Create(ctx, mkPod(ns, name, secondary("net", ""))); err != nil {
 			b.Fatal(err)

@@ -25,41 +25,16 @@ import (
 )
 
 var (
-	env            *testenv.Env
-	c              client.Client
-	stopController func()
+	env *testenv.Env
+	c   client.Client
+	ctl *testenv.Controller
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		os.Exit(1)
-	}
-	c = env.Client
-	code := 1
-	if stopController, err = env.RunController(manager.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "start controller:", err)
-	} else {
-		code = m.Run()
-		if stopController != nil {
-			stopController()
-		}
-	}
-	_ = env.Stop()
-	os.Exit(code)
-}
-
-func restartController(t testing.TB) {
-	t.Helper()
-	stopController()
-	stop, err := env.RunController(manager.Options{})
-	if err != nil {
-		stopController = nil
-		t.Fatal(err)
-	}
-	stopController = stop
+	os.Exit(testenv.Main(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) (manager.Options, error) {
+		c = e.Client
+		return manager.Options{}, nil
+	}, &env, &ctl))
 }
 
 func eventually(t testing.TB, what string, timeout time.Duration, f func() error) {
@@ -539,7 +514,7 @@ func TestRestartMidBurst(t *testing.T) {
 	if err := c.List(context.Background(), &list, client.InNamespace("burst")); err != nil {
 		t.Fatal(err)
 	}
-	restartController(t)
+	ctl.Restart(t)
 	for _, p := range list.Items {
 		if v, ok := p.Annotations[podnetworks.Annotation]; ok {
 			before[p.Name] = v

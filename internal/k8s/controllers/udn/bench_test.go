@@ -16,7 +16,6 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/k8s/manager"
 )
 
 const benchNetworks = 500
@@ -42,8 +41,7 @@ func BenchmarkReconcile500UDNs(b *testing.B) {
 		// writes kvnet makes per network (create UDN, add its finalizer,
 		// create the NAD, patch the status condition, record an event).
 		b.StopTimer()
-		stopController()
-		stopController = func() {}
+		ctl.Stop()
 		floorNS := ns + "-floor"
 		mustCreateNS(b, wc, floorNS)
 		b.StartTimer()
@@ -100,9 +98,7 @@ func BenchmarkReconcile500UDNs(b *testing.B) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if stopController, err = env.RunController(manager.Options{}); err != nil {
-			b.Fatal(err)
-		}
+		ctl.Start(b)
 		mustCreateNS(b, wc, ns)
 		b.StartTimer()
 

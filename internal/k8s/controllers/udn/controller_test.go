@@ -29,44 +29,17 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 var (
-	env            *testenv.Env
-	c              client.Client
-	stopController func()
+	env *testenv.Env
+	c   client.Client
+	ctl *testenv.Controller
 )
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	var err error
-	env, err = testenv.Start(testenv.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		os.Exit(1)
-	}
-	c = env.Client
-	code := 1
-	if stopController, err = env.RunController(manager.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "start controller:", err)
-	} else {
-		code = m.Run()
-		if stopController != nil {
-			stopController()
-		}
-	}
-	_ = env.Stop()
-	os.Exit(code)
-}
-
-// restartController stops kvnet-controller and starts a fresh one, which
-// has to rebuild its state from the API.
-func restartController(t *testing.T) {
-	t.Helper()
-	stopController()
-	stop, err := env.RunController(manager.Options{})
-	if err != nil {
-		stopController = nil
-		t.Fatal(err)
-	}
-	stopController = stop
+	os.Exit(testenv.Main(m, testenv.Options{}, func(e *testenv.Env) (manager.Options, error) {
+		c = e.Client
+		return manager.Options{}, nil
+	}, &env, &ctl))
 }
 
 func eventually(t *testing.T, what string, f func() error) {
@@ -518,7 +491,7 @@ func TestNetworkIDs(t *testing.T) {
 		t.Fatalf("duplicate network IDs: %v", ids)
 	}
 
-	restartController(t)
+	ctl.Restart(t)
 
 	create(t, l2UDN("ids", "n4", udnv1.NetworkRoleSecondary, "10.80.0.0/24"))
 	n4 := udn.NetworkIDOf(waitNAD(t, "ids", "n4"))

@@ -28,23 +28,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var err error
 	// kube-controller-manager runs: claims are deleted by its garbage collector.
-	env, err = testenv.Start(testenv.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		os.Exit(1)
-	}
-	c = env.Client
-	code := 1
-	if stop, err := env.RunController(manager.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "start controller:", err)
-	} else {
-		code = m.Run()
-		stop()
-	}
-	_ = env.Stop()
-	os.Exit(code)
+	os.Exit(testenv.Main(m, testenv.Options{}, func(e *testenv.Env) (manager.Options, error) {
+		c = e.Client
+		return manager.Options{}, nil
+	}, &env, nil))
 }
 
 func eventually(t *testing.T, what string, f func() error) {
