@@ -4,6 +4,7 @@ import (
 	"context"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -25,8 +26,9 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	case <-ctx.Done():
 		return ctrl.Result{}, ctx.Err()
 	}
-	var claim ipamclaimv1alpha1.IPAMClaim
-	err := r.client.Get(ctx, req.NamespacedName, &claim)
+	claim := &metav1.PartialObjectMetadata{}
+	claim.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaim"))
+	err := r.client.Get(ctx, req.NamespacedName, claim)
 	if apierrors.IsNotFound(err) {
 		if nets := r.st.releaseClaim(req.NamespacedName); len(nets) > 0 {
 			log.FromContext(ctx).Info("released IPs of deleted IPAMClaim", "claim", req.NamespacedName.String(), "networks", nets)

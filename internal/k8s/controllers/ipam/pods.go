@@ -229,18 +229,12 @@ func mustConfig(s *netconf.Served) allocator.Config {
 func (r *podReconciler) allocateForClaim(ctx context.Context, pod *corev1.Pod, n *network, a ipam.Attachment, claimName string) (allocator.Allocation, error) {
 	var claim ipamclaimv1alpha1.IPAMClaim
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: claimName}
-	if err := r.client.Get(ctx, key, &claim); err != nil {
+	// Read uncached: claims are only cached as metadata (see Setup).
+	if err := r.apiReader.Get(ctx, key, &claim); err != nil {
 		if apierrors.IsNotFound(err) {
-			// The cache may lag a claim created just before the pod.
-			if err := r.apiReader.Get(ctx, key, &claim); err != nil {
-				if apierrors.IsNotFound(err) {
-					return allocator.Allocation{}, fmt.Errorf("%w: %s (referenced for network %q)", errClaimMissing, key, a.Network.Name)
-				}
-				return allocator.Allocation{}, err
-			}
-		} else {
-			return allocator.Allocation{}, err
+			return allocator.Allocation{}, fmt.Errorf("%w: %s (referenced for network %q)", errClaimMissing, key, a.Network.Name)
 		}
+		return allocator.Allocation{}, err
 	}
 	if claim.Spec.Network != a.Network.Name {
 		return allocator.Allocation{}, fmt.Errorf("%w: IPAMClaim %s is for network %q, not %q", ipam.ErrInvalidRequest, key, claim.Spec.Network, a.Network.Name)

@@ -24,9 +24,10 @@ import (
 // served: networks from NADs, then IPAMClaims' IPs, then pods' annotations.
 // Nothing is ever released here, so no IP can move across a restart.
 type rebuilder struct {
-	cache cache.Cache
-	st    *state
-	ready chan<- struct{}
+	cache  cache.Cache
+	reader client.Reader // uncached: claims are read in pages
+	st     *state
+	ready  chan<- struct{}
 }
 
 func (b *rebuilder) Start(ctx context.Context) error {
@@ -94,37 +95,16 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 		}
 	}
 
-	var claims ipamclaimv1alpha1.IPAMClaimList
-	if err := b.cache.List(ctx, &claims); err != nil {
-		return stats, err
-	}
-	for i := range claims.Items {
-		c := &claims.Items[i]
-		if len(c.Status.IPs) == 0 {
-			continue
+	// Claims are paged from the API server (not cached as full objects).
+	for cont := ""; ; {
+		var page ipamclaimv1alpha1.IPAMClaimList
+		if err := b.reader.List(ctx, &page, client.Limit(2000), client.Continue(cont)); err != nil {
+			return stats, fmt.Errorf("list IPAMClaims: %w", err)
 		}
-		n, ok := b.st.lookup(c.Spec.Network)
-		if !ok {
-			continue
+		b.reserveClaims(ctx, page.Items, claimMACs, &stats)
+		if cont = page.Continue; cont == "" {
+			break
 		}
-		key := types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
-		ips := make([]netip.Addr, 0, len(c.Status.IPs))
-		for _, s := range c.Status.IPs {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				ips = append(ips, p.Addr())
-			}
-		}
-		mac := claimMACs[key]
-		if mac == nil && len(ips) > 0 {
-			mac = allocator.DeriveMAC(ips[0])
-		}
-		if _, err := n.alloc.Reserve(claimOwner(c.Namespace, c.Name), ips, mac); err != nil {
-			stats.conflicts++
-			logger.Error(err, "IPAMClaim IPs conflict at rebuild", "claim", key.String())
-			continue
-		}
-		b.st.recordClaim(key, c.Spec.Network)
-		stats.claims++
 	}
 
 	for i := range pods.Items {
@@ -161,4 +141,37 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 		n.updateGauges()
 	}
 	return stats, nil
+}
+
+// reserveClaims reserves the IPs of a page of claims.
+func (b *rebuilder) reserveClaims(ctx context.Context, items []ipamclaimv1alpha1.IPAMClaim, claimMACs map[types.NamespacedName]net.HardwareAddr, stats *rebuildStats) {
+	logger := log.FromContext(ctx).WithName("ipam-rebuild")
+	for i := range items {
+		c := &items[i]
+		if len(c.Status.IPs) == 0 {
+			continue
+		}
+		n, ok := b.st.lookup(c.Spec.Network)
+		if !ok {
+			continue
+		}
+		key := types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
+		ips := make([]netip.Addr, 0, len(c.Status.IPs))
+		for _, s := range c.Status.IPs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				ips = append(ips, p.Addr())
+			}
+		}
+		mac := claimMACs[key]
+		if mac == nil && len(ips) > 0 {
+			mac = allocator.DeriveMAC(ips[0])
+		}
+		if _, err := n.alloc.Reserve(claimOwner(c.Namespace, c.Name), ips, mac); err != nil {
+			stats.conflicts++
+			logger.Error(err, "IPAMClaim IPs conflict at rebuild", "claim", key.String())
+			continue
+		}
+		b.st.recordClaim(key, c.Spec.Network)
+		stats.claims++
+	}
 }

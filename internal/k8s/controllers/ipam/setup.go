@@ -44,7 +44,7 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 	}
 	st := newState()
 	ready := make(chan struct{})
-	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), st: st, ready: ready}); err != nil {
+	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), reader: mgr.GetAPIReader(), st: st, ready: ready}); err != nil {
 		return nil, err
 	}
 	c := mgr.GetClient()
@@ -56,10 +56,13 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				return waitingPods(ctx, c, o.GetNamespace(), "")
 			}), builder.WithPredicates(predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }})).
+		// Claims are watched as metadata only: names are all the mapping
+		// needs, and a cache of full claims would make start-up wait for the
+		// API server to serialize every claim's status.
 		Watches(&ipamclaimv1alpha1.IPAMClaim{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				return waitingPods(ctx, c, o.GetNamespace(), o.GetName())
-			}), builder.WithPredicates(predicate.Funcs{
+			}), builder.OnlyMetadata, builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return true },
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
 			DeleteFunc: func(event.DeleteEvent) bool { return false },
@@ -72,7 +75,7 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("ipam-claims").
-		For(&ipamclaimv1alpha1.IPAMClaim{}, builder.WithPredicates(predicate.Funcs{
+		For(&ipamclaimv1alpha1.IPAMClaim{}, builder.OnlyMetadata, builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return false },
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
 			DeleteFunc: func(event.DeleteEvent) bool { return true },

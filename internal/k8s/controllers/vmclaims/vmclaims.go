@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -51,7 +52,9 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("vmclaims").
 		For(&kubevirtv1.VirtualMachineInstance{}).
 		Watches(&kubevirtv1.VirtualMachine{}, byName).
-		Watches(&ipamclaimv1alpha1.IPAMClaim{}, byVMLabel).
+		// Metadata only: labels, owners and finalizers are all this
+		// controller reads of claims, and full claims are not cached.
+		Watches(&ipamclaimv1alpha1.IPAMClaim{}, byVMLabel, builder.OnlyMetadata).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 8, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
 }
@@ -154,8 +157,9 @@ func ownedBy(o metav1.Object, uid types.UID) bool {
 // VMI, when it is gone or being deleted with no active pods. Garbage
 // collection (the owner reference) then deletes the claims.
 func (r *reconciler) releaseIfGone(ctx context.Context, key types.NamespacedName, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) error {
-	var list ipamclaimv1alpha1.IPAMClaimList
-	if err := r.client.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{kubevirtv1.VirtualMachineLabel: key.Name}); err != nil {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaimList"))
+	if err := r.client.List(ctx, list, client.InNamespace(key.Namespace), client.MatchingLabels{kubevirtv1.VirtualMachineLabel: key.Name}); err != nil {
 		return err
 	}
 	for i := range list.Items {
