@@ -9,6 +9,8 @@ package testenv
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"time"
 
@@ -81,6 +83,26 @@ func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	if opts.Webhook != nil {
+		// Wait until the webhook server answers TLS, so tests never race a
+		// starting (or failed) controller; a failed start is an error here
+		// rather than 30 s of denied requests.
+		started := mgr.GetWebhookServer().StartedChecker()
+		deadline := time.Now().Add(time.Minute)
+		for started(nil) != nil {
+			select {
+			case err := <-done:
+				cancel()
+				return nil, fmt.Errorf("kvnet-controller exited while starting: %w", err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				cancel()
+				<-done
+				return nil, errors.New("kvnet-controller webhook server not serving after 1m")
+			}
+		}
+	}
 	return func() {
 		cancel()
 		<-done

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -206,6 +207,10 @@ func runForeground(ctx context.Context, dir string) error {
 	case err := <-errc:
 		return fmt.Errorf("kvnet-controller: %w", err)
 	}
+	// Ready means the webhooks and allocators serve: /readyz passes.
+	if err := waitReadyz(ctx, "http://127.0.0.1:18081/readyz", errc); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
 		return err
 	}
@@ -241,4 +246,27 @@ func stop(dir string) error {
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	return fmt.Errorf("lab (pid %d) did not stop in 30s; killed", pid)
+}
+
+func waitReadyz(ctx context.Context, url string, errc <-chan error) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := http.Get(url) //nolint:gosec,noctx // local probe
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kvnet-controller not ready after 2m (%s)", url)
+		}
+		select {
+		case err := <-errc:
+			return fmt.Errorf("kvnet-controller: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -7,8 +7,10 @@ package manager
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -159,8 +161,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up VM claims controller: %w", err)
 	}
+	var macReady healthz.Checker
 	if opts.Webhook != nil {
-		if err := setupWebhooks(mgr, opts, certMgr); err != nil {
+		if macReady, err = setupWebhooks(mgr, opts, certMgr); err != nil {
 			return nil, err
 		}
 	}
@@ -172,11 +175,16 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if err := mgr.AddReadyzCheck("ipam-rebuilt", ipamReady); err != nil {
 			return nil, err
 		}
+		if macReady != nil {
+			if err := mgr.AddReadyzCheck("macpool-rebuilt", macReady); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return mgr, nil
 }
 
-func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) error {
+func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (healthz.Checker, error) {
 	w := opts.Webhook
 	if w.DefaultNetworkNAD == "" {
 		w.DefaultNetworkNAD = "ovn-kubernetes/default"
@@ -190,7 +198,7 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) error
 		SkipNameValidation: opts.SkipNameValidation,
 	})
 	if err != nil {
-		return fmt.Errorf("set up MAC pool: %w", err)
+		return nil, fmt.Errorf("set up MAC pool: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
 	dec := admission.NewDecoder(mgr.GetScheme())
@@ -199,7 +207,15 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) error
 	}})
 	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	// Renewals and caBundle upkeep, on every replica.
-	return mgr.Add(certMgr)
+	if err := mgr.Add(certMgr); err != nil {
+		return nil, err
+	}
+	return func(*http.Request) error {
+		if !pool.Ready() {
+			return errors.New("MAC pool not rebuilt yet")
+		}
+		return nil
+	}, nil
 }
 
 // Run builds the manager and runs it until ctx ends.
