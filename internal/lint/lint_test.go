@@ -57,6 +57,14 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/udn",
 	"kvnet.io/kvnet/internal/netconf",
 	"kvnet.io/kvnet/internal/multus",
+	"kvnet.io/kvnet/internal/ipam",
+	"kvnet.io/kvnet/internal/podnetworks",
+	"kvnet.io/kvnet/internal/vmclaims",
+	"kvnet.io/kvnet/internal/macpool",
+	"kvnet.io/kvnet/internal/kubevirt/launcher",
+	"kvnet.io/kvnet/internal/datapath",
+	"kvnet.io/kvnet/internal/dhcp",
+	"kvnet.io/kvnet/internal/cni",
 }
 
 func TestCorePackagesImportNoClient(t *testing.T) {
