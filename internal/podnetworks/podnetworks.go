@@ -20,6 +20,8 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Annotation is the pod annotation holding a pod's kvnet attachments.
@@ -143,4 +145,11 @@ func (a Attachment) MAC() net.HardwareAddr {
 		return nil
 	}
 	return hw
+}
+
+// Completed reports whether a pod has finished (Succeeded or Failed): it
+// uses no network any more, so its addresses may be freed and it does not
+// keep a network from being deleted.
+func Completed(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }

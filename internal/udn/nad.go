@@ -12,6 +12,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // Owner is the UDN or CUDN a NAD is rendered from.
@@ -89,7 +90,7 @@ func PodsUsing(namespace, name string, primary, namespaceLabelled bool, pods []c
 	var users []string
 	for i := range pods {
 		p := &pods[i]
-		if p.Namespace != namespace || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Namespace != namespace || podnetworks.Completed(p) {
 			continue
 		}
 		if primary && namespaceLabelled && !p.Spec.HostNetwork {

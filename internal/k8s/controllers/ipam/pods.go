@@ -64,7 +64,7 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 		return ctrl.Result{}, err
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if podnetworks.Completed(&pod) {
 		r.st.releasePod(req.NamespacedName, pod.UID)
 		return ctrl.Result{}, nil
 	}

@@ -109,7 +109,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if podNets[i] == nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if podNets[i] == nil || podnetworks.Completed(p) {
 			continue
 		}
 		var owned []string

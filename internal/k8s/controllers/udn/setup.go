@@ -19,6 +19,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // Options configures the UDN controllers.
@@ -157,9 +158,6 @@ var podGone = predicate.Funcs{
 		if !ok1 || !ok2 {
 			return false
 		}
-		done := func(p *corev1.Pod) bool {
-			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-		}
-		return done(n) && !done(o)
+		return podnetworks.Completed(n) && !podnetworks.Completed(o)
 	},
 }
