@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,24 +20,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/simnet"
 )
 
-// This file simulates a cluster on one machine: a "switch" namespace with a
-// bridge, one namespace per node attached to it by a veth (the underlay,
-// 192.168.100.0/24, MTU 1500), an "external" namespace on the same switch
-// (192.168.100.254, plus 198.51.100.1 on its loopback) standing for the
-// internet, and pods as namespaces wired with SetupPodInterface.
+// This file runs the datapath on a cluster simulated by package simnet
+// (a switch, nodes on the 192.168.100.0/24 underlay, an external namespace
+// standing for the internet), one Datapath per node, and adds pods as
+// namespaces wired with SetupPodInterface.
 
-const (
-	underlayDev = "eth0"
-	switchBr    = "sw0"
-)
+// Short names for the simulated underlay.
+const underlayDev = simnet.UnderlayDev
 
-var (
-	externalIP   = netip.MustParseAddr("192.168.100.254")
-	internetIP   = netip.MustParseAddr("198.51.100.1") // on the external ns' loopback, routed via externalIP
-	underlayBits = 24
-)
+var internetIP = simnet.InternetIP
 
 func requireRoot(tb testing.TB) {
 	tb.Helper()
@@ -47,14 +40,13 @@ func requireRoot(tb testing.TB) {
 	}
 }
 
-// cluster is a simulated set of nodes.
+// cluster is a simulated set of nodes running the datapath.
 type cluster struct {
-	tb     testing.TB
-	prefix string // unique namespace name prefix of this cluster
-	sw     string // switch namespace path
-	ext    string // external namespace path
-	nodes  []*node
-	pods   []*pod
+	tb    testing.TB
+	sim   *simnet.Cluster
+	ext   string // external namespace path (sim.External)
+	nodes []*node
+	pods  []*pod
 }
 
 type node struct {
@@ -75,53 +67,23 @@ type pod struct {
 	l2only  bool // Port.IPs left empty (secondary network without IPAM)
 }
 
-// newCluster builds a switch, n nodes and the external namespace; all of
-// it is removed when the test ends.
+// newCluster builds a simulated cluster of n nodes (n1, n2, …) with a
+// Datapath on each; all of it is removed when the test ends.
 func newCluster(tb testing.TB, n int) *cluster {
 	tb.Helper()
 	requireRoot(tb)
-	suffix := make([]byte, 3)
-	_, _ = rand.Read(suffix)
-	c := &cluster{tb: tb, prefix: "kvt" + hex.EncodeToString(suffix)}
-	tb.Cleanup(c.cleanup)
-	c.sw = c.mkNS("sw")
-	c.must(withHandle(c.sw, func(h *nl.Handle) error {
-		if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: switchBr}}); err != nil {
-			return err
-		}
-		br, err := h.LinkByName(switchBr)
-		if err != nil {
-			return err
-		}
-		return h.LinkSetUp(br)
-	}))
-	// A physical switch does not run conntrack on what it forwards.
-	for _, key := range []string{"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables", "net/bridge/bridge-nf-call-arptables"} {
-		if err := nl.SetSysctl(c.sw, key, "0"); err != nil && !errors.Is(err, nl.ErrNotFound) {
-			tb.Fatal(err)
-		}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("n%d", i+1)
 	}
-	c.ext = c.mkNS("ext")
-	c.plug(c.ext, "ext", externalIP)
-	c.must(withHandle(c.ext, func(h *nl.Handle) error {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return h.AddrAdd(lo, &netlink.Addr{IPNet: ipNet(hostPrefix(internetIP))})
-	}))
-	for i := 1; i <= n; i++ {
-		nd := &node{name: fmt.Sprintf("n%d", i), ip: netip.AddrFrom4([4]byte{192, 168, 100, byte(i)})}
-		nd.ns = c.mkNS(nd.name)
-		c.plug(nd.ns, nd.name, nd.ip)
-		// The node reaches "the internet" through the external namespace.
-		c.must(withHandle(nd.ns, func(h *nl.Handle) error {
-			dev, err := h.LinkByName(underlayDev)
-			if err != nil {
-				return err
-			}
-			return h.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: defaultDst(false), Gw: net.IP(externalIP.AsSlice())})
-		}))
+	sim, err := simnet.New(simnet.RandomPrefix(), names...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &cluster{tb: tb, sim: sim, ext: sim.External}
+	tb.Cleanup(c.cleanup)
+	for _, sn := range sim.Nodes {
+		nd := &node{name: sn.Name, ns: sn.NS, ip: sn.IP}
 		dp, err := New(NodeConfig{Name: nd.name, NetNS: nd.ns, UnderlayIP: nd.ip, UnderlayDev: underlayDev})
 		c.must(err)
 		nd.dp = dp
@@ -137,51 +99,16 @@ func (c *cluster) must(err error) {
 	}
 }
 
-// mkNS creates the namespace <prefix>-<name> and returns its path.
+// mkNS creates a namespace of the cluster and returns its path.
 func (c *cluster) mkNS(name string) string {
 	c.tb.Helper()
-	path, err := nl.CreateNamedNS(c.prefix + "-" + name)
+	path, err := c.sim.NewNS(name)
 	c.must(err)
 	return path
 }
 
-// plug connects namespace ns to the switch with a veth: eth0 (addr/24,
-// MTU 1500, up) in ns, swPort on the switch bridge.
-func (c *cluster) plug(ns, swPort string, addr netip.Addr) {
-	c.tb.Helper()
-	c.must(withHandle(c.sw, func(sw *nl.Handle) error {
-		return withNS(ns, func(fd int) error {
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: swPort, MTU: 1500}, PeerName: underlayDev,
-				PeerNamespace: netlink.NsFd(fd), PeerMTU: 1500}
-			if err := sw.LinkAdd(veth); err != nil {
-				return fmt.Errorf("create veth %q: %w", swPort, err)
-			}
-			port, err := sw.LinkByName(swPort)
-			if err != nil {
-				return err
-			}
-			br, err := sw.LinkByName(switchBr)
-			if err != nil {
-				return err
-			}
-			if err := sw.LinkSetMaster(port, br); err != nil {
-				return err
-			}
-			return sw.LinkSetUp(port)
-		})
-	}))
-	c.must(withHandle(ns, func(h *nl.Handle) error {
-		dev, err := h.LinkByName(underlayDev)
-		if err != nil {
-			return err
-		}
-		if err := h.AddrAdd(dev, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(addr, underlayBits))}); err != nil {
-			return err
-		}
-		return h.LinkSetUp(dev)
-	}))
-}
-
+// cleanup empties every node's datapath, then deletes every namespace of
+// the cluster, router namespaces included.
 func (c *cluster) cleanup() {
 	for _, nd := range c.nodes {
 		if nd.dp != nil {
@@ -191,15 +118,8 @@ func (c *cluster) cleanup() {
 			nd.dp.Close()
 		}
 	}
-	// Delete every namespace of this cluster, router namespaces included
-	// (they are named after the node namespaces).
-	for _, prefix := range []string{c.prefix + "-", "kvnet-" + c.prefix + "-"} {
-		names, _ := nl.ListNamedNS(prefix)
-		for _, name := range names {
-			if err := nl.DeleteNamedNS(name); err != nil {
-				c.tb.Errorf("delete netns %s: %v", name, err)
-			}
-		}
+	if err := c.sim.Close(); err != nil {
+		c.tb.Error(err)
 	}
 }
 

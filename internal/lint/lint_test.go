@@ -65,6 +65,7 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/datapath",
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
+	"kvnet.io/kvnet/internal/simnet",
 }
 
 func TestCorePackagesImportNoClient(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"strconv"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -76,6 +78,15 @@ func (e *Env) Stop() error { return e.CP.Stop() }
 func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
 	opts.SkipNameValidation = true
+	if opts.ProbeAddr == "" {
+		// Serve /readyz, so that a (re)started controller is only handed
+		// to the test once it has rebuilt its allocators and MAC pool.
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		opts.ProbeAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	}
 	mgr, err := manager.New(rest.CopyConfig(e.Config), opts)
 	if err != nil {
 		return nil, err
@@ -83,30 +94,41 @@ func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	if opts.Webhook != nil {
-		// Wait until the webhook server answers TLS, so tests never race a
-		// starting (or failed) controller; a failed start is an error here
-		// rather than 30 s of denied requests.
-		started := mgr.GetWebhookServer().StartedChecker()
-		deadline := time.Now().Add(time.Minute)
-		for started(nil) != nil {
-			select {
-			case err := <-done:
-				cancel()
-				return nil, fmt.Errorf("kvnet-controller exited while starting: %w", err)
-			case <-time.After(50 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				cancel()
-				<-done
-				return nil, errors.New("kvnet-controller webhook server not serving after 1m")
-			}
-		}
-	}
-	return func() {
+	stop = func() {
 		cancel()
 		<-done
-	}, nil
+	}
+	// Wait until the controller is ready (and its webhook server answers
+	// TLS), so tests never race a starting (or failed) controller; a failed
+	// start is an error here rather than 30 s of denied requests.
+	ready := func() bool {
+		if opts.Webhook != nil && mgr.GetWebhookServer().StartedChecker()(nil) != nil {
+			return false
+		}
+		if opts.ProbeAddr == "0" {
+			return true
+		}
+		resp, err := http.Get("http://" + opts.ProbeAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !ready() {
+		select {
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("kvnet-controller exited while starting: %w", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, errors.New("kvnet-controller not ready after 1m")
+		}
+	}
+	return stop, nil
 }
 
 // WebhookOptions returns controller options serving kvnet's webhooks on

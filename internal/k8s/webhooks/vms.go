@@ -27,7 +27,7 @@ type VMMutator struct {
 }
 
 // Handle implements admission.Handler.
-func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	defer func() { admissionSeconds.WithLabelValues("virtualmachine").Observe(time.Since(start).Seconds()) }()
 	if !m.Pool.Ready() {
@@ -55,6 +55,11 @@ func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.R
 		}
 		return resp
 	}
+	if !dryRun {
+		// Before any reservation: a pending owner's MACs are never taken
+		// for a deleted VM's (ReleaseIfGone) while this admission runs.
+		m.Pool.MarkPending(owner)
+	}
 	seen := map[string]string{} // MAC -> interface, for duplicates inside the VM
 	for i, iface := range spec.Domain.Devices.Interfaces {
 		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress == "" {
@@ -69,8 +74,12 @@ func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.R
 		}
 		seen[mac.String()] = iface.Name
 		_, held := m.Pool.Pool.Holder(mac)
-		if err := m.Pool.Pool.Reserve(owner, mac); err != nil {
-			var ce *macpool.ConflictError
+		err = m.Pool.Pool.Reserve(owner, mac)
+		var ce *macpool.ConflictError
+		if errors.As(err, &ce) && ce.Holder != owner && m.Pool.ReleaseIfGone(ctx, ce.Holder) {
+			err = m.Pool.Pool.Reserve(owner, mac)
+		}
+		if err != nil {
 			if errors.As(err, &ce) {
 				return fail(admission.Denied(fmt.Sprintf("MAC %s of interface %q is already used by VM %s", mac, iface.Name, ce.Holder)))
 			}
@@ -112,8 +121,6 @@ func (m *VMMutator) Handle(_ context.Context, req admission.Request) admission.R
 	}
 	if dryRun {
 		fail(admission.Response{})
-	} else if len(taken) > 0 {
-		m.Pool.MarkPending(owner)
 	}
 	if len(assigned) == 0 {
 		return admission.Allowed("MACs already set")

@@ -19,6 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -63,9 +64,10 @@ type Options struct {
 
 // Manager owns the pool. It is safe for concurrent use.
 type Manager struct {
-	Pool  *macpool.Pool
-	opts  Options
-	ready chan struct{}
+	Pool   *macpool.Pool
+	opts   Options
+	ready  chan struct{}
+	reader client.Reader // the API, not the cache
 
 	mu      sync.Mutex           // guards following
 	pending map[string]time.Time // VM owner -> time of its oldest uncommitted allocation
@@ -91,6 +93,29 @@ func (m *Manager) MarkPending(owner string) {
 	if _, ok := m.pending[owner]; !ok {
 		m.pending[owner] = time.Now()
 	}
+}
+
+// ReleaseIfGone releases the MACs of holder when its VM is not in the API
+// and no admission of it is pending, and reports whether it did. The
+// webhook calls it before refusing a MAC, so a VM whose deletion the
+// controller has not seen yet (a slow watch, a restart) never keeps its
+// MACs from being reused.
+func (m *Manager) ReleaseIfGone(ctx context.Context, holder string) bool {
+	m.mu.Lock()
+	_, pending := m.pending[holder]
+	m.mu.Unlock()
+	if pending {
+		return false
+	}
+	ns, name, _ := strings.Cut(holder, "/")
+	var vm metav1.PartialObjectMetadata
+	vm.SetGroupVersionKind(kubevirtv1.GroupVersion.WithKind("VirtualMachine"))
+	if err := m.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &vm); !apierrors.IsNotFound(err) {
+		return false
+	}
+	m.Pool.ReleaseOwner(holder)
+	log.FromContext(ctx).Info("released the MACs of a VM that is gone", "vm", holder)
+	return true
 }
 
 // Considered reports whether iface gets a MAC from the pool: masquerade, or
@@ -133,7 +158,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{Pool: pool, opts: opts, ready: make(chan struct{}), pending: map[string]time.Time{}}
+	m := &Manager{Pool: pool, opts: opts, ready: make(chan struct{}), reader: mgr.GetAPIReader(), pending: map[string]time.Time{}}
 	if err := mgr.Add(&rebuilder{m: m, cache: mgr.GetCache(), reader: mgr.GetAPIReader()}); err != nil {
 		return nil, err
 	}
@@ -274,8 +299,10 @@ func (r *vmReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	var vm kubevirtv1.VirtualMachine
 	if err := r.client.Get(ctx, req.NamespacedName, &vm); err != nil {
 		if apierrors.IsNotFound(err) {
+			held := len(r.m.Pool.MACs(owner))
 			r.m.Pool.ReleaseOwner(owner)
 			r.m.commit(owner)
+			log.FromContext(ctx).V(1).Info("released the MACs of a deleted VM", "vm", owner, "macs", held)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
