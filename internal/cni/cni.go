@@ -359,8 +359,8 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	return gcHostInterfaces(hostIfPrefix, keep)
 }
 
-// status is what kvnet-node reports for the CNI's STATUS verb.
-type status struct {
+// Status is what kvnet-node writes to the status file for the STATUS verb.
+type Status struct {
 	Ready             bool     `json:"ready"`
 	ExhaustedNetworks []string `json:"exhaustedNetworks"`
 }
@@ -381,7 +381,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", fmt.Sprintf("read %s: %v", path, err))
 	}
-	var st status
+	var st Status
 	if err := json.Unmarshal(b, &st); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node status unreadable", fmt.Sprintf("%s: %v", path, err))
 	}

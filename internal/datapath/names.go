@@ -30,6 +30,11 @@ const (
 	routerTransitIf = "transit" // peer of kvtr<ID>: holds the router-side transit address
 )
 
+// RouterGatewayInterface is the interface of a router namespace that
+// faces the network's bridge and holds the gateway IPs: where the node's
+// DHCP server for the network listens.
+const RouterGatewayInterface = routerGwIf
+
 // BridgeName returns the name of network id's bridge, e.g. "kvbr7".
 func BridgeName(id int) string { return bridgePrefix + strconv.Itoa(id) }
 

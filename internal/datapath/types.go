@@ -179,3 +179,10 @@ func (s *State) validate() (map[string]*Network, error) {
 func isUnicastMAC(mac net.HardwareAddr) bool {
 	return len(mac) == 6 && mac[0]&1 == 0 && !slices.Equal(mac, make(net.HardwareAddr, 6))
 }
+
+// Validate reports, as Apply would, every problem of s (errors match
+// ErrInvalidState). It touches nothing.
+func Validate(s State) error {
+	_, err := s.validate()
+	return err
+}

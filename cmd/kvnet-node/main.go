@@ -1,0 +1,105 @@
+// Command kvnet-node is the node agent: it programs the node's kvnet
+// datapath (bridges, VXLAN, routers, nftables) and DHCP from the API.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/node"
+)
+
+func main() {
+	var cfg node.Config
+	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
+	flag.StringVar(&cfg.Datapath.UnderlayDev, "underlay-interface", "", "interface carrying the overlay and egress (default: the one holding --underlay-ip, else the default route's)")
+	underlayIP := flag.String("underlay-ip", os.Getenv("NODE_IP"), "VTEP address of this node (default $NODE_IP, else the first address of --underlay-interface)")
+	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "network namespace of the node's datapath (simulated nodes only; default: this process's)")
+	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
+	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP (default: the nameservers of /etc/resolv.conf)")
+	flag.StringVar(&cfg.StatusFile, "status-file", "", "status file read by kvnet-cni STATUS (default /run/kvnet/cni-status.json)")
+	flag.DurationVar(&cfg.Resync, "resync", time.Minute, "re-apply the datapath this often even without changes")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9464", "address of the Prometheus metrics endpoint; 0 disables it")
+	flag.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":9465", "address of /healthz and /readyz; 0 disables them")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+
+	if err := configure(&cfg, *underlayIP, *dns); err != nil {
+		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
+		os.Exit(2)
+	}
+	agent, err := node.New(ctrl.GetConfigOrDie(), cfg)
+	if err == nil {
+		err = agent.Run(ctrl.SetupSignalHandler())
+	}
+	if err != nil {
+		ctrl.Log.Error(err, "kvnet-node failed")
+		os.Exit(1)
+	}
+}
+
+// configure fills the underlay and DNS settings from the flags.
+func configure(cfg *node.Config, underlayIP, dns string) error {
+	if underlayIP != "" {
+		ip, err := netip.ParseAddr(underlayIP)
+		if err != nil {
+			return fmt.Errorf("--underlay-ip %q: %v", underlayIP, err)
+		}
+		cfg.Datapath.UnderlayIP = ip
+	}
+	if cfg.Datapath.NetNS == "" && (cfg.Datapath.UnderlayDev == "" || !cfg.Datapath.UnderlayIP.IsValid()) {
+		if err := findUnderlay(cfg); err != nil {
+			return err
+		}
+	}
+	if dns != "" {
+		for _, s := range strings.Split(dns, ",") {
+			ip, err := netip.ParseAddr(strings.TrimSpace(s))
+			if err != nil {
+				return fmt.Errorf("--dns %q: %v", s, err)
+			}
+			cfg.DNS = append(cfg.DNS, ip)
+		}
+	} else if servers, err := dhcp.DefaultDNS("/etc/resolv.conf"); err == nil {
+		cfg.DNS = servers
+	}
+	return nil
+}
+
+// findUnderlay picks the interface holding the underlay IP, or the first
+// interface with a global unicast address if none is given.
+func findUnderlay(cfg *node.Config) error {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return err
+	}
+	for _, ifc := range ifaces {
+		if cfg.Datapath.UnderlayDev != "" && ifc.Name != cfg.Datapath.UnderlayDev {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			pfx, err := netip.ParsePrefix(a.String())
+			if err != nil || !pfx.Addr().IsGlobalUnicast() {
+				continue
+			}
+			if cfg.Datapath.UnderlayIP.IsValid() && pfx.Addr() != cfg.Datapath.UnderlayIP {
+				continue
+			}
+			cfg.Datapath.UnderlayDev, cfg.Datapath.UnderlayIP = ifc.Name, pfx.Addr()
+			return nil
+		}
+	}
+	return fmt.Errorf("no interface holds underlay IP %q (--underlay-ip / --underlay-interface)", cfg.Datapath.UnderlayIP)
+}

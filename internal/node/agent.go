@@ -1,0 +1,513 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/nl"
+)
+
+// Config configures an Agent.
+type Config struct {
+	// NodeName is the Node this agent serves (the pod's spec.nodeName in
+	// the DaemonSet).
+	NodeName string
+	// Datapath describes the node's datapath: underlay device and address,
+	// MTU override, and (for simulated nodes) the namespace.
+	Datapath datapath.NodeConfig
+	// DNS servers handed out by DHCP (option 6).
+	DNS []netip.Addr
+	// StatusFile is written for kvnet-cni's STATUS verb; "" means
+	// cni.DefaultStatusFile, "-" disables it.
+	StatusFile string
+	// Resync re-applies the state this often even without events, which
+	// heals changes made behind kvnet's back (default 1 minute).
+	Resync time.Duration
+	// MetricsAddr and ProbeAddr: "0" or "" disables.
+	MetricsAddr, ProbeAddr string
+	// SkipNameValidation allows several agents in one process (the lab
+	// and tests simulate several nodes).
+	SkipNameValidation bool
+}
+
+// Agent is kvnet-node.
+type Agent struct {
+	cfg   Config
+	mgr   ctrl.Manager
+	dp    *datapath.Datapath
+	links *nl.Handle
+
+	trigger chan struct{} // buffered(1): "something changed"
+	dhcp    *dhcpServers
+
+	mu            sync.Mutex // guards the fields below
+	ready         bool
+	last          Plan
+	status        cni.Status // last written to StatusFile
+	statusWritten bool
+}
+
+// New builds an agent; nothing changes on the node until Start.
+func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("kvnet-node: node name is required (--node-name or $NODE_NAME)")
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = time.Minute
+	}
+	if cfg.StatusFile == "" {
+		cfg.StatusFile = cni.DefaultStatusFile
+	}
+	if cfg.Datapath.Name == "" {
+		cfg.Datapath.Name = cfg.NodeName
+	}
+	for _, addr := range []*string{&cfg.MetricsAddr, &cfg.ProbeAddr} {
+		if *addr == "" {
+			*addr = "0"
+		}
+	}
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	restCfg = rest.CopyConfig(restCfg)
+	if restCfg.QPS == 0 {
+		restCfg.QPS, restCfg.Burst = 20, 40
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		HealthProbeBindAddress: cfg.ProbeAddr,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Every pod of the cluster is cached (remote pods are FDB
+			// entries), so keep only what Desired reads.
+			&corev1.Pod{}:  {Transform: trimPod},
+			&corev1.Node{}: {Transform: trimNode},
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvnet-node: create manager: %w", err)
+	}
+	dp, err := datapath.New(cfg.Datapath)
+	if err != nil {
+		return nil, fmt.Errorf("kvnet-node: %w", err)
+	}
+	a := &Agent{cfg: cfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1)}
+	a.dhcp = newDHCPServers(cfg.Datapath)
+	nsPath := cfg.Datapath.NetNS
+	if a.links, err = nl.NewHandle(nsPath); err != nil {
+		_ = dp.Close()
+		return nil, fmt.Errorf("kvnet-node: %w", err)
+	}
+	if err := mgr.Add(a); err != nil {
+		return nil, err
+	}
+	if cfg.ProbeAddr != "0" {
+		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("datapath-applied", func(*http.Request) error {
+			if !a.Ready() {
+				return errors.New("datapath not applied yet")
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Run starts the agent and blocks until ctx ends. It leaves the datapath
+// in place on exit: pods keep their network while the agent restarts.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.links.Close()
+	defer a.dp.Close()
+	return a.mgr.Start(ctx)
+}
+
+// Ready reports whether the agent has applied a state since it started.
+func (a *Agent) Ready() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ready
+}
+
+// LastPlan returns the plan last applied (for tests and the lab).
+func (a *Agent) LastPlan() Plan {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last
+}
+
+// MTU is the pod MTU of the node's datapath.
+func (a *Agent) MTU() int { return a.dp.MTU() }
+
+// NeedLeaderElection: every node runs its own agent.
+func (a *Agent) NeedLeaderElection() bool { return false }
+
+// Start is the agent's loop (a manager runnable).
+func (a *Agent) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("kvnet-node").WithValues("node", a.cfg.NodeName)
+	ctx = log.IntoContext(ctx, logger)
+	a.writeStatus(ctx, false, nil)
+	defer a.writeStatus(context.WithoutCancel(ctx), false, nil)
+	defer a.dhcp.stopAll()
+
+	if err := a.publishVTEP(ctx); err != nil {
+		return err
+	}
+	if err := a.watch(ctx); err != nil {
+		return err
+	}
+	if !a.mgr.GetCache().WaitForCacheSync(ctx) {
+		return errors.New("kvnet-node: caches did not sync")
+	}
+	stopLinks, err := a.watchLinks(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopLinks()
+	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU())
+
+	resync := time.NewTicker(a.cfg.Resync)
+	defer resync.Stop()
+	var retry <-chan time.Time
+	backoff := 250 * time.Millisecond
+	a.kick()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.trigger:
+		case <-resync.C:
+		case <-retry:
+		}
+		retry = nil
+		switch err := a.reconcile(ctx); {
+		case err == nil:
+			backoff = 250 * time.Millisecond
+		case ctx.Err() != nil:
+			return nil
+		default:
+			// A port whose interface vanished between listing and
+			// applying is retried at once; anything else backs off.
+			if !errors.Is(err, datapath.ErrPortNotFound) {
+				logger.Error(err, "apply datapath state; retrying", "in", backoff.String())
+				applyErrors.WithLabelValues(a.cfg.NodeName).Inc()
+			}
+			retry = time.After(backoff)
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}
+}
+
+// kick asks the loop for a reconcile; events arriving during one coalesce
+// into the next.
+func (a *Agent) kick() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// publishVTEP writes this node's underlay address on its Node, so that
+// the other nodes can reach the pods here.
+func (a *Agent) publishVTEP(ctx context.Context) error {
+	c := a.mgr.GetClient()
+	want := a.cfg.Datapath.UnderlayIP.String()
+	for {
+		var node corev1.Node
+		err := a.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Name: a.cfg.NodeName}, &node)
+		if err == nil {
+			if node.Annotations[VTEPAnnotation] == want {
+				return nil
+			}
+			patch := client.MergeFrom(node.DeepCopy())
+			if node.Annotations == nil {
+				node.Annotations = map[string]string{}
+			}
+			node.Annotations[VTEPAnnotation] = want
+			if err = c.Patch(ctx, &node, patch); err == nil {
+				log.FromContext(ctx).Info("published the node's VTEP", "annotation", VTEPAnnotation, "vtep", want)
+				return nil
+			}
+		}
+		if apierrors.IsNotFound(err) {
+			err = fmt.Errorf("node %q not found", a.cfg.NodeName)
+		}
+		log.FromContext(ctx).Error(err, "cannot publish the node's VTEP; retrying")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// watch kicks the loop on every change of the objects Desired reads.
+func (a *Agent) watch(ctx context.Context) error {
+	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}}
+	// KubeVirt is optional: without its CRDs there are no VMIs to watch.
+	if _, err := a.mgr.GetRESTMapper().RESTMapping(kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance").GroupKind(), "v1"); err == nil {
+		objs = append(objs, &kubevirtv1.VirtualMachineInstance{})
+	} else if !meta.IsNoMatchError(err) {
+		return err
+	} else {
+		log.FromContext(ctx).Info("KubeVirt is not installed: VMIs are not watched")
+	}
+	h := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.kick() },
+		UpdateFunc: func(any, any) { a.kick() },
+		DeleteFunc: func(any) { a.kick() },
+	}
+	for _, o := range objs {
+		inf, err := a.mgr.GetCache().GetInformer(ctx, o)
+		if err != nil {
+			return fmt.Errorf("kvnet-node: watch %T: %w", o, err)
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watchLinks kicks the loop when a link appears, goes or changes in the
+// node namespace: kvnet-cni makes pod ports there after the pod's
+// allocation is known, so this is how a new port gets attached at once.
+func (a *Agent) watchLinks(ctx context.Context) (stop func(), err error) {
+	nsh, err := nl.OpenNS(a.cfg.Datapath.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer nsh.Close()
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+		Namespace: (*netns.NsHandle)(&nsh),
+		ErrorCallback: func(err error) {
+			log.FromContext(ctx).Error(err, "link updates")
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvnet-node: subscribe to link updates: %w", err)
+	}
+	go func() {
+		for u := range updates {
+			if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
+				a.kick()
+			}
+		}
+	}()
+	return func() { close(done) }, nil
+}
+
+// reconcile computes the plan from the caches and the node's links and
+// applies it.
+func (a *Agent) reconcile(ctx context.Context) error {
+	start := time.Now()
+	in, err := a.input(ctx)
+	if err != nil {
+		return err
+	}
+	plan := Desired(in)
+	applyErr := a.dp.Apply(ctx, plan.State)
+	a.dhcp.sync(ctx, plan.DHCP)
+	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
+	a.writeStatus(ctx, ok, plan.Exhausted)
+	applySeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
+	a.report(ctx, plan, ok)
+	return applyErr
+}
+
+// input gathers Desired's input.
+func (a *Agent) input(ctx context.Context) (Input, error) {
+	c := a.mgr.GetCache()
+	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, VMINodes: map[types.NamespacedName]string{}}
+	var nads nadv1.NetworkAttachmentDefinitionList
+	if err := c.List(ctx, &nads); err != nil {
+		return in, err
+	}
+	in.NADs = nads.Items
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods); err != nil {
+		return in, err
+	}
+	in.Pods = pods.Items
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return in, err
+	}
+	in.Nodes = nodes.Items
+	var vmis kubevirtv1.VirtualMachineInstanceList
+	if err := c.List(ctx, &vmis); err == nil {
+		for _, vmi := range vmis.Items {
+			in.VMINodes[types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}] = vmi.Status.NodeName
+		}
+	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {
+		return in, err
+	}
+	links, err := a.links.LinkList()
+	if err != nil {
+		return in, err
+	}
+	in.Links = map[string]string{}
+	newest := map[string]int{} // alias -> ifindex of the link kept
+	for _, l := range links {
+		attrs := l.Attrs()
+		if !strings.HasPrefix(attrs.Alias, "kvnet:") {
+			continue
+		}
+		// Two links with one alias: a pod recreated under the same name
+		// before the old sandbox's DEL; the newer link is the pod's.
+		if attrs.Index > newest[attrs.Alias] {
+			newest[attrs.Alias] = attrs.Index
+			in.Links[attrs.Alias] = attrs.Name
+		}
+	}
+	return in, nil
+}
+
+// gateways memoises GatewaysOf per configuration: building an allocator
+// for a large subnet on every reconcile would be wasteful.
+func (a *Agent) gateways(conf *netconf.NetConf) ([]netip.Addr, error) {
+	key, err := conf.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	gatewayMemo.Lock()
+	defer gatewayMemo.Unlock()
+	if g, ok := gatewayMemo.m[key]; ok {
+		return g.addrs, g.err
+	}
+	addrs, err := GatewaysOf(conf)
+	if len(gatewayMemo.m) > 4096 {
+		clear(gatewayMemo.m)
+	}
+	gatewayMemo.m[key] = gatewayResult{addrs, err}
+	return addrs, err
+}
+
+type gatewayResult struct {
+	addrs []netip.Addr
+	err   error
+}
+
+var gatewayMemo = struct {
+	sync.Mutex
+	m map[string]gatewayResult
+}{m: map[string]gatewayResult{}}
+
+// report updates metrics and logs what changed since the last plan.
+func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
+	logger := log.FromContext(ctx)
+	a.mu.Lock()
+	prev, wasReady := a.last, a.ready
+	a.last = plan
+	a.ready = a.ready || ok
+	a.mu.Unlock()
+	if ok && !wasReady {
+		logger.Info("datapath applied; node ready", "networks", len(plan.State.Networks), "ports", len(plan.State.Ports), "remoteMACs", len(plan.State.RemoteMACs))
+	}
+	if !slices.Equal(plan.Problems, prev.Problems) {
+		for _, p := range plan.Problems {
+			logger.Info("input skipped", "problem", p)
+		}
+	}
+	node := a.cfg.NodeName
+	netNames := map[string]bool{}
+	for _, n := range plan.State.Networks {
+		netNames[n.Name] = true
+	}
+	for _, n := range prev.State.Networks {
+		if !netNames[n.Name] {
+			logger.Info("network removed from the node", "network", n.Name, "id", n.ID)
+			for _, g := range []*gaugeVec{portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge} {
+				g.DeleteLabelValues(node, n.Name)
+			}
+		}
+	}
+	prevNames := map[string]bool{}
+	for _, n := range prev.State.Networks {
+		prevNames[n.Name] = true
+	}
+	for _, n := range plan.State.Networks {
+		if !prevNames[n.Name] {
+			logger.Info("network added to the node", "network", n.Name, "id", n.ID, "primary", n.Primary)
+		}
+		ports, macs := 0, 0
+		for _, p := range plan.State.Ports {
+			if p.Network == n.Name {
+				ports++
+			}
+		}
+		for _, m := range plan.State.RemoteMACs {
+			if m.Network == n.Name {
+				macs++
+			}
+		}
+		portsGauge.WithLabelValues(node, n.Name).Set(float64(ports))
+		remoteMACsGauge.WithLabelValues(node, n.Name).Set(float64(macs))
+		remoteNodesGauge.WithLabelValues(node, n.Name).Set(float64(len(n.Remotes)))
+	}
+	for _, d := range plan.DHCP {
+		leasesGauge.WithLabelValues(node, d.Network).Set(float64(len(d.Leases)))
+	}
+	waitingGauge.WithLabelValues(node).Set(float64(plan.Waiting))
+	readyGauge.WithLabelValues(node).Set(boolFloat(a.Ready()))
+	logger.V(1).Info("datapath applied", "networks", len(plan.State.Networks), "ports", len(plan.State.Ports), "remoteMACs", len(plan.State.RemoteMACs), "waiting", plan.Waiting)
+}
+
+// isOnly reports whether every error joined in err matches target.
+func isOnly(err, target error) bool {
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, e := range joined.Unwrap() {
+			if !isOnly(e, target) {
+				return false
+			}
+		}
+		return true
+	}
+	if w := errors.Unwrap(err); w != nil && !errors.Is(err, target) {
+		return isOnly(w, target)
+	}
+	return errors.Is(err, target)
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+

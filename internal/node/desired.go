@@ -1,0 +1,337 @@
+package node
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// VTEPAnnotation is the node annotation holding the node's underlay
+// address (its VXLAN tunnel endpoint). Each kvnet-node writes it on its own
+// node at start; a node without it hosts no kvnet pods as far as the
+// others are concerned.
+const VTEPAnnotation = "kvnet.io/vtep"
+
+// PoolExhaustedAnnotation on a NAD set to "true" tells that the network has
+// no free address; kvnet-node reports such networks to kvnet-cni's STATUS.
+const PoolExhaustedAnnotation = "kvnet.io/pool-exhausted"
+
+// Input is everything Desired needs. Slices are read only.
+type Input struct {
+	Node  string // this node's name
+	NADs  []nadv1.NetworkAttachmentDefinition
+	Pods  []corev1.Pod
+	Nodes []corev1.Node
+	// VMINodes maps a VirtualMachineInstance to its status.nodeName.
+	VMINodes map[types.NamespacedName]string
+	// Links maps the alias of each local link (cni.PortAlias) to its name.
+	Links map[string]string
+	// Lease options for DHCP: MTU (option 26) and DNS servers (option 6).
+	MTU int
+	DNS []netip.Addr
+	// Gateways returns the gateway per subnet of a primary network; nil
+	// uses GatewaysOf. The Agent passes a memoised one.
+	Gateways func(*netconf.NetConf) ([]netip.Addr, error)
+}
+
+// Plan is what the node should look like.
+type Plan struct {
+	State datapath.State
+	// DHCP holds, per local primary network with an IPv4 subnet, what its
+	// DHCP server hands out.
+	DHCP []DHCPNetwork
+	// Exhausted lists networks whose NAD says the pool is exhausted.
+	Exhausted []string
+	// Waiting counts local attachments whose host interface kvnet-cni has
+	// not made yet.
+	Waiting int
+	// Problems are inputs that could not be used, each naming the object
+	// and field; the rest of the plan is still right.
+	Problems []string
+}
+
+// DHCPNetwork is one primary network's DHCP service on this node.
+type DHCPNetwork struct {
+	Network  string
+	ID       int
+	ServerIP netip.Addr // the network's IPv4 gateway
+	Leases   map[string]dhcp.Lease
+}
+
+// network is a kvnet network as the NADs describe it.
+type network struct {
+	conf      *netconf.NetConf
+	id        int
+	subnets   []netip.Prefix
+	gateways  []netip.Addr
+	exhausted bool
+}
+
+// holder is one pod attachment of a network.
+type holder struct {
+	pod    *corev1.Pod
+	nadKey string
+	node   string
+	a      podnetworks.Attachment
+	mac    net.HardwareAddr
+	active bool // where the MAC lives now (see activeHolders)
+}
+
+// Desired computes the node's plan from the API's view. It never fails:
+// what cannot be used is skipped and reported in Plan.Problems.
+func Desired(in Input) Plan {
+	var plan Plan
+	problem := func(format string, args ...any) { plan.Problems = append(plan.Problems, fmt.Sprintf(format, args...)) }
+	gateways := in.Gateways
+	if gateways == nil {
+		gateways = GatewaysOf
+	}
+
+	nets := map[string]*network{} // network name -> network
+	for i := range in.NADs {
+		nad := &in.NADs[i]
+		key := nad.Namespace + "/" + nad.Name
+		conf, err := netconf.Parse(nad.Spec.Config)
+		if err != nil {
+			problem("NAD %s: %v", key, err)
+			continue
+		}
+		if conf == nil {
+			continue // another plugin
+		}
+		if n := nets[conf.Name]; n != nil {
+			n.exhausted = n.exhausted || nad.Annotations[PoolExhaustedAnnotation] == "true"
+			continue // another namespace's NAD of a CUDN: same network
+		}
+		if conf.Topology != netconf.TopologyLayer2 {
+			problem("NAD %s: topology %q: kvnet-node programs layer2 networks only", key, conf.Topology)
+			continue
+		}
+		id, err := strconv.Atoi(nad.Annotations[udn.NetworkIDAnnotation])
+		if err != nil || id < 1 || id > datapath.MaxNetworkID {
+			problem("NAD %s: annotation %s=%q is not a network ID 1-%d", key, udn.NetworkIDAnnotation, nad.Annotations[udn.NetworkIDAnnotation], datapath.MaxNetworkID)
+			continue
+		}
+		n := &network{conf: conf, id: id, exhausted: nad.Annotations[PoolExhaustedAnnotation] == "true"}
+		if n.subnets, err = netconf.ParsePrefixes("subnets", conf.Subnets); err != nil {
+			problem("NAD %s: %v", key, err)
+			continue
+		}
+		if conf.IsPrimary() {
+			if n.gateways, err = gateways(conf); err != nil {
+				problem("NAD %s: %v", key, err)
+				continue
+			}
+		}
+		nets[conf.Name] = n
+	}
+	for name, n := range nets {
+		if n.exhausted {
+			plan.Exhausted = append(plan.Exhausted, name)
+		}
+	}
+	slices.Sort(plan.Exhausted)
+
+	vteps := map[string]netip.Addr{} // node name -> VTEP
+	for i := range in.Nodes {
+		nd := &in.Nodes[i]
+		v, ok := nd.Annotations[VTEPAnnotation]
+		if !ok {
+			continue
+		}
+		ip, err := netip.ParseAddr(v)
+		if err != nil || ip.IsUnspecified() {
+			problem("node %s: annotation %s=%q is not an IP address", nd.Name, VTEPAnnotation, v)
+			continue
+		}
+		vteps[nd.Name] = ip
+	}
+
+	// Every attachment to a known network of a pod that may be running on
+	// a node with a VTEP (or on this node).
+	holders := map[string][]*holder{} // network name -> holders
+	for i := range in.Pods {
+		pod := &in.Pods[i]
+		value, ok := pod.Annotations[podnetworks.Annotation]
+		if !ok || pod.Spec.NodeName == "" || podnetworks.Completed(pod) {
+			continue
+		}
+		if _, hasVTEP := vteps[pod.Spec.NodeName]; !hasVTEP && pod.Spec.NodeName != in.Node {
+			continue
+		}
+		attachments, err := podnetworks.Parse(value)
+		if err != nil {
+			problem("pod %s/%s: %v", pod.Namespace, pod.Name, err)
+			continue
+		}
+		for _, nadKey := range slices.Sorted(maps.Keys(attachments)) {
+			a := attachments[nadKey]
+			if nets[a.Network] == nil {
+				continue // not a kvnet-cni network (kvnet-ipam), or unknown
+			}
+			holders[a.Network] = append(holders[a.Network], &holder{pod: pod, nadKey: nadKey, node: pod.Spec.NodeName, a: a, mac: a.MAC()})
+		}
+	}
+
+	for _, name := range slices.Sorted(maps.Keys(holders)) {
+		n, hs := nets[name], holders[name]
+		activeHolders(hs, in.VMINodes)
+		local := slices.ContainsFunc(hs, func(h *holder) bool { return h.node == in.Node })
+		if !local {
+			continue // the network has no pod here: nothing of it on this node
+		}
+		dn := datapath.Network{Name: name, ID: n.id, Primary: n.conf.IsPrimary(), Subnets: n.subnets}
+		if dn.Primary {
+			dn.Gateways = n.gateways
+		}
+		remotes := map[netip.Addr]bool{}
+		for _, h := range hs {
+			if h.node != in.Node {
+				remotes[vteps[h.node]] = true
+			}
+		}
+		dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
+		plan.State.Networks = append(plan.State.Networks, dn)
+
+		var leases map[string]dhcp.Lease
+		serverIP := firstIPv4(n.gateways)
+		if dn.Primary && serverIP.IsValid() {
+			leases = map[string]dhcp.Lease{}
+		}
+		for _, h := range hs {
+			switch {
+			case !h.active:
+				// The other copy of a migrating VM's MAC: nothing here.
+			case h.node != in.Node:
+				plan.State.RemoteMACs = append(plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: vteps[h.node]})
+			default:
+				alias := cni.PortAlias(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)
+				ifName, ok := in.Links[alias]
+				if !ok {
+					plan.Waiting++
+					continue
+				}
+				port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac}
+				for _, s := range h.a.IPAddresses {
+					if p, err := netip.ParsePrefix(s); err == nil {
+						port.IPs = append(port.IPs, p)
+					}
+				}
+				plan.State.Ports = append(plan.State.Ports, port)
+				if leases != nil {
+					if l, ok := lease(h, serverIP, in); ok {
+						leases[h.mac.String()] = l
+					}
+				}
+			}
+		}
+		if leases != nil {
+			plan.DHCP = append(plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases})
+		}
+	}
+	return plan
+}
+
+// activeHolders marks, for each MAC, the one holder that has it now. A MAC
+// held twice is a VM in live migration (two launcher pods share the
+// claim's MAC): the holder on the VMI's status.nodeName wins, which
+// KubeVirt switches when the migration completes; without a VMI, a pod not
+// being deleted wins over one that is, then the newest pod.
+func activeHolders(hs []*holder, vmiNodes map[types.NamespacedName]string) {
+	byMAC := map[string][]*holder{}
+	for _, h := range hs {
+		if h.mac != nil {
+			byMAC[h.mac.String()] = append(byMAC[h.mac.String()], h)
+		}
+	}
+	for _, group := range byMAC {
+		best := slices.MaxFunc(group, func(a, b *holder) int {
+			return cmp.Or(
+				cmpBool(onVMINode(a, vmiNodes), onVMINode(b, vmiNodes)),
+				cmpBool(a.pod.DeletionTimestamp == nil, b.pod.DeletionTimestamp == nil),
+				a.pod.CreationTimestamp.Compare(b.pod.CreationTimestamp.Time),
+				cmp.Compare(a.pod.Name, b.pod.Name),
+			)
+		})
+		best.active = true
+	}
+}
+
+func onVMINode(h *holder, vmiNodes map[types.NamespacedName]string) bool {
+	vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+	if vmi == "" {
+		return false
+	}
+	node, ok := vmiNodes[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}]
+	return ok && node == h.node
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	default:
+		return -1
+	}
+}
+
+// lease is what the DHCP server gives h: its IPv4 address with the
+// subnet's mask, the gateway as router, and the VM's name as hostname.
+func lease(h *holder, router netip.Addr, in Input) (dhcp.Lease, bool) {
+	for _, s := range h.a.IPAddresses {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() {
+			continue
+		}
+		host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+		if host == "" {
+			host = h.pod.Name
+		}
+		return dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: in.MTU, Hostname: host}, true
+	}
+	return dhcp.Lease{}, false
+}
+
+// GatewaysOf returns the gateway of each subnet of a primary network, as
+// kvnet-controller's allocator picks them (the first host, or from
+// defaultGatewayIPs / infrastructureSubnets).
+func GatewaysOf(conf *netconf.NetConf) ([]netip.Addr, error) {
+	cfg, err := ipam.NetworkConfig(&netconf.Served{Name: conf.Name, Conf: conf})
+	if err != nil {
+		return nil, err
+	}
+	n, err := allocator.NewNetwork(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return n.Gateways(), nil
+}
+
+func firstIPv4(addrs []netip.Addr) netip.Addr {
+	for _, a := range addrs {
+		if a.Is4() {
+			return a
+		}
+	}
+	return netip.Addr{}
+}

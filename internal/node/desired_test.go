@@ -1,0 +1,236 @@
+package node
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+func nad(ns, name, config string, id string) nadv1.NetworkAttachmentDefinition {
+	n := nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{}}}
+	n.Spec.Config = config
+	if id != "" {
+		n.Annotations[udn.NetworkIDAnnotation] = id
+	}
+	return n
+}
+
+func primaryNAD(ns string, id string) nadv1.NetworkAttachmentDefinition {
+	return nad(ns, "udn", fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"%s_udn","netAttachDefName":"%s/udn","topology":"layer2","role":"primary","subnets":"10.1.1.0/24"}`, ns, ns), id)
+}
+
+func kvnode(name, vtep string) corev1.Node {
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if vtep != "" {
+		n.Annotations = map[string]string{VTEPAnnotation: vtep}
+	}
+	return n
+}
+
+// pod returns a pod on node holding one attachment to <ns>/udn.
+func pod(ns, name, node, ip, mac string, age time.Duration) corev1.Pod {
+	p := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-age)),
+			Annotations: map[string]string{podnetworks.Annotation: fmt.Sprintf(
+				`{"%s/udn":{"ip_addresses":["%s/24"],"mac_address":"%s","gateway_ips":["10.1.1.1"],"role":"primary","network":"%s_udn"}}`, ns, ip, mac, ns)}},
+		Spec: corev1.PodSpec{NodeName: node},
+	}
+	return p
+}
+
+func links(pods ...corev1.Pod) map[string]string {
+	out := map[string]string{}
+	for i, p := range pods {
+		out[cni.PortAlias(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = fmt.Sprintf("kvp%d", i)
+	}
+	return out
+}
+
+func TestDesiredTwoTenants(t *testing.T) {
+	a1 := pod("a", "a1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	a2 := pod("a", "a2", "n2", "10.1.1.3", "0a:58:0a:01:01:03", time.Hour)
+	b1 := pod("b", "b1", "n3", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	done := pod("a", "done", "n2", "10.1.1.9", "0a:58:0a:01:01:09", time.Hour)
+	done.Status.Phase = corev1.PodSucceeded
+	in := Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7"), primaryNAD("b", "8")},
+		Pods:  []corev1.Pod{a1, a2, b1, done},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2"), kvnode("n3", "192.168.100.3")},
+		Links: links(a1),
+		MTU:   1450,
+		DNS:   []netip.Addr{netip.MustParseAddr("192.0.2.53")},
+	}
+	plan := Desired(in)
+	if len(plan.Problems) != 0 {
+		t.Fatalf("problems: %v", plan.Problems)
+	}
+	// Only tenant a has a pod on n1: tenant b's network is not here.
+	if len(plan.State.Networks) != 1 {
+		t.Fatalf("networks %+v, want a_udn only", plan.State.Networks)
+	}
+	n := plan.State.Networks[0]
+	if n.Name != "a_udn" || n.ID != 7 || !n.Primary || fmt.Sprint(n.Gateways) != "[10.1.1.1]" || fmt.Sprint(n.Remotes) != "[192.168.100.2]" {
+		t.Errorf("network %+v", n)
+	}
+	if len(plan.State.Ports) != 1 || plan.State.Ports[0].HostIfName != "kvp0" || plan.State.Ports[0].MAC.String() != "0a:58:0a:01:01:02" ||
+		fmt.Sprint(plan.State.Ports[0].IPs) != "[10.1.1.2/24]" {
+		t.Errorf("ports %+v", plan.State.Ports)
+	}
+	if len(plan.State.RemoteMACs) != 1 || plan.State.RemoteMACs[0].MAC.String() != "0a:58:0a:01:01:03" || plan.State.RemoteMACs[0].VTEP.String() != "192.168.100.2" {
+		t.Errorf("remote MACs %+v (the completed pod must not count)", plan.State.RemoteMACs)
+	}
+	if len(plan.DHCP) != 1 || plan.DHCP[0].ServerIP.String() != "10.1.1.1" || plan.DHCP[0].ID != 7 {
+		t.Fatalf("dhcp %+v", plan.DHCP)
+	}
+	l, ok := plan.DHCP[0].Leases["0a:58:0a:01:01:02"]
+	if !ok || l.IP.String() != "10.1.1.2/24" || l.Router.String() != "10.1.1.1" || l.MTU != 1450 || l.Hostname != "a1" || fmt.Sprint(l.DNS) != "[192.0.2.53]" {
+		t.Errorf("lease %+v", l)
+	}
+	// The plan is valid for the datapath.
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+
+	// A pod whose port kvnet-cni has not made yet waits.
+	in.Links = nil
+	plan = Desired(in)
+	if plan.Waiting != 1 || len(plan.State.Ports) != 0 || len(plan.State.Networks) != 1 {
+		t.Errorf("without links: waiting %d ports %v networks %d", plan.Waiting, plan.State.Ports, len(plan.State.Networks))
+	}
+}
+
+func TestDesiredMigration(t *testing.T) {
+	const mac = "0a:58:0a:01:01:05"
+	launcher := func(name, node string, age time.Duration) corev1.Pod {
+		p := pod("a", name, node, "10.1.1.5", mac, age)
+		p.Labels = map[string]string{"kubevirt.io": "virt-launcher"}
+		p.Annotations[kubevirtv1.DomainAnnotation] = "vm1"
+		return p
+	}
+	src, dst := launcher("virt-launcher-vm1-src", "n1", time.Hour), launcher("virt-launcher-vm1-dst", "n2", time.Minute)
+	peer := pod("a", "peer", "n3", "10.1.1.9", "0a:58:0a:01:01:09", time.Hour)
+	in := Input{
+		NADs:     []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:     []corev1.Pod{src, dst, peer},
+		Nodes:    []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2"), kvnode("n3", "192.168.100.3")},
+		Links:    links(src, dst, peer),
+		VMINodes: map[types.NamespacedName]string{{Namespace: "a", Name: "vm1"}: "n1"},
+	}
+	remoteVTEP := func(plan Plan) string {
+		for _, m := range plan.State.RemoteMACs {
+			if m.MAC.String() == mac {
+				return m.VTEP.String()
+			}
+		}
+		return "none"
+	}
+	hasPort := func(plan Plan) bool {
+		for _, p := range plan.State.Ports {
+			if p.MAC.String() == mac {
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		vmiNode         string
+		wantN3          string // where n3 sends the MAC
+		srcPort, dstPor bool
+	}{
+		{"n1", "192.168.100.1", true, false}, // before the switch-over: the source runs the VM
+		{"n2", "192.168.100.2", false, true}, // after: the target does
+		{"", "192.168.100.2", false, true},   // no VMI: the newest pod
+	} {
+		in.VMINodes[types.NamespacedName{Namespace: "a", Name: "vm1"}] = tc.vmiNode
+		if tc.vmiNode == "" {
+			in.VMINodes = nil
+		}
+		in.Node = "n3"
+		if got := remoteVTEP(Desired(in)); got != tc.wantN3 {
+			t.Errorf("VMI on %q: n3 sends the VM's MAC to %s, want %s", tc.vmiNode, got, tc.wantN3)
+		}
+		in.Node = "n1"
+		p1 := Desired(in)
+		in.Node = "n2"
+		p2 := Desired(in)
+		if hasPort(p1) != tc.srcPort || hasPort(p2) != tc.dstPor {
+			t.Errorf("VMI on %q: port on n1 %v, on n2 %v", tc.vmiNode, hasPort(p1), hasPort(p2))
+		}
+		// Never both a local port and a remote entry for one MAC.
+		for _, p := range []Plan{p1, p2} {
+			if hasPort(p) && remoteVTEP(p) != "none" {
+				t.Errorf("VMI on %q: MAC both local and remote", tc.vmiNode)
+			}
+			if err := datapath.Validate(p.State); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+func TestDesiredSkipsBadInput(t *testing.T) {
+	good := pod("a", "good", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	bad := good
+	bad.Name = "bad"
+	bad.Annotations = map[string]string{podnetworks.Annotation: `{"a/udn":{"mac_address":"zz"}}`}
+	noVTEPPod := pod("a", "far", "n9", "10.1.1.3", "0a:58:0a:01:01:03", time.Hour)
+	in := Input{
+		Node: "n1",
+		NADs: []nadv1.NetworkAttachmentDefinition{
+			primaryNAD("a", "7"),
+			primaryNAD("noid", ""),
+			nad("x", "broken", `{"type":`, "3"),
+			nad("x", "bridge", `{"type":"bridge","name":"br"}`, ""),
+			nad("x", "l3", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"x_l3","topology":"layer3","role":"secondary","subnets":"10.9.0.0/16/24"}`, "4"),
+		},
+		Pods:  []corev1.Pod{good, bad, noVTEPPod},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "not-an-ip"), kvnode("n9", "")},
+		Links: links(good),
+	}
+	plan := Desired(in)
+	want := []string{
+		`NAD noid/udn: annotation k8s.ovn.org/network-id="" is not a network ID`,
+		`NAD x/broken:`,
+		`NAD x/l3: topology "layer3"`,
+		`node n2: annotation kvnet.io/vtep="not-an-ip" is not an IP address`,
+		`pod a/bad:`,
+	}
+	all := strings.Join(plan.Problems, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("problems lack %q:\n%s", w, all)
+		}
+	}
+	if len(plan.Problems) != len(want) {
+		t.Errorf("%d problems, want %d:\n%s", len(plan.Problems), len(want), all)
+	}
+	// The good pod is still served; the pod on a node without VTEP is
+	// not a remote (it has nowhere to be sent).
+	if len(plan.State.Ports) != 1 || len(plan.State.RemoteMACs) != 0 || len(plan.State.Networks[0].Remotes) != 0 {
+		t.Errorf("state %+v", plan.State)
+	}
+}
+
+func TestDesiredExhausted(t *testing.T) {
+	n := primaryNAD("a", "7")
+	n.Annotations[PoolExhaustedAnnotation] = "true"
+	plan := Desired(Input{Node: "n1", NADs: []nadv1.NetworkAttachmentDefinition{n, primaryNAD("b", "8")}})
+	if fmt.Sprint(plan.Exhausted) != "[a_udn]" {
+		t.Errorf("exhausted %v", plan.Exhausted)
+	}
+}
+

@@ -1,0 +1,50 @@
+package node
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+type gaugeVec = prometheus.GaugeVec
+
+// Metrics carry a node label: the lab and tests run several simulated
+// nodes in one process.
+var (
+	applySeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_node_apply_duration_seconds",
+		Help:    "Time to compute and apply the node's datapath state.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{"node"})
+	applyErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvnet_node_apply_errors_total",
+		Help: "Failed applications of the datapath state (retried with backoff).",
+	}, []string{"node"})
+	portsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_ports",
+		Help: "Pod ports attached to the network's bridge on the node.",
+	}, []string{"node", "network"})
+	remoteMACsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_remote_macs",
+		Help: "Unicast FDB entries towards other nodes, per network.",
+	}, []string{"node", "network"})
+	remoteNodesGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_remote_nodes",
+		Help: "Other nodes the network's broadcast is replicated to.",
+	}, []string{"node", "network"})
+	leasesGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_dhcp_leases",
+		Help: "MACs the node's DHCP server answers for, per primary network.",
+	}, []string{"node", "network"})
+	waitingGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_waiting_ports",
+		Help: "Local attachments whose interface kvnet-cni has not created yet.",
+	}, []string{"node"})
+	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_ready",
+		Help: "1 once the agent has applied the datapath state since it started.",
+	}, []string{"node"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge)
+}
