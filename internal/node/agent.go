@@ -191,11 +191,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	if !a.mgr.GetCache().WaitForCacheSync(ctx) {
 		return errors.New("kvnet-node: caches did not sync")
 	}
-	stopLinks, err := a.watchLinks(ctx)
-	if err != nil {
+	if err := a.watchLinks(ctx); err != nil {
 		return err
 	}
-	defer stopLinks()
 	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU())
 
 	resync := time.NewTicker(a.cfg.Resync)
@@ -303,32 +301,54 @@ func (a *Agent) watch(ctx context.Context) error {
 
 // watchLinks kicks the loop when a link appears, goes or changes in the
 // node namespace: kvnet-cni makes pod ports there after the pod's
-// allocation is known, so this is how a new port gets attached at once.
-func (a *Agent) watchLinks(ctx context.Context) (stop func(), err error) {
-	nsh, err := nl.OpenNS(a.cfg.Datapath.NetNS)
-	if err != nil {
-		return nil, err
+// allocation is known, so this is how a new port gets attached at once. A
+// failed subscription is renewed (the resync covers the gap).
+func (a *Agent) watchLinks(ctx context.Context) error {
+	subscribe := func() (<-chan netlink.LinkUpdate, error) {
+		nsh, err := nl.OpenNS(a.cfg.Datapath.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		defer nsh.Close()
+		updates := make(chan netlink.LinkUpdate, 64)
+		err = netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
+			Namespace: (*netns.NsHandle)(&nsh),
+			ErrorCallback: func(err error) {
+				if ctx.Err() == nil {
+					log.FromContext(ctx).Error(err, "link updates; subscribing again")
+				}
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("kvnet-node: subscribe to link updates: %w", err)
+		}
+		return updates, nil
 	}
-	defer nsh.Close()
-	updates := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-		Namespace: (*netns.NsHandle)(&nsh),
-		ErrorCallback: func(err error) {
-			log.FromContext(ctx).Error(err, "link updates")
-		},
-	})
+	updates, err := subscribe()
 	if err != nil {
-		return nil, fmt.Errorf("kvnet-node: subscribe to link updates: %w", err)
+		return err
 	}
 	go func() {
-		for u := range updates {
-			if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
-				a.kick()
+		for {
+			for u := range updates {
+				if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
+					a.kick()
+				}
 			}
+			for ctx.Err() == nil {
+				if updates, err = subscribe(); err == nil {
+					break
+				}
+				log.FromContext(ctx).Error(err, "link updates")
+				time.Sleep(time.Second)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			a.kick() // whatever happened meanwhile
 		}
 	}()
-	return func() { close(done) }, nil
+	return nil
 }
 
 // reconcile computes the plan from the caches and the node's links and
@@ -510,4 +530,3 @@ func boolFloat(b bool) float64 {
 	}
 	return 0
 }
-

@@ -233,4 +233,3 @@ func TestDesiredExhausted(t *testing.T) {
 		t.Errorf("exhausted %v", plan.Exhausted)
 	}
 }
-

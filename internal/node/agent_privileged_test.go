@@ -1,0 +1,534 @@
+package node_test
+
+// kvnet-node end to end on one machine: a real API server with
+// kvnet-controller allocating, three simulated nodes (internal/simnet) each
+// running an Agent, pods plumbed by the real kvnet-cni binary executed in
+// the node's namespace as a runtime would, and traffic checked with
+// busybox ping and udhcpc. Needs root.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+var (
+	env        *testenv.Env
+	c          client.Client
+	cniBinary  string
+	kubeconfig string
+	tmpDir     string
+)
+
+const dnsServer = "192.0.2.53"
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("skipping kvnet-node tests: needs root (network namespaces, nftables)")
+		os.Exit(0)
+	}
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (int, error) {
+	var err error
+	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
+	if err != nil {
+		return 1, fmt.Errorf("start control plane: %w", err)
+	}
+	defer env.Stop()
+	c = env.Client
+	stop, err := env.RunController(manager.Options{})
+	if err != nil {
+		return 1, err
+	}
+	defer stop()
+	if tmpDir, err = os.MkdirTemp("", "kvnet-node-test-"); err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(tmpDir)
+	kubeconfig = filepath.Join(tmpDir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
+		return 1, err
+	}
+	cniBinary = filepath.Join(tmpDir, "kvnet-cni")
+	cmd := exec.Command("go", "build", "-o", cniBinary, "kvnet.io/kvnet/cmd/kvnet-cni")
+	cmd.Dir = env.Root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
+	}
+	return m.Run(), nil
+}
+
+func eventually(t testing.TB, what string, f func() error) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, what, f)
+}
+
+// lab is a simulated cluster with an agent per node.
+type lab struct {
+	t      *testing.T
+	sim    *simnet.Cluster
+	agents map[string]*runningAgent
+}
+
+type runningAgent struct {
+	agent  *node.Agent
+	cancel context.CancelFunc
+	done   chan error
+	status string // status file path
+}
+
+func newLab(t *testing.T, names ...string) *lab {
+	t.Helper()
+	sim, err := simnet.New(simnet.RandomPrefix(), names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lab{t: t, sim: sim, agents: map[string]*runningAgent{}}
+	api, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fwds []*simnet.Forwarder
+	t.Cleanup(func() {
+		for _, f := range fwds {
+			f.Close()
+		}
+		for name := range l.agents {
+			l.stopAgent(name)
+		}
+		if err := sim.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, nd := range sim.Nodes {
+		// kvnet-cni runs in the node namespace and reads the API server at
+		// the host's 127.0.0.1 address.
+		f, err := simnet.Forward(nd.NS, api.Host, api.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fwds = append(fwds, f)
+		testenv.Create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: l.nodeName(nd.Name)}})
+		l.startAgent(nd.Name)
+	}
+	return l
+}
+
+// nodeName is the Node of simulated node n: unique per test, since Nodes
+// are cluster-scoped and outlive a test.
+func (l *lab) nodeName(n string) string { return l.sim.Prefix + "-" + n }
+
+func (l *lab) node(n string) *simnet.Node {
+	for _, nd := range l.sim.Nodes {
+		if nd.Name == n {
+			return nd
+		}
+	}
+	l.t.Fatalf("no node %s", n)
+	return nil
+}
+
+func (l *lab) startAgent(n string) {
+	l.t.Helper()
+	nd := l.node(n)
+	status := filepath.Join(tmpDir, l.nodeName(n)+".json")
+	a, err := node.New(env.Config, node.Config{
+		NodeName:   l.nodeName(n),
+		Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
+		DNS:        []netip.Addr{netip.MustParseAddr(dnsServer)},
+		StatusFile: status,
+		Resync:     5 * time.Second,
+	})
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{agent: a, cancel: cancel, done: make(chan error, 1), status: status}
+	go func() { ra.done <- a.Run(ctx) }()
+	l.agents[n] = ra
+	eventually(l.t, "agent "+n+" ready", func() error {
+		if !a.Ready() {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+}
+
+func (l *lab) stopAgent(n string) {
+	ra := l.agents[n]
+	if ra == nil {
+		return
+	}
+	ra.cancel()
+	if err := <-ra.done; err != nil {
+		l.t.Errorf("agent %s: %v", n, err)
+	}
+	delete(l.agents, n)
+}
+
+// tenant makes a namespace with a primary Layer2 UDN on subnet and returns
+// its NAD once rendered.
+func tenant(t *testing.T, ns, subnet string, persistent bool) *nadv1.NetworkAttachmentDefinition {
+	t.Helper()
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{udn.PrimaryNamespaceLabel: ""}}})
+	l2 := &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}
+	if persistent {
+		l2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}
+	}
+	testenv.Create(t, c, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "udn"},
+		Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: l2},
+	})
+	var nad nadv1.NetworkAttachmentDefinition
+	eventually(t, "NAD of "+ns, func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "udn"}, &nad)
+	})
+	return &nad
+}
+
+// pod is a simulated pod: its namespace and its allocation.
+type pod struct {
+	ns, name string
+	node     string // simulated node
+	netns    string // path
+	a        podnetworks.Attachment
+}
+
+func (p *pod) ip() string { return strings.Split(p.a.IPAddresses[0], "/")[0] }
+
+// runPod creates a pod on node n, waits for its allocation and runs the
+// real kvnet-cni ADD for its primary network inside the node namespace.
+// plumb=false leaves the pod interface without addresses (a VM that asks
+// DHCP), by running kvnet-cni and then flushing them.
+func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mutate func(*corev1.Pod)) *pod {
+	l.t.Helper()
+	ns := nad.Namespace
+	obj := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{}, Labels: map[string]string{}},
+		Spec:       corev1.PodSpec{NodeName: l.nodeName(n), Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}
+	if mutate != nil {
+		mutate(obj)
+	}
+	testenv.Create(l.t, c, obj)
+	p := &pod{ns: ns, name: name, node: n}
+	eventually(l.t, "allocation of "+name, func() error {
+		var got corev1.Pod
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), &got); err != nil {
+			return err
+		}
+		nets, err := podnetworks.Parse(got.Annotations[podnetworks.Annotation])
+		if err != nil {
+			return err
+		}
+		a, ok := nets[ns+"/udn"]
+		if !ok {
+			return errors.New("no primary entry")
+		}
+		p.a = a
+		return nil
+	})
+	var err error
+	if p.netns, err = l.sim.NewNS("p-" + name); err != nil {
+		l.t.Fatal(err)
+	}
+	l.cni("ADD", nad, p)
+	return p
+}
+
+// cni runs kvnet-cni with command in the pod's node namespace, as a
+// container runtime does (Multus passes the NAD's config as is).
+func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod) {
+	l.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(l.node(p.node).NS), cniBinary)
+	cmd.Env = append(os.Environ(),
+		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME=ovn-udn1",
+		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
+		"KVNET_KUBECONFIG="+kubeconfig)
+	cmd.Stdin = strings.NewReader(nad.Spec.Config)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		l.t.Fatalf("kvnet-cni %s %s: %v\n%s%s", command, p.name, err, stdout.String(), stderr.String())
+	}
+}
+
+// deletePod does what kubelet does for a deleted pod: CNI DEL, then
+// confirms the deletion (grace period 0).
+func (l *lab) deletePod(nad *nadv1.NetworkAttachmentDefinition, p *pod) {
+	l.t.Helper()
+	l.cni("DEL", nad, p)
+	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name}}
+	if err := c.Delete(context.Background(), obj, client.GracePeriodSeconds(0)); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+func inNS(nsPath string, args ...string) error {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", filepath.Base(nsPath)}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func ping(from *pod, ip string) error {
+	return inNS(from.netns, "busybox", "ping", "-c", "1", "-W", "1", ip)
+}
+
+func mustReach(t *testing.T, from *pod, ip string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s reaches %s", from.name, ip), func() error { return ping(from, ip) })
+}
+
+func mustNotReach(t *testing.T, from *pod, ip string) {
+	t.Helper()
+	for range 3 {
+		if err := ping(from, ip); err == nil {
+			t.Errorf("%s/%s reached %s", from.ns, from.name, ip)
+			return
+		}
+	}
+}
+
+func linkExists(nsPath, name string) bool {
+	h, err := nl.NewHandle(nsPath)
+	if err != nil {
+		return false
+	}
+	defer h.Close()
+	_, err = h.LinkByName(name)
+	return err == nil
+}
+
+func networkID(t *testing.T, nad *nadv1.NetworkAttachmentDefinition) int {
+	t.Helper()
+	var id int
+	if _, err := fmt.Sscan(nad.Annotations[udn.NetworkIDAnnotation], &id); err != nil {
+		t.Fatalf("NAD %s/%s network ID: %v", nad.Namespace, nad.Name, err)
+	}
+	return id
+}
+
+// TestAgentTwoTenantsThreeNodes drives everything through the API: two
+// tenants with the same subnet, pods spread over three nodes.
+func TestAgentTwoTenantsThreeNodes(t *testing.T) {
+	l := newLab(t, "n1", "n2", "n3")
+	nadA := tenant(t, "agent-a", "10.1.1.0/24", false)
+	nadB := tenant(t, "agent-b", "10.1.1.0/24", false)
+
+	a1 := l.runPod(nadA, "a1", "n1", nil)
+	a2 := l.runPod(nadA, "a2", "n2", nil)
+	a3 := l.runPod(nadA, "a3", "n3", nil)
+	b1 := l.runPod(nadB, "b1", "n1", nil)
+	b2 := l.runPod(nadB, "b2", "n3", nil)
+
+	t.Run("same tenant across nodes", func(t *testing.T) {
+		mustReach(t, a1, a2.ip())
+		mustReach(t, a2, a3.ip())
+		mustReach(t, b1, b2.ip())
+		mustReach(t, a1, "10.1.1.1") // the gateway on the pod's own node
+	})
+	t.Run("tenants do not see each other", func(t *testing.T) {
+		// a3 holds an address no tenant-b pod has: b1 must not reach it.
+		if a3.ip() == b1.ip() || a3.ip() == b2.ip() {
+			t.Fatalf("test setup: a3 %s shares an IP with tenant b", a3.ip())
+		}
+		mustNotReach(t, b1, a3.ip())
+		mustNotReach(t, b2, a3.ip())
+	})
+	t.Run("egress reaches the external network", func(t *testing.T) {
+		mustReach(t, a2, simnet.InternetIP.String())
+	})
+	t.Run("status file says ready", func(t *testing.T) {
+		b, err := os.ReadFile(l.agents["n1"].status)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st cni.Status
+		if err := json.Unmarshal(b, &st); err != nil || !st.Ready {
+			t.Errorf("status %s (%v)", b, err)
+		}
+	})
+	t.Run("VTEPs published", func(t *testing.T) {
+		var n corev1.Node
+		if err := c.Get(context.Background(), client.ObjectKey{Name: l.nodeName("n2")}, &n); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Annotations[node.VTEPAnnotation]; got != l.node("n2").IP.String() {
+			t.Errorf("n2 %s = %q", node.VTEPAnnotation, got)
+		}
+	})
+
+	t.Run("restart reconciles from scratch", func(t *testing.T) {
+		l.stopAgent("n1")
+		b, _ := os.ReadFile(filepath.Join(tmpDir, l.nodeName("n1")+".json"))
+		if !strings.Contains(string(b), `"ready":false`) {
+			t.Errorf("status after stop: %s", b)
+		}
+		// The datapath stays while the agent is down...
+		if err := ping(a1, a2.ip()); err != nil {
+			t.Errorf("traffic stopped with the agent: %v", err)
+		}
+		// ...and what changed meanwhile is caught up at start.
+		l.deletePod(nadB, b1)
+		l.startAgent("n1")
+		bridgeB := datapath.BridgeName(networkID(t, nadB))
+		eventually(t, "tenant b's bridge gone from n1", func() error {
+			if linkExists(l.node("n1").NS, bridgeB) {
+				return fmt.Errorf("%s still on n1", bridgeB)
+			}
+			return nil
+		})
+		mustReach(t, a1, a2.ip())
+	})
+
+	t.Run("deleted pods leave nothing behind", func(t *testing.T) {
+		l.deletePod(nadA, a2)
+		bridgeA := datapath.BridgeName(networkID(t, nadA))
+		eventually(t, "tenant a's bridge gone from n2", func() error {
+			if linkExists(l.node("n2").NS, bridgeA) {
+				return fmt.Errorf("%s still on n2", bridgeA)
+			}
+			return nil
+		})
+		eventually(t, "n1 forgets a2", func() error {
+			for _, m := range l.agents["n1"].agent.LastPlan().State.RemoteMACs {
+				if m.MAC.String() == a2.a.MACAddress {
+					return fmt.Errorf("n1 still sends %s to %s", m.MAC, m.VTEP)
+				}
+			}
+			return nil
+		})
+		mustReach(t, a1, a3.ip())
+	})
+}
+
+// TestAgentDHCPAndMigration: a VM on a primary network gets its address
+// from the node's DHCP server, and when the VMI moves to another node, the
+// other nodes' FDB follows.
+func TestAgentDHCPAndMigration(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/busybox"); err != nil {
+		t.Fatalf("busybox (for udhcpc) not found: %v", err)
+	}
+	ctx := context.Background()
+	l := newLab(t, "n1", "n2", "n3")
+	nad := tenant(t, "agent-vm", "10.5.0.0/24", true)
+	testenv.Create(t, c, &ipamclaimv1alpha1.IPAMClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "agent-vm", Name: "vm1.udn"},
+		Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: "agent-vm_udn", Interface: "ovn-udn1"},
+	})
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "agent-vm", Name: "vm1"}}
+	testenv.Create(t, c, vmi)
+	setVMINode := func(n string) {
+		t.Helper()
+		vmi.Status.NodeName = l.nodeName(n)
+		if err := c.Status().Update(ctx, vmi); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setVMINode("n1")
+	launcher := func(p *corev1.Pod) {
+		p.Labels["kubevirt.io"] = "virt-launcher"
+		p.Labels["vm.kubevirt.io/name"] = "vm1"
+		p.Annotations[kubevirtv1.DomainAnnotation] = "vm1"
+		p.Annotations["k8s.ovn.org/primary-udn-ipamclaim"] = "vm1.udn"
+	}
+	src := l.runPod(nad, "virt-launcher-vm1-a", "n1", launcher)
+	peer := l.runPod(nad, "peer", "n3", nil)
+
+	t.Run("DHCP hands out the allocation", func(t *testing.T) {
+		// The VM asks DHCP: drop what kvnet-cni configured in the pod.
+		if err := inNS(src.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(tmpDir, "udhcpc-"+src.name)
+		script := out + ".sh"
+		if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$1\" = bound ] || exit 0\nprintf 'ip=%s\\nmask=%s\\nrouter=%s\\ndns=%s\\nmtu=%s\\nhostname=%s\\n' \"$ip\" \"$mask\" \"$router\" \"$dns\" \"$mtu\" \"$hostname\" > "+out+"\nip addr add \"$ip/$mask\" dev \"$interface\"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "DHCP lease", func() error {
+			return inNS(src.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", script)
+		})
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("ip=%s\nmask=24\nrouter=10.5.0.1\ndns=%s\nmtu=%d\nhostname=vm1\n", src.ip(), dnsServer, l.agents["n1"].agent.MTU())
+		if string(b) != want {
+			t.Errorf("lease:\n%s\nwant:\n%s", b, want)
+		}
+		mustReach(t, peer, src.ip())
+	})
+
+	t.Run("MAC follows the VMI to its new node", func(t *testing.T) {
+		dst := l.runPod(nad, "virt-launcher-vm1-b", "n2", launcher)
+		if dst.a.MACAddress != src.a.MACAddress || dst.ip() != src.ip() {
+			t.Fatalf("target got %s/%s, source %s/%s: the claim must give both the same", dst.a.MACAddress, dst.ip(), src.a.MACAddress, src.ip())
+		}
+		vtepOnN3 := func() string {
+			for _, m := range l.agents["n3"].agent.LastPlan().State.RemoteMACs {
+				if m.MAC.String() == src.a.MACAddress {
+					return m.VTEP.String()
+				}
+			}
+			return "none"
+		}
+		// Before the switch-over the source runs the VM.
+		eventually(t, "n3 sends the VM's MAC to n1", func() error {
+			if got := vtepOnN3(); got != l.node("n1").IP.String() {
+				return fmt.Errorf("n3 sends it to %s", got)
+			}
+			return nil
+		})
+		mustReach(t, peer, src.ip())
+		setVMINode("n2")
+		eventually(t, "n3 sends the VM's MAC to n2", func() error {
+			if got := vtepOnN3(); got != l.node("n2").IP.String() {
+				return fmt.Errorf("n3 sends it to %s", got)
+			}
+			return nil
+		})
+		// The VM now answers from the target pod.
+		mustReach(t, peer, dst.ip())
+		if err := inNS(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
