@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ func main() {
 	flag.DurationVar(&cfg.Resync, "resync", time.Minute, "re-apply the datapath this often even without changes")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9464", "address of the Prometheus metrics endpoint; 0 disables it")
 	flag.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":9465", "address of /healthz and /readyz; 0 disables them")
+	flag.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "keep a kubeconfig for kvnet-cni here (e.g. /host/etc/cni/net.d/kvnet.d/kvnet.kubeconfig); empty: don't")
+	cniBinDir := flag.String("cni-bin-dir", "", "install kvnet-cni (and kvnet-ipam) into this directory at start; empty: don't")
+	cniSource := flag.String("cni-binary", "", "the kvnet-cni binary to install (default: kvnet-cni next to this executable)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -38,6 +42,21 @@ func main() {
 	if err := configure(&cfg, *underlayIP, *dns); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
+	}
+	if *cniBinDir != "" {
+		src := *cniSource
+		if src == "" {
+			self, err := os.Executable()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "kvnet-node:", err)
+				os.Exit(1)
+			}
+			src = filepath.Join(filepath.Dir(self), "kvnet-cni")
+		}
+		if err := node.InstallCNI(src, *cniBinDir); err != nil {
+			fmt.Fprintln(os.Stderr, "kvnet-node:", err)
+			os.Exit(1)
+		}
 	}
 	agent, err := node.New(ctrl.GetConfigOrDie(), cfg)
 	if err == nil {

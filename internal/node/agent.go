@@ -53,17 +53,18 @@ type Config struct {
 	Resync time.Duration
 	// MetricsAddr and ProbeAddr: "0" or "" disables.
 	MetricsAddr, ProbeAddr string
-	// SkipNameValidation allows several agents in one process (the lab
-	// and tests simulate several nodes).
-	SkipNameValidation bool
+	// CNIKubeconfig, if set, is where the agent keeps a kubeconfig for
+	// kvnet-cni with its own credentials (the DaemonSet's host path).
+	CNIKubeconfig string
 }
 
 // Agent is kvnet-node.
 type Agent struct {
-	cfg   Config
-	mgr   ctrl.Manager
-	dp    *datapath.Datapath
-	links *nl.Handle
+	cfg     Config
+	restCfg *rest.Config
+	mgr     ctrl.Manager
+	dp      *datapath.Datapath
+	links   *nl.Handle
 
 	trigger chan struct{} // buffered(1): "something changed"
 	dhcp    *dhcpServers
@@ -120,7 +121,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvnet-node: %w", err)
 	}
-	a := &Agent{cfg: cfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1)}
 	a.dhcp = newDHCPServers(cfg.Datapath)
 	nsPath := cfg.Datapath.NetNS
 	if a.links, err = nl.NewHandle(nsPath); err != nil {
@@ -182,6 +183,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil)
 	defer a.dhcp.stopAll()
 
+	if a.cfg.CNIKubeconfig != "" {
+		go keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg)
+	}
 	if err := a.publishVTEP(ctx); err != nil {
 		return err
 	}
