@@ -22,14 +22,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/nl"
@@ -100,7 +104,10 @@ func eventually(t testing.TB, what string, f func() error) {
 
 // lab is a simulated cluster with an agent per node.
 type lab struct {
-	t      *testing.T
+	t       *testing.T
+	restCfg *rest.Config // the agents' identity
+	cniKC   string       // kubeconfig kvnet-cni uses
+
 	sim    *simnet.Cluster
 	agents map[string]*runningAgent
 }
@@ -122,11 +129,17 @@ func needsRoot(t *testing.T) {
 func newLab(t *testing.T, names ...string) *lab {
 	t.Helper()
 	needsRoot(t)
+	return newLabAs(t, env.Config, kubeconfig, names...)
+}
+
+// newLabAs runs the agents with restCfg; kvnet-cni uses cniKubeconfig.
+func newLabAs(t *testing.T, restCfg *rest.Config, cniKubeconfig string, names ...string) *lab {
+	t.Helper()
 	sim, err := simnet.New(simnet.RandomPrefix(), names...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lab{t: t, sim: sim, agents: map[string]*runningAgent{}}
+	l := &lab{t: t, restCfg: restCfg, cniKC: cniKubeconfig, sim: sim, agents: map[string]*runningAgent{}}
 	api, err := url.Parse(env.Config.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +188,7 @@ func (l *lab) startAgent(n string) {
 	l.t.Helper()
 	nd := l.node(n)
 	status := filepath.Join(tmpDir, l.nodeName(n)+".json")
-	a, err := node.New(env.Config, node.Config{
+	a, err := node.New(l.restCfg, node.Config{
 		NodeName:   l.nodeName(n),
 		Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
 		DNS:        []netip.Addr{netip.MustParseAddr(dnsServer)},
@@ -287,7 +300,7 @@ func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod
 	cmd.Env = append(os.Environ(),
 		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME=ovn-udn1",
 		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
-		"KVNET_KUBECONFIG="+kubeconfig)
+		"KVNET_KUBECONFIG="+l.cniKC)
 	cmd.Stdin = strings.NewReader(nad.Spec.Config)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -452,6 +465,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 // from the node's DHCP server, and when the VMI moves to another node, the
 // other nodes' FDB follows.
 func TestAgentDHCPAndMigration(t *testing.T) {
+	needsRoot(t)
 	if _, err := os.Stat("/usr/bin/busybox"); err != nil {
 		t.Fatalf("busybox (for udhcpc) not found: %v", err)
 	}
@@ -539,4 +553,43 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestShippedNodeRBAC runs the agent as the kvnet-node service account,
+// bound only by config/node/rbac.yaml, and kvnet-cni with the kubeconfig
+// the agent writes from those credentials: every call both make must be
+// allowed by what we ship.
+func TestShippedNodeRBAC(t *testing.T) {
+	needsRoot(t)
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvnet-system"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := controlplane.ApplyFiles(ctx, c, filepath.Join(env.Root, "config", "node")); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := env.CP.Env.ControlPlane.AddUser(envtest.User{
+		Name:   "system:serviceaccount:kvnet-system:kvnet-node",
+		Groups: []string{"system:serviceaccounts", "system:authenticated"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent writes kvnet-cni's kubeconfig from its own credentials.
+	cniKC := filepath.Join(tmpDir, "rbac-cni.kubeconfig")
+	if _, err := node.WriteCNIKubeconfig(cniKC, sa.Config()); err != nil {
+		t.Fatal(err)
+	}
+	l := newLabAs(t, sa.Config(), cniKC, "n1", "n2")
+	nad := tenant(t, "agent-rbac", "10.7.0.0/24", false)
+	p1 := l.runPod(nad, "p1", "n1", nil)
+	p2 := l.runPod(nad, "p2", "n2", nil)
+	mustReach(t, p1, p2.ip())
+	var n corev1.Node
+	if err := c.Get(ctx, client.ObjectKey{Name: l.nodeName("n1")}, &n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Annotations[node.VTEPAnnotation] == "" {
+		t.Error("the agent could not publish its VTEP")
+	}
 }
