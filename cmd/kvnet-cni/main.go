@@ -2,15 +2,6 @@
 // as kvnet-ipam, their IPAM-only mode).
 package main
 
-import (
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
+import "kvnet.io/kvnet/internal/k8s/podsource"
 
-	"kvnet.io/kvnet/internal/cni"
-	"kvnet.io/kvnet/internal/k8s/podsource"
-)
-
-func main() {
-	p := &cni.Plugin{NewSource: podsource.New}
-	skel.PluginMainFuncs(p.Funcs(), version.All, "kvnet-cni: wires pods as kvnet-controller allocated them")
-}
+func main() { podsource.PluginMain() }

@@ -93,8 +93,8 @@ func ensureNetNSDir() error {
 	return nil
 }
 
-// isNetNS reports whether path is a mounted network namespace.
-func isNetNS(path string) bool {
+// IsNetNS reports whether path is a mounted network namespace.
+func IsNetNS(path string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
@@ -109,7 +109,7 @@ func CreateNamedNS(name string) (string, error) {
 	path := NSPath(name)
 	mountMu.Lock()
 	defer mountMu.Unlock()
-	if isNetNS(path) {
+	if IsNetNS(path) {
 		return path, nil
 	}
 	if err := ensureNetNSDir(); err != nil {
@@ -228,4 +228,4 @@ func SetSysctl(nsPath, key, value string) error {
 }
 
 // NamedNSExists reports whether the named namespace name is mounted.
-func NamedNSExists(name string) bool { return isNetNS(NSPath(name)) }
+func NamedNSExists(name string) bool { return IsNetNS(NSPath(name)) }

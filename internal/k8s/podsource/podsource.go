@@ -6,6 +6,9 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -44,4 +47,12 @@ func (s *source) PodNetworks(ctx context.Context, namespace, name string) (podne
 		return nil, nil
 	}
 	return podnetworks.Parse(v)
+}
+
+// PluginMain runs kvnet-cni (or, named kvnet-ipam, its IPAM-only mode):
+// the main of cmd/kvnet-cni, and of the kvnet binary when invoked under
+// one of those names (the lab installs it so).
+func PluginMain() {
+	p := &cni.Plugin{NewSource: New}
+	skel.PluginMainFuncs(p.Funcs(), version.All, "kvnet-cni: wires pods as kvnet-controller allocated them")
 }

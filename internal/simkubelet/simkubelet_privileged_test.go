@@ -1,0 +1,571 @@
+package simkubelet_test
+
+// The simulated kubelet against a real API server with kvnet-controller
+// allocating, the real kvnet-cni binary and real network namespaces.
+// Needs root.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/simkubelet"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var (
+	env        *testenv.Env
+	c          client.Client
+	binDir     string
+	cacheDir   string
+	kubeconfig string
+	apiAddr    string // the API server's host:port (on 127.0.0.1)
+	nodeNS     string // the node's namespace name
+	privileged bool   // running as root, with the control plane up
+)
+
+// needRoot skips a test that needs root and the control plane.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if !privileged {
+		t.Skip("needs root (network namespaces, ip netns exec)")
+	}
+}
+
+const nodeName = "sim-node-1"
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		// The unprivileged unit tests still run; the others skip.
+		fmt.Println("skipping privileged simkubelet tests: need root (network namespaces, ip netns exec)")
+		os.Exit(m.Run())
+	}
+	privileged = true
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (int, error) {
+	var err error
+	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
+	if err != nil {
+		return 1, fmt.Errorf("start control plane: %w", err)
+	}
+	defer env.Stop()
+	c = env.Client
+	stop, err := env.RunController(manager.Options{})
+	if err != nil {
+		return 1, err
+	}
+	defer stop()
+	tmp, err := os.MkdirTemp("", "kvnet-simkubelet-test-")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(tmp)
+	kubeconfig = filepath.Join(tmp, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
+		return 1, err
+	}
+	u, err := url.Parse(env.Config.Host)
+	if err != nil {
+		return 1, err
+	}
+	apiAddr = u.Host
+	binDir = filepath.Join(tmp, "bin")
+	cacheDir = filepath.Join(tmp, "cni-cache")
+	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvnet-cni"), "kvnet.io/kvnet/cmd/kvnet-cni")
+	cmd.Dir = env.Root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	nodeNS = "kvsk" + hex.EncodeToString(b) + "-node"
+	if _, err := nl.CreateNamedNS(nodeNS); err != nil {
+		return 1, err
+	}
+	defer func() {
+		names, _ := nl.ListNamedNS(podPrefix())
+		for _, n := range names {
+			_ = nl.DeleteNamedNS(n)
+		}
+		_ = nl.DeleteNamedNS(nodeNS)
+	}()
+	return m.Run(), nil
+}
+
+func podPrefix() string { return nodeNS + "-p-" }
+
+func config(t *testing.T) simkubelet.Config {
+	return simkubelet.Config{
+		NodeName:         nodeName,
+		NodeNetNS:        nodeNS,
+		RESTConfig:       env.Config,
+		CNIBinDir:        binDir,
+		CNICacheDir:      cacheDir,
+		Env:              []string{"KVNET_KUBECONFIG=" + kubeconfig},
+		PodNetNSPrefix:   podPrefix(),
+		LoopbackForwards: []string{apiAddr},
+		Log:              testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+	}
+}
+
+// kubelet is a running simkubelet.
+type kubelet struct {
+	cfg    simkubelet.Config
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startKubelet runs a simkubelet until the test ends (or stop); mutate
+// functions adjust its configuration.
+func startKubelet(t *testing.T, mutate ...func(*simkubelet.Config)) *kubelet {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &kubelet{cfg: config(t), cancel: cancel, done: make(chan error, 1)}
+	for _, m := range mutate {
+		m(&k.cfg)
+	}
+	go func() { k.done <- simkubelet.Run(ctx, k.cfg) }()
+	t.Cleanup(func() { k.stop(t) })
+	return k
+}
+
+func (k *kubelet) stop(t *testing.T) {
+	t.Helper()
+	if k.cancel == nil {
+		return
+	}
+	k.cancel()
+	k.cancel = nil
+	select {
+	case err := <-k.done:
+		if err != nil {
+			t.Errorf("simkubelet.Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Error("simkubelet.Run did not return within 1m of cancellation")
+	}
+}
+
+// running fails the test if Run has returned.
+func (k *kubelet) running(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-k.done:
+		k.cancel = nil
+		t.Fatalf("simkubelet.Run returned early: %v", err)
+	default:
+	}
+}
+
+func eventually(t testing.TB, what string, f func() error) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, what, f)
+}
+
+// primaryNetwork makes a namespace labelled for a primary network and a
+// primary Layer2 UDN "net" in it, and waits for its NAD.
+func primaryNetwork(t testing.TB, ns, subnet string) {
+	t.Helper()
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	testenv.Create(t, c, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
+	})
+	eventually(t, "NAD "+ns+"/net", func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "net"}, &nadv1.NetworkAttachmentDefinition{})
+	})
+}
+
+func newPod(ns, name string, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
+		Spec: corev1.PodSpec{NodeName: nodeName,
+			Containers: []corev1.Container{{Name: "c", Image: "registry.example/irrelevant"}}},
+	}
+}
+
+func getPod(ns, name string) (*corev1.Pod, error) {
+	var p corev1.Pod
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p)
+	return &p, err
+}
+
+func readyCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == corev1.PodReady {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// waitRunning waits until the pod is Running and Ready and returns it.
+func waitRunning(t testing.TB, ns, name string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	eventually(t, "pod "+ns+"/"+name+" Running", func() error {
+		p, err := getPod(ns, name)
+		if err != nil {
+			return err
+		}
+		cond := readyCondition(p)
+		if p.Status.Phase != corev1.PodRunning || cond == nil || cond.Status != corev1.ConditionTrue {
+			return fmt.Errorf("phase %q, Ready condition %+v", p.Status.Phase, cond)
+		}
+		pod = p
+		return nil
+	})
+	return pod
+}
+
+// primaryAllocation waits for the pod's allocation on NAD key.
+func primaryAllocation(t testing.TB, pod *corev1.Pod, key string) podnetworks.Attachment {
+	t.Helper()
+	nets, err := podnetworks.Parse(pod.Annotations[podnetworks.Annotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := nets[key]
+	if !ok || len(a.IPAddresses) == 0 {
+		t.Fatalf("no allocation for %s in %v", key, nets)
+	}
+	return a
+}
+
+// podLink returns the pod's interface ifName as its namespace has it.
+func podLink(nsPath, ifName string) (netlink.Link, []netlink.Addr, error) {
+	h, err := nl.NewHandle(nsPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(ifName)
+	if err != nil {
+		return nil, nil, err
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+	return l, addrs, err
+}
+
+func hostEnd(pod *corev1.Pod, ifName string) (netlink.Link, error) {
+	h, err := nl.NewHandle(nl.NSPath(nodeNS))
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	return h.LinkByName(cni.HostIfName(string(pod.UID), ifName))
+}
+
+func TestPodLifecycle(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	const ns = "sk-life"
+	primaryNetwork(t, ns, "10.20.0.0/24")
+	k := startKubelet(t)
+	testenv.Create(t, c, newPod(ns, "p1", nil))
+
+	pod := waitRunning(t, ns, "p1")
+	alloc := primaryAllocation(t, pod, ns+"/net")
+	want := netip.MustParsePrefix(alloc.IPAddresses[0])
+	if !netip.MustParsePrefix("10.20.0.0/24").Contains(want.Addr()) {
+		t.Fatalf("allocation %s outside 10.20.0.0/24", want)
+	}
+	if pod.Status.PodIP != want.Addr().String() || len(pod.Status.PodIPs) != 1 || pod.Status.PodIPs[0].IP != pod.Status.PodIP {
+		t.Fatalf("podIP %q podIPs %v, allocation %s", pod.Status.PodIP, pod.Status.PodIPs, want)
+	}
+
+	nsPath := simkubelet.PodNetNS(k.cfg, pod)
+	l, addrs, err := podLink(nsPath, simkubelet.PrimaryIfName)
+	if err != nil {
+		t.Fatalf("pod interface: %v", err)
+	}
+	if l.Attrs().HardwareAddr.String() != alloc.MACAddress {
+		t.Fatalf("%s MAC %s, allocation %s", simkubelet.PrimaryIfName, l.Attrs().HardwareAddr, alloc.MACAddress)
+	}
+	found := false
+	for _, a := range addrs {
+		found = found || a.IPNet.String() == want.String()
+	}
+	if !found {
+		t.Fatalf("%s addresses %v lack %s", simkubelet.PrimaryIfName, addrs, want)
+	}
+	h, err := hostEnd(pod, simkubelet.PrimaryIfName)
+	if err != nil {
+		t.Fatalf("host end in the node namespace: %v", err)
+	}
+	if !strings.HasPrefix(h.Attrs().Name, "kvp") {
+		t.Fatalf("host end %q", h.Attrs().Name)
+	}
+
+	// An ordinary (graceful) delete: the kubelet tears down and confirms.
+	if err := c.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod gone", func() error {
+		if _, err := getPod(ns, "p1"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod still there (err %v)", err)
+		}
+		return nil
+	})
+	eventually(t, "pod namespace and host end gone", func() error {
+		if nl.NamedNSExists(filepath.Base(nsPath)) {
+			return errors.New("pod namespace still there")
+		}
+		if _, err := hostEnd(pod, simkubelet.PrimaryIfName); err == nil {
+			return errors.New("host end still there")
+		}
+		return nil
+	})
+	k.running(t)
+}
+
+func TestBadNetworksAnnotation(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	const ns = "sk-bad"
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	k := startKubelet(t)
+	testenv.Create(t, c, newPod(ns, "bad", map[string]string{"k8s.v1.cni.cncf.io/networks": "not a valid/name!"}))
+
+	var rv string
+	eventually(t, "Ready=False on the bad pod", func() error {
+		p, err := getPod(ns, "bad")
+		if err != nil {
+			return err
+		}
+		cond := readyCondition(p)
+		if cond == nil || cond.Status != corev1.ConditionFalse {
+			return fmt.Errorf("Ready condition %+v", cond)
+		}
+		if cond.Reason != simkubelet.ReasonNetworkSetupFailed || !strings.Contains(cond.Message, "k8s.v1.cni.cncf.io/networks") {
+			return fmt.Errorf("Ready=False reason %q message %q does not name the annotation", cond.Reason, cond.Message)
+		}
+		rv = p.ResourceVersion
+		return nil
+	})
+	// No retry storm: the pod is left alone until it changes.
+	time.Sleep(3 * time.Second)
+	if p, err := getPod(ns, "bad"); err != nil || p.ResourceVersion != rv {
+		t.Fatalf("bad pod rewritten while unchanged (resourceVersion %s -> %s, err %v)", rv, p.ResourceVersion, err)
+	}
+	k.running(t)
+
+	// The kubelet still runs other pods...
+	testenv.Create(t, c, newPod(ns, "good", nil))
+	waitRunning(t, ns, "good")
+	// ...and the bad one once its annotation is fixed.
+	p, err := getPod(ns, "bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	delete(p.Annotations, "k8s.v1.cni.cncf.io/networks")
+	if err := c.Patch(ctx, p, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, ns, "bad")
+	for _, name := range []string{"bad", "good"} {
+		_ = c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
+	}
+	eventually(t, "pods deleted", func() error {
+		var list corev1.PodList
+		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		if len(list.Items) > 0 {
+			return fmt.Errorf("%d pods left", len(list.Items))
+		}
+		return nil
+	})
+	k.running(t)
+}
+
+func TestRestartAdoptsAndCollects(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	const ns = "sk-restart"
+	primaryNetwork(t, ns, "10.21.0.0/24")
+	k := startKubelet(t)
+	testenv.Create(t, c, newPod(ns, "p", nil))
+	testenv.Create(t, c, newPod(ns, "q", nil))
+	pod := waitRunning(t, ns, "p")
+	pod2 := waitRunning(t, ns, "q")
+	nsPath, nsPath2 := simkubelet.PodNetNS(k.cfg, pod), simkubelet.PodNetNS(k.cfg, pod2)
+	before, _, err := podLink(nsPath, simkubelet.PrimaryIfName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.stop(t)
+
+	// While the kubelet is down: a namespace of no pod (left by a crash),
+	// and q is force-deleted.
+	stray := podPrefix() + "deadbeef0000"
+	if _, err := nl.CreateNamedNS(stray); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, pod2, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "q gone", func() error {
+		if _, err := getPod(ns, "q"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod still there (err %v)", err)
+		}
+		return nil
+	})
+	if _, err := hostEnd(pod2, simkubelet.PrimaryIfName); err != nil {
+		t.Fatalf("q's host end gone before the kubelet restarted: %v", err)
+	}
+
+	k = startKubelet(t)
+	eventually(t, "stray namespace and q's network collected", func() error {
+		if nl.NamedNSExists(stray) {
+			return errors.New("stray namespace still there")
+		}
+		if nl.NamedNSExists(filepath.Base(nsPath2)) {
+			return errors.New("q's namespace still there")
+		}
+		if _, err := hostEnd(pod2, simkubelet.PrimaryIfName); err == nil {
+			return errors.New("q's host end still there")
+		}
+		return nil
+	})
+	if m, _ := filepath.Glob(filepath.Join(cacheDir, "results", "*"+string(pod2.UID)+"*")); len(m) > 0 {
+		t.Fatalf("q's CNI cache entries left: %v", m)
+	}
+	time.Sleep(2 * time.Second) // give a wrong re-setup of p the time to happen
+	after, _, err := podLink(nsPath, simkubelet.PrimaryIfName)
+	if err != nil {
+		t.Fatalf("pod interface after restart: %v", err)
+	}
+	if after.Attrs().Index != before.Attrs().Index {
+		t.Fatalf("pod interface recreated on restart (index %d -> %d)", before.Attrs().Index, after.Attrs().Index)
+	}
+	waitRunning(t, ns, "p")
+
+	// Force deletion while running.
+	if err := c.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "force-deleted pod torn down", func() error {
+		if nl.NamedNSExists(filepath.Base(nsPath)) {
+			return errors.New("pod namespace still there")
+		}
+		if _, err := hostEnd(pod, simkubelet.PrimaryIfName); err == nil {
+			return errors.New("host end still there")
+		}
+		return nil
+	})
+	k.running(t)
+}
+
+// A plugin that fails ADD with a CNI error, after recording the network
+// namespace it runs in and an environment variable from Config.Env.
+const failingPlugin = `#!/bin/sh
+if [ "$CNI_COMMAND" = ADD ]; then
+	echo "$(readlink /proc/self/ns/net) $KVTEST_MARK" > "$KVTEST_OUT"
+	echo '{"cniVersion":"1.0.0","code":11,"msg":"boom","details":"the test plugin always fails"}'
+	exit 1
+fi
+exit 0
+`
+
+func TestFailingPluginNamedAndRetried(t *testing.T) {
+	needRoot(t)
+	const ns = "sk-fail"
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	testenv.Create(t, c, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "failnad"},
+		Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"1.0.0","name":"failnet","type":"kvtestfail"}`}})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(binDir, "kvtestfail"), []byte(failingPlugin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(binDir, "kvtestfail")) })
+	out := filepath.Join(dir, "out")
+	k := startKubelet(t, func(cfg *simkubelet.Config) {
+		cfg.Env = append(cfg.Env, "KVTEST_OUT="+out, "KVTEST_MARK=from-config")
+	})
+	testenv.Create(t, c, newPod(ns, "p", map[string]string{"k8s.v1.cni.cncf.io/networks": "failnad"}))
+	eventually(t, "Ready=False naming the attachment", func() error {
+		p, err := getPod(ns, "p")
+		if err != nil {
+			return err
+		}
+		cond := readyCondition(p)
+		if cond == nil || cond.Status != corev1.ConditionFalse {
+			return fmt.Errorf("Ready condition %+v", cond)
+		}
+		for _, s := range []string{"attachment net1 (NAD sk-fail/failnad, plugin kvtestfail)", "boom", "the test plugin always fails"} {
+			if !strings.Contains(cond.Message, s) {
+				return fmt.Errorf("message %q lacks %q", cond.Message, s)
+			}
+		}
+		return nil
+	})
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(nl.NSPath(nodeNS), &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("net:[%d] from-config\n", st.Ino); string(b) != want {
+		t.Fatalf("plugin ran with %q, want %q (node namespace, Config.Env)", b, want)
+	}
+	// Retried with backoff: the plugin runs again.
+	if err := os.Remove(out); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "retry", func() error {
+		_, err := os.Stat(out)
+		return err
+	})
+	// No failed attempt leaves a namespace behind while it waits.
+	p, _ := getPod(ns, "p")
+	if err := c.Delete(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod gone", func() error {
+		if _, err := getPod(ns, "p"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod still there (err %v)", err)
+		}
+		if nl.NamedNSExists(filepath.Base(simkubelet.PodNetNS(k.cfg, p))) {
+			return errors.New("pod namespace still there")
+		}
+		return nil
+	})
+	k.running(t)
+}
