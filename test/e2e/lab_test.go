@@ -49,11 +49,25 @@ func TestLabDemo(t *testing.T) {
 		"NetworkAttachmentDefinition has been created in following namespaces: [blue-namespace, red-namespace]",
 		`"name": "udn-demo_udn-l2-net"`,
 		`"allowPersistentIPs": true`,
-		"NetworkAttachmentDefinitions rendered by kvnet (4)",
+		"NetworkAttachmentDefinitions rendered by kvnet (5)",
 		"applied  VirtualMachine udn-demo/vm-a",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	// As root the lab has simulated nodes, and the demo pings between pods
+	// (it fails by itself when traffic is wrong; these lines prove it ran).
+	if os.Geteuid() == 0 {
+		for _, re := range []string{
+			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 10\.0\.0\.\d+ \(node-2\)`,
+			`reached\s+red-namespace/red-1 \(node-2\)\s+-> blue-namespace/blue-1 203\.203\.0\.\d+ \(node-3\)`,
+			`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
+			`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
+		} {
+			if !regexp.MustCompile(re).MatchString(out) {
+				t.Errorf("demo output lacks /%s/:\n%s", re, out)
+			}
 		}
 	}
 	if !regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+02:[0-9a-f:]{14}`).MatchString(out) {
@@ -62,7 +76,7 @@ func TestLabDemo(t *testing.T) {
 	// Running the demo again is idempotent.
 	macRE := regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+(02:[0-9a-f:]{14})`)
 	again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
-	if !strings.Contains(again, "(4)") {
+	if !strings.Contains(again, "(5)") {
 		t.Errorf("second demo run differs:\n%s", again)
 	}
 	// Re-applying the VM manifest (which names no MAC) keeps its MAC.

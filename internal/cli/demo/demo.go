@@ -1,8 +1,10 @@
 // Package demo implements "kvnet demo": it applies the manifests in
 // examples/ to a running lab, as a user would, and prints what kvnet made of
 // them: the networks and their conditions, the rendered
-// NetworkAttachmentDefinitions, and the API server's message for every
-// manifest it rejected.
+// NetworkAttachmentDefinitions, the API server's message for every
+// manifest it rejected, and, on a lab with simulated nodes, the pods and
+// the traffic between them (checked: the demo fails if a network leaks or
+// does not connect).
 package demo
 
 import (
@@ -112,6 +114,9 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 		return err
 	}
 	if err := printVMs(ctx, out, c); err != nil {
+		return err
+	}
+	if err := printTraffic(ctx, out, c, filepath.Dir(flags.kubeconfig), flags.timeout); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%d manifest(s) rejected by the API server, as expected for examples/*invalid*.\n", rejected)

@@ -4,8 +4,11 @@
 // and policies, and writes an admin kubeconfig into the lab directory;
 // "lab down" stops it.
 //
-// Later layers (simulated nodes, the lab runtime and virt-controller) join
-// the same process.
+// As root, "lab up" also builds simulated nodes (--nodes, default 3):
+// network namespaces joined by a veth underlay (internal/simnet), each
+// running kvnet-node and a simulated kubelet (internal/simkubelet) that
+// plumbs the pods bound to it with kvnet-cni. There is no scheduler: pods
+// name their node (spec.nodeName: node-1, ...).
 package lab
 
 import (
@@ -31,6 +34,7 @@ import (
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
+	"kvnet.io/kvnet/internal/simnet"
 )
 
 // Files in the lab directory.
@@ -45,6 +49,7 @@ type flagpole struct {
 	dir        string
 	foreground bool
 	timeout    time.Duration
+	nodes      int
 }
 
 // NewCommand returns "kvnet lab".
@@ -62,13 +67,14 @@ func NewCommand() *cobra.Command {
 			"The admin kubeconfig is written to <dir>/kubeconfig.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if flags.foreground {
-				return runForeground(cmd.Context(), flags.dir)
+				return runForeground(cmd.Context(), flags)
 			}
 			return startBackground(flags)
 		},
 	}
 	up.Flags().BoolVar(&flags.foreground, "foreground", false, "run in the foreground until interrupted")
 	up.Flags().DurationVar(&flags.timeout, "timeout", 3*time.Minute, "how long to wait for the lab to be ready")
+	up.Flags().IntVar(&flags.nodes, "nodes", 3, "simulated nodes (network namespaces, each with kvnet-node and a simulated kubelet); needs root, 0 for none")
 	down := &cobra.Command{
 		Use:   "down",
 		Short: "Stop the lab",
@@ -115,7 +121,7 @@ func startBackground(flags *flagpole) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(self, "lab", "up", "--foreground", "--dir", flags.dir)
+	cmd := exec.Command(self, "lab", "up", "--foreground", "--dir", flags.dir, "--nodes", strconv.Itoa(flags.nodes))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -150,7 +156,8 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func runForeground(ctx context.Context, dir string) error {
+func runForeground(ctx context.Context, flags *flagpole) error {
+	dir := flags.dir
 	ctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	ctrl.SetLogger(zap.New())
@@ -210,6 +217,20 @@ func runForeground(ctx context.Context, dir string) error {
 	// Ready means the webhooks and allocators serve: /readyz passes.
 	if err := waitReadyz(ctx, "http://127.0.0.1:18081/readyz", errc); err != nil {
 		return err
+	}
+	switch {
+	case flags.nodes > simnet.MaxNodes:
+		return fmt.Errorf("--nodes %d: at most %d", flags.nodes, simnet.MaxNodes)
+	case flags.nodes > 0 && os.Geteuid() != 0:
+		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
+	case flags.nodes > 0:
+		start := time.Now()
+		stopNodes, err := startNodes(ctx, dir, cp.Config, flags.nodes)
+		if err != nil {
+			return fmt.Errorf("simulated nodes: %w", err)
+		}
+		defer stopNodes()
+		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each)\n", flags.nodes, time.Since(start).Round(time.Millisecond))
 	}
 	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
 		return err
