@@ -68,6 +68,7 @@ type Agent struct {
 
 	trigger chan struct{} // buffered(1): "something changed"
 	dhcp    *dhcpServers
+	parsed  AnnotationCache // owned by the loop
 
 	mu            sync.Mutex // guards the fields below
 	ready         bool
@@ -376,7 +377,8 @@ func (a *Agent) reconcile(ctx context.Context) error {
 // input gathers Desired's input.
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
-	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, VMINodes: map[types.NamespacedName]string{}}
+	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed,
+		VMINodes: map[types.NamespacedName]string{}}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := c.List(ctx, &nads); err != nil {
 		return in, err

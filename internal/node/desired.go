@@ -50,6 +50,36 @@ type Input struct {
 	// Gateways returns the gateway per subnet of a primary network; nil
 	// uses GatewaysOf. The Agent passes a memoised one.
 	Gateways func(*netconf.NetConf) ([]netip.Addr, error)
+	// Annotations, if set, memoises parsed pod annotations across calls
+	// (parsing dominates the cost of a plan in a large cluster).
+	Annotations *AnnotationCache
+}
+
+// AnnotationCache holds parsed kvnet.io/pod-networks annotations by pod
+// UID. It is not safe for concurrent use; an Agent owns one.
+type AnnotationCache struct {
+	m map[types.UID]parsedAnnotation
+}
+
+type parsedAnnotation struct {
+	value string
+	nets  podnetworks.Networks
+	err   error
+}
+
+// parse returns the pod's parsed annotation, from the cache when the
+// value has not changed, and records it in next.
+func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UID]parsedAnnotation) (podnetworks.Networks, error) {
+	if c == nil {
+		return podnetworks.Parse(value)
+	}
+	p, ok := c.m[pod.UID]
+	if !ok || p.value != value || pod.UID == "" {
+		p.value = value
+		p.nets, p.err = podnetworks.Parse(value)
+	}
+	next[pod.UID] = p
+	return p.nets, p.err
 }
 
 // Plan is what the node should look like.
@@ -168,6 +198,10 @@ func Desired(in Input) Plan {
 	// Every attachment to a known network of a pod that may be running on
 	// a node with a VTEP (or on this node).
 	holders := map[string][]*holder{} // network name -> holders
+	parsed := map[types.UID]parsedAnnotation{}
+	if in.Annotations != nil {
+		defer func() { in.Annotations.m = parsed }() // drops pods that are gone
+	}
 	for i := range in.Pods {
 		pod := &in.Pods[i]
 		value, ok := pod.Annotations[podnetworks.Annotation]
@@ -177,7 +211,7 @@ func Desired(in Input) Plan {
 		if _, hasVTEP := vteps[pod.Spec.NodeName]; !hasVTEP && pod.Spec.NodeName != in.Node {
 			continue
 		}
-		attachments, err := podnetworks.Parse(value)
+		attachments, err := in.Annotations.parse(pod, value, parsed)
 		if err != nil {
 			problem("pod %s/%s: %v", pod.Namespace, pod.Name, err)
 			continue

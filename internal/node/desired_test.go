@@ -233,3 +233,38 @@ func TestDesiredExhausted(t *testing.T) {
 		t.Errorf("exhausted %v", plan.Exhausted)
 	}
 }
+
+func TestDesiredAnnotationCache(t *testing.T) {
+	a1 := pod("a", "a1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	a2 := pod("a", "a2", "n2", "10.1.1.3", "0a:58:0a:01:01:03", time.Hour)
+	a1.UID, a2.UID = "u1", "u2"
+	cache := &AnnotationCache{}
+	in := Input{
+		Node: "n1", NADs: []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:  []corev1.Pod{a1, a2},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2")},
+		Links: links(a1), Annotations: cache,
+	}
+	remote := func() string {
+		plan := Desired(in)
+		if len(plan.State.RemoteMACs) != 1 {
+			return fmt.Sprint(plan.State.RemoteMACs)
+		}
+		return plan.State.RemoteMACs[0].MAC.String()
+	}
+	if got := remote(); got != "0a:58:0a:01:01:03" {
+		t.Fatalf("remote MAC %s", got)
+	}
+	// A changed annotation (same pod UID) is parsed again.
+	in.Pods[1] = pod("a", "a2", "n2", "10.1.1.4", "0a:58:0a:01:01:04", time.Hour)
+	in.Pods[1].UID = "u2"
+	if got := remote(); got != "0a:58:0a:01:01:04" {
+		t.Errorf("after the annotation changed: remote MAC %s", got)
+	}
+	// Pods that are gone leave the cache.
+	in.Pods = in.Pods[:1]
+	Desired(in)
+	if len(cache.m) != 1 {
+		t.Errorf("cache holds %d pods, want 1", len(cache.m))
+	}
+}
