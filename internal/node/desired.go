@@ -30,10 +30,6 @@ import (
 // others are concerned.
 const VTEPAnnotation = "kvnet.io/vtep"
 
-// PoolExhaustedAnnotation on a NAD set to "true" tells that the network has
-// no free address; kvnet-node reports such networks to kvnet-cni's STATUS.
-const PoolExhaustedAnnotation = "kvnet.io/pool-exhausted"
-
 // Input is everything Desired needs. Slices are read only.
 type Input struct {
 	Node  string // this node's name
@@ -148,7 +144,7 @@ func Desired(in Input) Plan {
 			continue // another plugin
 		}
 		if n := nets[conf.Name]; n != nil {
-			n.exhausted = n.exhausted || nad.Annotations[PoolExhaustedAnnotation] == "true"
+			n.exhausted = n.exhausted || nad.Annotations[udn.PoolExhaustedAnnotation] == "true"
 			continue // another namespace's NAD of a CUDN: same network
 		}
 		if conf.Topology != netconf.TopologyLayer2 {
@@ -160,7 +156,7 @@ func Desired(in Input) Plan {
 			problem("NAD %s: annotation %s=%q is not a network ID 1-%d", key, udn.NetworkIDAnnotation, nad.Annotations[udn.NetworkIDAnnotation], datapath.MaxNetworkID)
 			continue
 		}
-		n := &network{conf: conf, id: id, exhausted: nad.Annotations[PoolExhaustedAnnotation] == "true"}
+		n := &network{conf: conf, id: id, exhausted: nad.Annotations[udn.PoolExhaustedAnnotation] == "true"}
 		if n.subnets, err = netconf.ParsePrefixes("subnets", conf.Subnets); err != nil {
 			problem("NAD %s: %v", key, err)
 			continue

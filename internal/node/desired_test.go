@@ -227,7 +227,7 @@ func TestDesiredSkipsBadInput(t *testing.T) {
 
 func TestDesiredExhausted(t *testing.T) {
 	n := primaryNAD("a", "7")
-	n.Annotations[PoolExhaustedAnnotation] = "true"
+	n.Annotations[udn.PoolExhaustedAnnotation] = "true"
 	plan := Desired(Input{Node: "n1", NADs: []nadv1.NetworkAttachmentDefinition{n, primaryNAD("b", "8")}})
 	if fmt.Sprint(plan.Exhausted) != "[a_udn]" {
 		t.Errorf("exhausted %v", plan.Exhausted)

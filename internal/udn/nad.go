@@ -23,7 +23,8 @@ type Owner struct {
 
 // DesiredNAD returns the NAD to hold conf in namespace, owned by owner and
 // carrying networkID. existing, when not nil, is the NAD in the cluster: its
-// k8s.ovn.org/* annotations are kept (other writers own them).
+// k8s.ovn.org/* annotations and PoolExhaustedAnnotation are kept (other
+// writers own them).
 func DesiredNAD(owner Owner, namespace string, conf *netconf.NetConf, networkID int, existing *nadv1.NetworkAttachmentDefinition) (*nadv1.NetworkAttachmentDefinition, error) {
 	cfg, err := conf.Marshal()
 	if err != nil {
@@ -35,13 +36,13 @@ func DesiredNAD(owner Owner, namespace string, conf *netconf.NetConf, networkID 
 
 	annotations := map[string]string{}
 	for k, v := range owner.GetAnnotations() {
-		if !strings.HasPrefix(k, reservedAnnotationPrefix) {
+		if !strings.HasPrefix(k, reservedAnnotationPrefix) && k != PoolExhaustedAnnotation {
 			annotations[k] = v
 		}
 	}
 	if existing != nil {
 		for k, v := range existing.Annotations {
-			if strings.HasPrefix(k, reservedAnnotationPrefix) {
+			if strings.HasPrefix(k, reservedAnnotationPrefix) || k == PoolExhaustedAnnotation {
 				annotations[k] = v
 			}
 		}

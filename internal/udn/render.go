@@ -23,6 +23,10 @@ const (
 	NetworkIDAnnotation = "k8s.ovn.org/network-id"
 	// NetworkNameAnnotation holds the network name on its NADs.
 	NetworkNameAnnotation = "k8s.ovn.org/network-name"
+	// PoolExhaustedAnnotation is set to "true" on a network's NADs by
+	// kvnet-controller while pods wait for a free address of it; kvnet-node
+	// reports the network to kvnet-cni's STATUS verb. Kept on update.
+	PoolExhaustedAnnotation = "kvnet.io/pool-exhausted"
 	// reservedAnnotationPrefix: CR annotations with this prefix are not
 	// copied to NADs, and NAD annotations with it are kept on update.
 	reservedAnnotationPrefix = "k8s.ovn.org/"
