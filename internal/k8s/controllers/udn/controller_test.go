@@ -542,3 +542,62 @@ func TestNamespaceDeletion(t *testing.T) {
 		return fmt.Errorf("namespace phase %s (err=%v)", ns.Status.Phase, err)
 	})
 }
+
+// TestHandwrittenNADs: kvnet-cni NADs written by hand get network IDs (the
+// node agents need them), shared by every NAD of one network, distinct
+// from other networks', kept across restarts; other plugins' NADs are
+// left alone.
+func TestHandwrittenNADs(t *testing.T) {
+	mkNS(t, "hw-a", nil)
+	mkNS(t, "hw-b", nil)
+	mkNS(t, "hw-ids", nil)
+	create(t, l2UDN("hw-ids", "rendered", udnv1.NetworkRoleSecondary, "10.81.0.0/24"))
+	hand := func(ns, name, network string) *nadv1.NetworkAttachmentDefinition {
+		nad := &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		nad.Spec.Config = fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":%q,"netAttachDefName":"%s/%s","topology":"layer2","role":"secondary","subnets":"10.82.0.0/24"}`, network, ns, name)
+		create(t, nad)
+		return nad
+	}
+	hand("hw-a", "shared", "tenant-shared")
+	hand("hw-b", "shared", "tenant-shared")
+	hand("hw-a", "other", "tenant-other")
+	bridge := &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "hw-a", Name: "br"}}
+	bridge.Spec.Config = `{"cniVersion":"1.0.0","type":"bridge","name":"br"}`
+	create(t, bridge)
+
+	idOf := func(ns, name string) int {
+		t.Helper()
+		var id int
+		eventually(t, "network ID of "+ns+"/"+name, func() error {
+			nad, err := getNAD(ns, name)
+			if err != nil {
+				return err
+			}
+			if id = udn.NetworkIDOf(nad); id == 0 {
+				return fmt.Errorf("annotations %v", nad.Annotations)
+			}
+			return nil
+		})
+		return id
+	}
+	shared, sharedB, other := idOf("hw-a", "shared"), idOf("hw-b", "shared"), idOf("hw-a", "other")
+	rendered := udn.NetworkIDOf(waitNAD(t, "hw-ids", "rendered"))
+	if shared != sharedB {
+		t.Errorf("one network, two IDs: %d and %d", shared, sharedB)
+	}
+	if shared == other || shared == rendered || other == rendered {
+		t.Errorf("IDs collide: shared %d, other %d, rendered %d", shared, other, rendered)
+	}
+	if got, _ := getNAD("hw-a", "br"); got.Annotations[udn.NetworkIDAnnotation] != "" {
+		t.Errorf("bridge NAD got a network ID: %v", got.Annotations)
+	}
+
+	ctl.Restart(t)
+	create(t, l2UDN("hw-ids", "after", udnv1.NetworkRoleSecondary, "10.83.0.0/24"))
+	if after := udn.NetworkIDOf(waitNAD(t, "hw-ids", "after")); after == shared || after == other {
+		t.Errorf("after restart a UDN got ID %d of a hand-written network", after)
+	}
+	if idOf("hw-b", "shared") != shared || idOf("hw-a", "other") != other {
+		t.Error("hand-written network IDs changed across the restart")
+	}
+}

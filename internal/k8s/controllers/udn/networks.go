@@ -109,13 +109,22 @@ func (n *networks) init(ctx context.Context) error {
 		return nil
 	}
 	var list nadv1.NetworkAttachmentDefinitionList
-	if err := n.apiReader.List(ctx, &list, client.HasLabels{udn.NADLabel}); err != nil {
+	// Every NAD: rendered ones and hand-written kvnet-cni ones (which
+	// handwrittenReconciler gives IDs) share one ID space.
+	if err := n.apiReader.List(ctx, &list); err != nil {
 		return fmt.Errorf("list NetworkAttachmentDefinitions to restore network IDs: %w", err)
 	}
 	logger := log.FromContext(ctx)
 	for i := range list.Items {
 		nad := &list.Items[i]
 		id, name := udn.NetworkIDOf(nad), nad.Annotations[udn.NetworkNameAnnotation]
+		if _, rendered := nad.Labels[udn.NADLabel]; !rendered {
+			if conf, err := netconf.Parse(nad.Spec.Config); err == nil && conf != nil {
+				name = conf.Name
+			} else {
+				continue
+			}
+		}
 		if id == 0 || name == "" {
 			continue
 		}

@@ -64,6 +64,9 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if err := setupHandwritten(mgr, n, opts); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusteruserdefinednetwork").
 		For(&udnv1.ClusterUserDefinedNetwork{}, builder.WithPredicates(specOrMetaChanged)).
