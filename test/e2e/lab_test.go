@@ -63,6 +63,7 @@ func TestLabDemo(t *testing.T) {
 			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 10\.0\.0\.\d+ \(node-2\)`,
 			`reached\s+red-namespace/red-1 \(node-2\)\s+-> blue-namespace/blue-1 203\.203\.0\.\d+ \(node-3\)`,
 			`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
+			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
 			`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
 		} {
 			if !regexp.MustCompile(re).MatchString(out) {

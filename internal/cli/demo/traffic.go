@@ -24,9 +24,10 @@ import (
 
 // labPod is a pod the simulated kubelet runs.
 type labPod struct {
-	pod   corev1.Pod
-	a     podnetworks.Attachment // its primary network
-	netns string
+	pod       corev1.Pod
+	a         podnetworks.Attachment   // its primary network
+	secondary []podnetworks.Attachment // its secondary networks
+	netns     string
 }
 
 func (p labPod) String() string { return key(p.pod.Namespace, p.pod.Name) }
@@ -60,7 +61,9 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POD\tNODE\tNETWORK\tIPS\tMAC")
 	for _, p := range pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p, p.pod.Spec.NodeName, p.a.Network, strings.Join(p.a.IPAddresses, ","), p.a.MACAddress)
+		for _, a := range append([]podnetworks.Attachment{p.a}, p.secondary...) {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p, p.pod.Spec.NodeName, a.Network, strings.Join(a.IPAddresses, ","), a.MACAddress)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -78,6 +81,7 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	checks := []check{
 		{"udn-demo/web-1", "udn-demo/web-2", true, "same network, across nodes"},
 		{"red-namespace/red-1", "blue-namespace/blue-1", true, "one CUDN, two namespaces, across nodes"},
+		{"udn-demo/web-1", "secondary:udn-demo/web-2", true, "secondary network (pure L2), across nodes"},
 		{"udn-demo/web-1", simnet.InternetIP.String(), true, "egress, masqueraded to the node's address"},
 		{"tenant-b/db-1", "udn-demo/web-2", false, "another tenant on the same subnet"},
 		{"tenant-b/db-1", "udn-demo/web-1", false, "another tenant on the same subnet, same node"},
@@ -92,7 +96,14 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 			continue
 		}
 		target, label := ch.to, ch.to
-		if p, ok := byName[ch.to]; ok {
+		if name, ok := strings.CutPrefix(ch.to, "secondary:"); ok {
+			p, ok := byName[name]
+			if !ok || len(p.secondary) == 0 {
+				continue
+			}
+			ip := strings.Split(p.secondary[0].IPAddresses[0], "/")[0]
+			target, label = ip, fmt.Sprintf("%s %s (%s, %s)", p, ip, p.pod.Spec.NodeName, p.secondary[0].Network)
+		} else if p, ok := byName[ch.to]; ok {
 			target, label = p.ip(), fmt.Sprintf("%s %s (%s)", p, p.ip(), p.pod.Spec.NodeName)
 			if !ch.want && target == from.ip() {
 				continue // the same address in the other tenant: pinging it proves nothing
@@ -163,7 +174,13 @@ func waitPods(ctx context.Context, c client.Client, labDir string, timeout time.
 				continue
 			}
 			kc := lab.KubeletConfig(labDir, pod.Spec.NodeName)
-			pods = append(pods, labPod{pod: pod, a: *primary, netns: simkubelet.PodNetNS(kc, &pod)})
+			lp := labPod{pod: pod, a: *primary, netns: simkubelet.PodNetNS(kc, &pod)}
+			for _, a := range nets {
+				if a.Role == podnetworks.RoleSecondary && len(a.IPAddresses) > 0 {
+					lp.secondary = append(lp.secondary, a)
+				}
+			}
+			pods = append(pods, lp)
 		}
 		if len(waiting) == 0 {
 			return pods, nil
