@@ -14,7 +14,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -43,7 +45,9 @@ type Options struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// AnnotationTimeout bounds ADD's wait for the allocation ("30s").
 	AnnotationTimeout string `json:"annotationTimeout,omitempty"`
-	// StatusFile is written by kvnet-node: {"ready": bool, "exhaustedNetworks": [..]}.
+	// StatusFile is written by kvnet-node: {"ready": bool,
+	// "exhaustedNetworks": [..], "podMTU": n}. Default: $KVNET_STATUS_FILE,
+	// else /run/kvnet/cni-status.json.
 	StatusFile string `json:"statusFile,omitempty"`
 	// DefaultMTU when the network sets none (the node's pod MTU).
 	DefaultMTU int `json:"defaultMTU,omitempty"`
@@ -282,6 +286,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		mtu = r.opts.DefaultMTU
 	}
 	if mtu == 0 {
+		if st, err := readStatus(statusPath(r)); err == nil {
+			mtu = st.PodMTU
+		}
+	}
+	if mtu == 0 {
 		mtu = defaultMTU
 	}
 	host := HostIfName(args.ContainerID, args.IfName)
@@ -363,6 +372,34 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 type Status struct {
 	Ready             bool     `json:"ready"`
 	ExhaustedNetworks []string `json:"exhaustedNetworks"`
+	// PodMTU is the node's pod MTU (underlay minus VXLAN overhead, or
+	// kvnet-node's --mtu): ADD uses it for networks that set no MTU, so
+	// pods, bridges and DHCP option 26 agree.
+	PodMTU int `json:"podMTU,omitempty"`
+}
+
+// statusPath is the status file of a request.
+func statusPath(r *request) string {
+	if r.opts.StatusFile != "" {
+		return r.opts.StatusFile
+	}
+	if env := os.Getenv("KVNET_STATUS_FILE"); env != "" {
+		return env
+	}
+	return DefaultStatusFile
+}
+
+// readStatus reads kvnet-node's status file.
+func readStatus(path string) (Status, error) {
+	var st Status
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("%s: %w", path, err)
+	}
+	return st, nil
 }
 
 // Status reports whether pods can be added to this network now: code 50
@@ -373,17 +410,13 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	path := r.opts.StatusFile
-	if path == "" {
-		path = DefaultStatusFile
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
+	path := statusPath(r)
+	st, err := readStatus(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
 		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", fmt.Sprintf("read %s: %v", path, err))
 	}
-	var st Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node status unreadable", fmt.Sprintf("%s: %v", path, err))
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node status unreadable", err.Error())
 	}
 	if !st.Ready {
 		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", path+" says not ready")

@@ -300,7 +300,7 @@ func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod
 	cmd.Env = append(os.Environ(),
 		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME=ovn-udn1",
 		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
-		"KVNET_KUBECONFIG="+l.cniKC)
+		"KVNET_KUBECONFIG="+l.cniKC, "KVNET_STATUS_FILE="+filepath.Join(tmpDir, l.nodeName(p.node)+".json"))
 	cmd.Stdin = strings.NewReader(nad.Spec.Config)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -380,6 +380,14 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 	b1 := l.runPod(nadB, "b1", "n1", nil)
 	b2 := l.runPod(nadB, "b2", "n3", nil)
 
+	t.Run("pods get the node's pod MTU", func(t *testing.T) {
+		// The UDN sets no MTU: kvnet-cni takes the agent's (underlay 1500
+		// minus VXLAN) from the status file.
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(a1.netns), "cat", "/sys/class/net/ovn-udn1/mtu").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "1450" {
+			t.Errorf("ovn-udn1 MTU %q (%v), want 1450", out, err)
+		}
+	})
 	t.Run("same tenant across nodes", func(t *testing.T) {
 		mustReach(t, a1, a2.ip())
 		mustReach(t, a2, a3.ip())

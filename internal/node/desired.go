@@ -40,7 +40,8 @@ type Input struct {
 	VMINodes map[types.NamespacedName]string
 	// Links maps the alias of each local link (cni.PortAlias) to its name.
 	Links map[string]string
-	// Lease options for DHCP: MTU (option 26) and DNS servers (option 6).
+	// MTU is the node's pod MTU: option 26 for networks that set none.
+	// DNS servers are option 6.
 	MTU int
 	DNS []netip.Addr
 	// Gateways returns the gateway per subnet of a primary network; nil
@@ -267,7 +268,7 @@ func Desired(in Input) Plan {
 				}
 				plan.State.Ports = append(plan.State.Ports, port)
 				if leases != nil {
-					if l, ok := lease(h, serverIP, in); ok {
+					if l, ok := lease(h, serverIP, n.conf.MTU, in); ok {
 						leases[h.mac.String()] = l
 					}
 				}
@@ -326,8 +327,13 @@ func cmpBool(a, b bool) int {
 }
 
 // lease is what the DHCP server gives h: its IPv4 address with the
-// subnet's mask, the gateway as router, and the VM's name as hostname.
-func lease(h *holder, router netip.Addr, in Input) (dhcp.Lease, bool) {
+// subnet's mask, the gateway as router, the pod interface's MTU (the
+// network's, else the node's pod MTU, as kvnet-cni sets it), and the VM's
+// name as hostname.
+func lease(h *holder, router netip.Addr, mtu int, in Input) (dhcp.Lease, bool) {
+	if mtu == 0 {
+		mtu = in.MTU
+	}
 	for _, s := range h.a.IPAddresses {
 		p, err := netip.ParsePrefix(s)
 		if err != nil || !p.Addr().Is4() {
@@ -337,7 +343,7 @@ func lease(h *holder, router netip.Addr, in Input) (dhcp.Lease, bool) {
 		if host == "" {
 			host = h.pod.Name
 		}
-		return dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: in.MTU, Hostname: host}, true
+		return dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}, true
 	}
 	return dhcp.Lease{}, false
 }

@@ -18,12 +18,12 @@ func (a *Agent) writeStatus(ctx context.Context, ready bool, exhausted []string)
 	if a.cfg.StatusFile == "-" {
 		return
 	}
-	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted}
+	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted, PodMTU: a.dp.MTU()}
 	if st.ExhaustedNetworks == nil {
 		st.ExhaustedNetworks = []string{}
 	}
 	a.mu.Lock()
-	same := a.statusWritten && a.status.Ready == st.Ready && slices.Equal(a.status.ExhaustedNetworks, st.ExhaustedNetworks)
+	same := a.statusWritten && a.status.Ready == st.Ready && a.status.PodMTU == st.PodMTU && slices.Equal(a.status.ExhaustedNetworks, st.ExhaustedNetworks)
 	a.mu.Unlock()
 	if same {
 		return

@@ -53,8 +53,15 @@ func KubeletConfig(dir, nodeName string) simkubelet.Config {
 		CNIBinDir:      filepath.Join(abs, "cni", "bin"),
 		CNICacheDir:    filepath.Join(abs, "nodes", nodeName, "cni-cache"),
 		PodNetNSPrefix: prefix + "-" + nodeName + "-pod-",
-		Env:            []string{"KVNET_KUBECONFIG=" + filepath.Join(abs, KubeconfigFile)},
+		Env: []string{"KVNET_KUBECONFIG=" + filepath.Join(abs, KubeconfigFile),
+			"KVNET_STATUS_FILE=" + statusFile(abs, nodeName)},
 	}
+}
+
+// statusFile is node nodeName's kvnet-node status file (kvnet-cni reads it
+// through $KVNET_STATUS_FILE: the simulated nodes share one filesystem).
+func statusFile(labDir, nodeName string) string {
+	return filepath.Join(labDir, "nodes", nodeName, "cni-status.json")
 }
 
 // startNodes builds n simulated nodes (internal/simnet) and runs on each a
@@ -113,7 +120,7 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 		a, err := node.New(cfg, node.Config{
 			NodeName:   nd.Name,
 			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
-			StatusFile: filepath.Join(abs, "nodes", nd.Name, "cni-status.json"),
+			StatusFile: statusFile(abs, nd.Name),
 		})
 		if err != nil {
 			return stop, fmt.Errorf("node %s: %w", nd.Name, err)
