@@ -1,0 +1,450 @@
+package simvirt_test
+
+// simvirt end to end on one machine: a real API server with kvnet-controller
+// (IPAM, IPAMClaims, webhooks), three simulated nodes (internal/simnet) each
+// with a kvnet-node agent and a simulated kubelet running the real kvnet-cni,
+// and simvirt starting, stopping and migrating a VM on a primary Layer2 UDN
+// with persistent IPs. Traffic is checked with busybox ping. Needs root.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/simkubelet"
+	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/simvirt"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var (
+	env        *testenv.Env
+	c          client.Client
+	binDir     string // holds the kvnet-cni built for the test
+	kubeconfig string
+	apiAddr    string // the API server's host:port (on 127.0.0.1)
+	tmpDir     string
+)
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		// The unit tests still run; the privileged one skips.
+		fmt.Println("skipping privileged simvirt tests: need root (network namespaces, nftables)")
+		os.Exit(m.Run())
+	}
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (int, error) {
+	var err error
+	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
+	if err != nil {
+		return 1, fmt.Errorf("start control plane: %w", err)
+	}
+	defer env.Stop()
+	c = env.Client
+	opts, err := env.WebhookOptions(context.Background())
+	if err != nil {
+		return 1, err
+	}
+	stop, err := env.RunController(opts)
+	if err != nil {
+		return 1, err
+	}
+	defer stop()
+	if tmpDir, err = os.MkdirTemp("", "kvnet-simvirt-test-"); err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(tmpDir)
+	kubeconfig = filepath.Join(tmpDir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
+		return 1, err
+	}
+	u, err := url.Parse(env.Config.Host)
+	if err != nil {
+		return 1, err
+	}
+	apiAddr = u.Host
+	binDir = filepath.Join(tmpDir, "bin")
+	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvnet-cni"), "kvnet.io/kvnet/cmd/kvnet-cni")
+	cmd.Dir = env.Root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
+	}
+	return m.Run(), nil
+}
+
+func eventually(t testing.TB, what string, f func() error) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, what, f)
+}
+
+// lab is three simulated nodes, each with kvnet-node and a simkubelet, and
+// simvirt over them.
+type lab struct {
+	sim      *simnet.Cluster
+	kubelets map[string]simkubelet.Config // by node name
+}
+
+func (l *lab) nodeName(n string) string { return l.sim.Prefix + "-" + n }
+
+// background runs f until the test ends; cleanup cancels it and waits.
+func background(t *testing.T, what string, f func(ctx context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("%s did not stop within 1m", what)
+		}
+	})
+}
+
+func newLab(t *testing.T, names ...string) *lab {
+	t.Helper()
+	sim, err := simnet.New(simnet.RandomPrefix(), names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sim.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	l := &lab{sim: sim, kubelets: map[string]simkubelet.Config{}}
+	var agents []*node.Agent
+	for _, nd := range sim.Nodes {
+		name := l.nodeName(nd.Name)
+		testenv.Create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		a, err := node.New(env.Config, node.Config{
+			NodeName:   name,
+			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
+			StatusFile: filepath.Join(tmpDir, name+"-status.json"),
+			Resync:     5 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, a)
+		background(t, "kvnet-node "+name, a.Run)
+	}
+	for _, a := range agents {
+		eventually(t, "kvnet-node ready", func() error {
+			if !a.Ready() {
+				return errors.New("not ready")
+			}
+			return nil
+		})
+	}
+	for _, nd := range sim.Nodes {
+		name := l.nodeName(nd.Name)
+		kc := simkubelet.Config{
+			NodeName:         name,
+			NodeNetNS:        nd.NS,
+			RESTConfig:       env.Config,
+			CNIBinDir:        binDir,
+			CNICacheDir:      filepath.Join(tmpDir, name, "cni-cache"),
+			Env:              []string{"KVNET_KUBECONFIG=" + kubeconfig},
+			PodNetNSPrefix:   name + "-p-",
+			LoopbackForwards: []string{apiAddr},
+			Log:              testr.New(t).WithName("simkubelet"),
+		}
+		l.kubelets[name] = kc
+		background(t, "simkubelet "+name, func(ctx context.Context) error { return simkubelet.Run(ctx, kc) })
+	}
+	return l
+}
+
+// podNetNS returns the name of the pod's network namespace.
+func (l *lab) podNetNS(pod *corev1.Pod) string {
+	return filepath.Base(simkubelet.PodNetNS(l.kubelets[pod.Spec.NodeName], pod))
+}
+
+func ping(nsName, ip string) error {
+	out, err := exec.Command("ip", "netns", "exec", nsName, "busybox", "ping", "-c", "1", "-W", "1", ip).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %s from %s: %v: %s", ip, nsName, err, out)
+	}
+	return nil
+}
+
+func get(o client.Object, ns, name string) error {
+	return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, o)
+}
+
+// launcherPods lists the namespace's launcher pods.
+func launcherPods(t *testing.T, ns string) []corev1.Pod {
+	t.Helper()
+	var l corev1.PodList
+	if err := c.List(context.Background(), &l, client.InNamespace(ns), client.MatchingLabels{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue}); err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// waitVMIRunning waits until VMI ns/name (other than UID notUID) runs with
+// an address, and returns it.
+func waitVMIRunning(t *testing.T, ns, name, notUID string) *kubevirtv1.VirtualMachineInstance {
+	t.Helper()
+	var vmi kubevirtv1.VirtualMachineInstance
+	eventually(t, "VMI "+ns+"/"+name+" Running with an address", func() error {
+		if err := get(&vmi, ns, name); err != nil {
+			return err
+		}
+		if string(vmi.UID) == notUID {
+			return errors.New("still the previous VMI")
+		}
+		if vmi.Status.Phase != simvirt.PhaseRunning || len(vmi.Status.Interfaces) != 1 || vmi.Status.Interfaces[0].IP == "" {
+			return fmt.Errorf("phase %q, interfaces %+v, reason %q", vmi.Status.Phase, vmi.Status.Interfaces, vmi.Annotations[simvirt.FailureReasonAnnotation])
+		}
+		return nil
+	})
+	return &vmi
+}
+
+func setRunStrategy(t *testing.T, ns, name, rs string) {
+	t.Helper()
+	var vm kubevirtv1.VirtualMachine
+	if err := get(&vm, ns, name); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(vm.DeepCopy())
+	vm.Spec.RunStrategy = &rs
+	if err := c.Patch(context.Background(), &vm, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitVMStatus(t *testing.T, ns, name string, want kubevirtv1.VirtualMachineStatus) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("VM %s/%s status %+v", ns, name, want), func() error {
+		var vm kubevirtv1.VirtualMachine
+		if err := get(&vm, ns, name); err != nil {
+			return err
+		}
+		if vm.Status != want {
+			return fmt.Errorf("status %+v", vm.Status)
+		}
+		return nil
+	})
+}
+
+func TestVMLifecycle(t *testing.T) {
+	if env == nil {
+		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
+	}
+	l := newLab(t, "n1", "n2", "n3")
+	n1, n2, n3 := l.nodeName("n1"), l.nodeName("n2"), l.nodeName("n3")
+	background(t, "simvirt", func(ctx context.Context) error {
+		return simvirt.Run(ctx, simvirt.Config{RESTConfig: env.Config, Nodes: []string{n1, n2, n3}, Log: testr.New(t).WithName("simvirt")})
+	})
+
+	// KubeVirt's registration of the l2bridge binding, which VMs on a
+	// primary UDN use; without it virt-controller templates no pod.
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubevirt"}})
+	testenv.Create(t, c, &kubevirtv1.KubeVirt{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "kubevirt"},
+		Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{NetworkConfiguration: &kubevirtv1.NetworkConfiguration{
+			Binding: map[string]kubevirtv1.InterfaceBindingPlugin{"l2bridge": {DomainAttachmentType: "managedTap"}},
+		}}},
+	})
+	const ns = "sv"
+	subnet := netip.MustParsePrefix("10.50.0.0/24")
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	testenv.Create(t, c, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "udn"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet.String())},
+			IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}}},
+	})
+	eventually(t, "NAD "+ns+"/udn", func() error { return get(&nadv1.NetworkAttachmentDefinition{}, ns, "udn") })
+
+	// The peer, on the node the VM will not use.
+	testenv.Create(t, c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "peer"},
+		Spec:       corev1.PodSpec{NodeName: n3, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	})
+	var peer corev1.Pod
+	eventually(t, "peer Running", func() error {
+		if err := get(&peer, ns, "peer"); err != nil {
+			return err
+		}
+		if peer.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("phase %q", peer.Status.Phase)
+		}
+		return nil
+	})
+	peerNS := l.podNetNS(&peer)
+
+	always := simvirt.RunStrategyAlways
+	testenv.Create(t, c, &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &always, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+					{Name: "default", Binding: &kubevirtv1.PluginBinding{Name: "l2bridge"}},
+				}}},
+				Networks: []kubevirtv1.Network{{Name: "default", Pod: &kubevirtv1.PodNetwork{}}},
+			},
+		}},
+	})
+
+	vmi := waitVMIRunning(t, ns, "vm1", "")
+	addr := vmi.Status.Interfaces[0]
+	ip := netip.MustParseAddr(addr.IP)
+	if !subnet.Contains(ip) || addr.MAC == "" || addr.Name != "default" || addr.InfoSource != simvirt.InfoSource {
+		t.Fatalf("VMI interface %+v: want an address in %s and a MAC", addr, subnet)
+	}
+	if vmi.Status.NodeName != n1 {
+		t.Fatalf("VMI on %q, want %s (no launcher pods anywhere: the first node)", vmi.Status.NodeName, n1)
+	}
+	pods := launcherPods(t, ns)
+	if len(pods) != 1 || pods[0].Spec.NodeName != n1 || vmi.Status.ActivePods[string(pods[0].UID)] != n1 {
+		t.Fatalf("launcher pods %d (activePods %v)", len(pods), vmi.Status.ActivePods)
+	}
+	// kvnet's webhook put the claim on the pod, and the IPAM used it.
+	src := pods[0]
+	if got := src.Annotations[ipam.LegacyPrimaryClaimAnnotation]; got != "vm1.default" {
+		t.Fatalf("launcher pod annotation %s = %q, want vm1.default (webhook)", ipam.LegacyPrimaryClaimAnnotation, got)
+	}
+	nets, err := podnetworks.Parse(src.Annotations[podnetworks.Annotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := nets[ns+"/udn"]; a.IPAMClaim != "vm1.default" || a.MACAddress != addr.MAC {
+		t.Fatalf("allocation %+v, VMI interface %+v", a, addr)
+	}
+	waitVMStatus(t, ns, "vm1", kubevirtv1.VirtualMachineStatus{PrintableStatus: "Running", Ready: true, Created: true})
+	eventually(t, "peer pings the VM on "+n1, func() error { return ping(peerNS, addr.IP) })
+
+	t.Run("stop and start keep IP and MAC", func(t *testing.T) {
+		setRunStrategy(t, ns, "vm1", simvirt.RunStrategyHalted)
+		eventually(t, "VMI and launcher pod gone", func() error {
+			err := get(&kubevirtv1.VirtualMachineInstance{}, ns, "vm1")
+			if !apierrors.IsNotFound(err) {
+				return fmt.Errorf("VMI still there (err %v)", err)
+			}
+			if n := len(launcherPods(t, ns)); n > 0 {
+				return fmt.Errorf("%d launcher pods left", n)
+			}
+			return nil
+		})
+		waitVMStatus(t, ns, "vm1", kubevirtv1.VirtualMachineStatus{PrintableStatus: "Stopped"})
+		var claim ipamclaimv1alpha1.IPAMClaim
+		if err := get(&claim, ns, "vm1.default"); err != nil || len(claim.Status.IPs) != 1 || !strings.HasPrefix(claim.Status.IPs[0], addr.IP+"/") {
+			t.Fatalf("IPAMClaim after stop: %+v (err %v)", claim.Status, err)
+		}
+
+		setRunStrategy(t, ns, "vm1", simvirt.RunStrategyAlways)
+		again := waitVMIRunning(t, ns, "vm1", string(vmi.UID))
+		if got := again.Status.Interfaces[0]; got.IP != addr.IP || got.MAC != addr.MAC {
+			t.Fatalf("after restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
+		}
+		vmi = again
+		eventually(t, "peer pings the restarted VM", func() error { return ping(peerNS, addr.IP) })
+	})
+
+	t.Run("launcher pod loss restarts the VM", func(t *testing.T) {
+		pods := launcherPods(t, ns)
+		if len(pods) != 1 {
+			t.Fatalf("%d launcher pods", len(pods))
+		}
+		// Force deletion: the pod is gone at once, as when a node dies.
+		if err := c.Delete(context.Background(), &pods[0], client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+		again := waitVMIRunning(t, ns, "vm1", string(vmi.UID))
+		if got := again.Status.Interfaces[0]; got.IP != addr.IP || got.MAC != addr.MAC {
+			t.Fatalf("after the restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
+		}
+		vmi = again
+		eventually(t, "peer pings the VM started anew", func() error { return ping(peerNS, addr.IP) })
+	})
+
+	t.Run("live migration", func(t *testing.T) {
+		source := vmi.Status.NodeName
+		target := n1 // the first node other than the source: none runs a launcher pod
+		if source == n1 {
+			target = n2
+		}
+		pods := launcherPods(t, ns)
+		if len(pods) != 1 {
+			t.Fatalf("%d launcher pods before migrating", len(pods))
+		}
+		srcPod := pods[0]
+		testenv.Create(t, c, &kubevirtv1.VirtualMachineInstanceMigration{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig1"},
+			Spec:       kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm1"},
+		})
+		eventually(t, "migration Succeeded", func() error {
+			var m kubevirtv1.VirtualMachineInstanceMigration
+			if err := get(&m, ns, "mig1"); err != nil {
+				return err
+			}
+			if m.Status.Phase == simvirt.PhaseFailed {
+				t.Fatalf("migration failed: %s", m.Annotations[simvirt.FailureReasonAnnotation])
+			}
+			if m.Status.Phase != simvirt.PhaseSucceeded {
+				return fmt.Errorf("phase %q", m.Status.Phase)
+			}
+			return nil
+		})
+		var moved kubevirtv1.VirtualMachineInstance
+		if err := get(&moved, ns, "vm1"); err != nil {
+			t.Fatal(err)
+		}
+		ms := moved.Status.MigrationState
+		if moved.Status.NodeName != target || ms == nil || !ms.Completed ||
+			ms.SourceNode != source || ms.SourcePod != srcPod.Name || ms.TargetNode != target {
+			t.Fatalf("after migration: node %q (from %s), migrationState %+v", moved.Status.NodeName, source, ms)
+		}
+		if got := moved.Status.Interfaces[0]; got.IP != addr.IP || got.MAC != addr.MAC {
+			t.Fatalf("after migration %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
+		}
+		eventually(t, "source launcher pod deleted", func() error {
+			if err := get(&corev1.Pod{}, ns, srcPod.Name); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("source pod %s still there (err %v)", srcPod.Name, err)
+			}
+			return nil
+		})
+		pods = launcherPods(t, ns)
+		if len(pods) != 1 || pods[0].Name != ms.TargetPod || pods[0].Spec.NodeName != target || pods[0].Labels[simvirt.MigrationJobUIDLabel] == "" {
+			t.Fatalf("launcher pods after migration: %d (target %s)", len(pods), ms.TargetPod)
+		}
+		eventually(t, "peer pings the VM on "+target, func() error { return ping(peerNS, addr.IP) })
+	})
+}
