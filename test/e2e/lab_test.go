@@ -65,6 +65,8 @@ func TestLabDemo(t *testing.T) {
 			`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
 			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
 			`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
+			`live migration vm-a-migration-\w+: node-\d -> node-\d`,
+			`reached udn-demo/web-1 \(node-1\) -> vm-a 10\.0\.0\.\d+`,
 		} {
 			if !regexp.MustCompile(re).MatchString(out) {
 				t.Errorf("demo output lacks /%s/:\n%s", re, out)

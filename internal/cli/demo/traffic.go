@@ -124,7 +124,7 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	if len(failed) > 0 {
 		return fmt.Errorf("traffic not as expected:\n  %s", strings.Join(failed, "\n  "))
 	}
-	return nil
+	return printVMMigration(ctx, out, c, pods, timeout)
 }
 
 // reachable pings ip from the namespace. Pings that should pass are retried

@@ -19,12 +19,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/simkubelet"
 	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/simvirt"
 )
 
 // NodeName is the name of simulated node i (1-based).
@@ -141,6 +143,16 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 			}
 		})
 	}
+	// KubeVirt's part: the KubeVirt CR (registering the l2bridge binding
+	// the docs use on primary UDNs) and a virt-controller stand-in.
+	if err := installKubeVirtCR(ctx, c); err != nil {
+		return stop, err
+	}
+	wg.Go(func() {
+		if err := simvirt.Run(ctx, simvirt.Config{RESTConfig: cfg, Nodes: names, Log: ctrl.Log.WithName("simvirt")}); err != nil {
+			errc <- fmt.Errorf("simvirt: %w", err)
+		}
+	})
 	deadline := time.After(time.Minute)
 	for _, a := range agents {
 		for !a.Ready() {
@@ -154,6 +166,24 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 		}
 	}
 	return stop, nil
+}
+
+// installKubeVirtCR creates kubevirt/kubevirt, as installing KubeVirt
+// does, with the l2bridge binding registered.
+func installKubeVirtCR(ctx context.Context, c client.Client) error {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubevirt"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	kv := &kubevirtv1.KubeVirt{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "kubevirt"},
+		Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{NetworkConfiguration: &kubevirtv1.NetworkConfiguration{
+			Binding: map[string]kubevirtv1.InterfaceBindingPlugin{"l2bridge": {DomainAttachmentType: "managedTap"}},
+		}}},
+	}
+	if err := c.Create(ctx, kv); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the KubeVirt CR: %w", err)
+	}
+	return nil
 }
 
 // installCNI links the running binary into the lab's CNI bin dir as
