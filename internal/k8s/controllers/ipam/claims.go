@@ -5,9 +5,12 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 )
@@ -15,9 +18,10 @@ import (
 // claimReconciler frees a claim's IPs once the claim is deleted: the only
 // event that frees a persistent IP.
 type claimReconciler struct {
-	client client.Client
-	st     *state
-	ready  <-chan struct{}
+	client    client.Client // cached: claims as metadata
+	apiReader client.Reader
+	st        *state
+	ready     <-chan struct{}
 }
 
 func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -29,6 +33,12 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	claim := &metav1.PartialObjectMetadata{}
 	claim.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaim"))
 	err := r.client.Get(ctx, req.NamespacedName, claim)
+	if err == nil || !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	// Gone from the cache; the API server confirms, so a claim the cache
+	// has not seen yet (created after its list) keeps its IPs.
+	err = r.apiReader.Get(ctx, req.NamespacedName, claim)
 	if apierrors.IsNotFound(err) {
 		if nets := r.st.releaseClaim(req.NamespacedName); len(nets) > 0 {
 			log.FromContext(ctx).Info("released IPs of deleted IPAMClaim", "claim", req.NamespacedName.String(), "networks", nets)
@@ -36,4 +46,31 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{}, err
+}
+
+// sweep queues the claims holding IPs that the just-synced claim cache
+// does not have: deleted after the rebuild read them but before the watch
+// started, they will send no delete event.
+func (r *claimReconciler) sweep(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaimList"))
+	// Keys before the list: a claim allocated later is not even queued
+	// (queued ones are confirmed gone by the API server anyway).
+	keys := r.st.claimKeys()
+	if err := r.client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "list IPAMClaims from the cache; deleted claims keep their IPs until the next restart")
+		return
+	}
+	present := make(map[types.NamespacedName]struct{}, len(list.Items))
+	for i := range list.Items {
+		present[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = struct{}{}
+	}
+	queued := 0
+	for _, k := range keys {
+		if _, ok := present[k]; !ok {
+			q.Add(reconcile.Request{NamespacedName: k})
+			queued++
+		}
+	}
+	log.FromContext(ctx).Info("IPAMClaim watch synced", "claimsHoldingIPs", len(keys), "goneSinceRebuild", queued)
 }

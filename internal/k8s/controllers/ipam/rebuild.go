@@ -4,17 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
-	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -24,17 +23,24 @@ import (
 // served: networks from NADs, then IPAMClaims' IPs, then pods' annotations.
 // Nothing is ever released here, so no IP can move across a restart.
 type rebuilder struct {
-	cache  cache.Cache
-	reader client.Reader // uncached: claims are read in pages
+	mgr    ctrl.Manager // key of the Rebuilt registry entry
+	cache  cache.Cache  // NADs and pods
+	claims claimLister  // claims are not cached as full objects
 	st     *state
 	ready  chan<- struct{}
+	// claimsWatched is closed once the IPAMClaim watches, started after
+	// the rebuild, have synced; if they do not within watchTimeout, the
+	// manager stops (as a controller whose cache does not sync would).
+	claimsWatched <-chan struct{}
+	watchTimeout  time.Duration
 }
 
 func (b *rebuilder) Start(ctx context.Context) error {
+	defer rebuilt.Delete(b.mgr)
 	logger := log.FromContext(ctx).WithName("ipam-rebuild")
-	if !b.cache.WaitForCacheSync(ctx) {
-		return fmt.Errorf("ipam rebuild: caches did not sync")
-	}
+	// No cache.WaitForCacheSync: it would also wait for every informer
+	// other controllers started (VMs, VMIs...); listing NADs and pods
+	// waits for those two caches only.
 	start := time.Now()
 	stats, err := b.rebuild(ctx)
 	if err != nil {
@@ -42,19 +48,58 @@ func (b *rebuilder) Start(ctx context.Context) error {
 	}
 	close(b.ready)
 	logger.Info("allocators rebuilt from the API", "networks", stats.networks, "claims", stats.claims,
-		"pods", stats.pods, "conflicts", stats.conflicts, "duration", time.Since(start).String())
+		"pods", stats.pods, "conflicts", stats.conflicts, "duration", time.Since(start).String(),
+		"cachesSynced", stats.cachesSynced.String(), "claimsListed", stats.claimsListed.String(),
+		"claimsResourceVersion", stats.claimsRV)
+	if b.claimsWatched != nil {
+		select {
+		case <-b.claimsWatched:
+			logger.Info("IPAMClaim watches synced", "sinceStart", time.Since(start).String())
+		case <-time.After(b.watchTimeout):
+			return fmt.Errorf("ipam: IPAMClaim watches not synced %s after the rebuild", b.watchTimeout)
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	<-ctx.Done()
 	return nil
 }
 
-type rebuildStats struct{ networks, claims, pods, conflicts int }
+type rebuildStats struct {
+	networks, claims, pods, conflicts int
+	cachesSynced, claimsListed        time.Duration
+	claimsRV                          string
+}
 
 func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 	var stats rebuildStats
 	logger := log.FromContext(ctx).WithName("ipam-rebuild")
+	start := time.Now()
 
+	// Claims are read while the NAD and pod caches sync (both reads are
+	// consistent and independent, so their order does not matter), and
+	// reserved as they arrive once those are read.
+	var (
+		claimsRV  string
+		claimsErr error
+		listTook  time.Duration
+	)
+	batches := make(chan []heldClaim, 4096)
+	go func() {
+		defer close(batches) // after claimsRV, claimsErr, listTook are set
+		t := time.Now()
+		claimsRV, claimsErr = b.claims.listHeld(ctx, func(c []heldClaim) {
+			select {
+			case batches <- c:
+			case <-ctx.Done():
+			}
+		})
+		listTook = time.Since(t)
+	}()
+
+	// The rebuild only reads the cached objects: no deep copies.
 	var nads nadv1.NetworkAttachmentDefinitionList
-	if err := b.cache.List(ctx, &nads); err != nil {
+	if err := b.cache.List(ctx, &nads, client.UnsafeDisableDeepCopy); err != nil {
 		return stats, err
 	}
 	for i := range nads.Items {
@@ -70,7 +115,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 	}
 
 	var pods corev1.PodList
-	if err := b.cache.List(ctx, &pods); err != nil {
+	if err := b.cache.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
 		return stats, err
 	}
 	// MACs of claim-backed attachments, as the pods using them show.
@@ -95,17 +140,19 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 		}
 	}
 
-	// Claims are paged from the API server (not cached as full objects).
-	for cont := ""; ; {
-		var page ipamclaimv1alpha1.IPAMClaimList
-		if err := b.reader.List(ctx, &page, client.Limit(2000), client.Continue(cont)); err != nil {
-			return stats, fmt.Errorf("list IPAMClaims: %w", err)
-		}
-		b.reserveClaims(ctx, page.Items, claimMACs, &stats)
-		if cont = page.Continue; cont == "" {
-			break
-		}
+	stats.cachesSynced = time.Since(start)
+
+	nets := map[string]*network{} // nil: not served
+	for batch := range batches {
+		b.reserveClaims(ctx, batch, nets, claimMACs, &stats)
 	}
+	if claimsErr != nil {
+		return stats, claimsErr
+	}
+	if err := ctx.Err(); err != nil {
+		return stats, err
+	}
+	stats.claimsListed, stats.claimsRV = listTook, claimsRV
 
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -132,46 +179,43 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 		stats.pods++
 	}
 	b.st.mu.Lock()
-	nets := make([]*network, 0, len(b.st.networks))
+	all := make([]*network, 0, len(b.st.networks))
 	for _, n := range b.st.networks {
-		nets = append(nets, n)
+		all = append(all, n)
 	}
 	b.st.mu.Unlock()
-	for _, n := range nets {
+	for _, n := range all {
 		n.updateGauges()
 	}
 	return stats, nil
 }
 
-// reserveClaims reserves the IPs of a page of claims.
-func (b *rebuilder) reserveClaims(ctx context.Context, items []ipamclaimv1alpha1.IPAMClaim, claimMACs map[types.NamespacedName]net.HardwareAddr, stats *rebuildStats) {
+// reserveClaims reserves the IPs of the claims. nets caches network
+// lookups across calls.
+func (b *rebuilder) reserveClaims(ctx context.Context, claims []heldClaim, nets map[string]*network, claimMACs map[types.NamespacedName]net.HardwareAddr, stats *rebuildStats) {
 	logger := log.FromContext(ctx).WithName("ipam-rebuild")
-	for i := range items {
-		c := &items[i]
-		if len(c.Status.IPs) == 0 {
+	reserved := make([]*heldClaim, 0, len(claims))
+	for i := range claims {
+		c := &claims[i]
+		n, seen := nets[c.network]
+		if !seen {
+			n, _ = b.st.lookup(c.network)
+			nets[c.network] = n
+		}
+		if n == nil {
 			continue
 		}
-		n, ok := b.st.lookup(c.Spec.Network)
-		if !ok {
-			continue
+		mac := claimMACs[c.key]
+		if mac == nil && len(c.ips) > 0 {
+			mac = allocator.DeriveMAC(c.ips[0])
 		}
-		key := types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
-		ips := make([]netip.Addr, 0, len(c.Status.IPs))
-		for _, s := range c.Status.IPs {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				ips = append(ips, p.Addr())
-			}
-		}
-		mac := claimMACs[key]
-		if mac == nil && len(ips) > 0 {
-			mac = allocator.DeriveMAC(ips[0])
-		}
-		if _, err := n.alloc.Reserve(claimOwner(c.Namespace, c.Name), ips, mac); err != nil {
+		if _, err := n.alloc.Reserve(claimOwner(c.key.Namespace, c.key.Name), c.ips, mac); err != nil {
 			stats.conflicts++
-			logger.Error(err, "IPAMClaim IPs conflict at rebuild", "claim", key.String())
+			logger.Error(err, "IPAMClaim IPs conflict at rebuild", "claim", c.key.String())
 			continue
 		}
-		b.st.recordClaim(key, c.Spec.Network)
-		stats.claims++
+		reserved = append(reserved, c)
 	}
+	stats.claims += len(reserved)
+	b.st.recordClaims(reserved)
 }

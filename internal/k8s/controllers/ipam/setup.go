@@ -5,9 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,45 +48,67 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 	}
 	st := newState()
 	ready := make(chan struct{})
-	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), reader: mgr.GetAPIReader(), st: st, ready: ready}); err != nil {
+	rebuilt.Store(mgr, (<-chan struct{})(ready))
+	claimsWatched := make(chan struct{})
+	lister, err := newRESTClaimLister(mgr.GetConfig(), mgr.GetScheme(), claimPageSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&rebuilder{mgr: mgr, cache: mgr.GetCache(), claims: lister, st: st, ready: ready,
+		claimsWatched: claimsWatched, watchTimeout: 2 * time.Minute}); err != nil {
 		return nil, err
 	}
 	c := mgr.GetClient()
 	pr := &podReconciler{client: c, apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-ipam"), st: st, ready: ready}
-	err := ctrl.NewControllerManagedBy(mgr).
+	// IPAMClaims are watched as metadata only (names are all the mappings
+	// need; the rebuild and allocations read claims from the API server),
+	// and only after the rebuild, which has read every claim already (see
+	// deferredSource).
+	err = ctrl.NewControllerManagedBy(mgr).
 		Named("ipam-pods").
 		For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork)).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				return waitingPods(ctx, c, o.GetNamespace(), "")
 			}), builder.WithPredicates(predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }})).
-		// Claims are watched as metadata only: names are all the mapping
-		// needs, and a cache of full claims would make start-up wait for the
-		// API server to serialize every claim's status.
-		Watches(&ipamclaimv1alpha1.IPAMClaim{}, handler.EnqueueRequestsFromMapFunc(
-			func(ctx context.Context, o client.Object) []reconcile.Request {
+		// A new claim wakes the pods waiting for it. Claims of the initial
+		// list wake nobody: every pod is reconciled at start anyway, and
+		// one retries every retryMissing while its claim is missing.
+		WatchesRawSource(&deferredSource{after: ready, src: source.Kind(mgr.GetCache(), claimMetadata(),
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 				return waitingPods(ctx, c, o.GetNamespace(), o.GetName())
-			}), builder.OnlyMetadata, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return true },
-			UpdateFunc: func(event.UpdateEvent) bool { return false },
-			DeleteFunc: func(event.DeleteEvent) bool { return false },
-		})).
+			}), predicate.Funcs{
+				CreateFunc:  func(e event.CreateEvent) bool { return !e.IsInInitialList },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				DeleteFunc:  func(event.DeleteEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})}).
 		WatchesRawSource(source.Channel(st.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(pr)
 	if err != nil {
 		return nil, err
 	}
+	cr := &claimReconciler{client: c, apiReader: mgr.GetAPIReader(), st: st, ready: ready}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("ipam-claims").
-		For(&ipamclaimv1alpha1.IPAMClaim{}, builder.OnlyMetadata, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return false },
-			UpdateFunc: func(event.UpdateEvent) bool { return false },
-			DeleteFunc: func(event.DeleteEvent) bool { return true },
-		})).
+		WatchesRawSource(&deferredSource{after: ready, src: source.Kind(mgr.GetCache(), claimMetadata(),
+			&handler.EnqueueRequestForObject{}, predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				DeleteFunc:  func(event.DeleteEvent) bool { return true },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			}),
+			synced: func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				cr.sweep(ctx, q)
+				close(claimsWatched)
+			}}).
 		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
-		Complete(&claimReconciler{client: c, st: st, ready: ready})
+		Complete(cr)
 	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&exhaustionMarker{st: st, client: c, interval: time.Second}); err != nil {
 		return nil, err
 	}
 	return func(*http.Request) error {
@@ -93,6 +119,29 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 			return errors.New("ipam allocators not rebuilt yet")
 		}
 	}, nil
+}
+
+// rebuilt maps each manager Setup registered with to the channel its
+// rebuild closes (see Rebuilt).
+var rebuilt sync.Map // ctrl.Manager -> <-chan struct{}
+
+// Rebuilt returns a channel closed once the allocators of the IPAM
+// controller that Setup registered with mgr are rebuilt, or nil if Setup
+// has not been called with mgr. Other controllers that read every
+// IPAMClaim at start (vmclaims) wait for it, so that the rebuild, on the
+// critical path of the first allocation, has the API server to itself.
+func Rebuilt(mgr ctrl.Manager) <-chan struct{} {
+	if ch, ok := rebuilt.Load(mgr); ok {
+		return ch.(<-chan struct{})
+	}
+	return nil
+}
+
+// claimMetadata is an IPAMClaim as metadata only.
+func claimMetadata() client.Object {
+	md := &metav1.PartialObjectMetadata{}
+	md.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaim"))
+	return md
 }
 
 // podNeedsWork passes pod events the allocator acts on: new pods, pods

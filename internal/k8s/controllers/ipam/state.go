@@ -182,6 +182,28 @@ func (st *state) recordClaim(key types.NamespacedName, network string) {
 	}
 }
 
+// recordClaims notes the claims the rebuild reserved, under one lock.
+func (st *state) recordClaims(claims []*heldClaim) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, c := range claims {
+		if !slices.Contains(st.claims[c.key], c.network) {
+			st.claims[c.key] = append(st.claims[c.key], c.network)
+		}
+	}
+}
+
+// claimKeys returns the claims holding an allocation.
+func (st *state) claimKeys() []types.NamespacedName {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	keys := make([]types.NamespacedName, 0, len(st.claims))
+	for k := range st.claims {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // releaseClaim frees a deleted claim's IPs on every network.
 func (st *state) releaseClaim(key types.NamespacedName) []string {
 	st.mu.Lock()

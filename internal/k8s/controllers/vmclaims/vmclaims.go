@@ -14,17 +14,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/vmclaims"
@@ -37,8 +39,17 @@ type Options struct {
 
 // Setup registers the VM claims controller. It reconciles per VM name: the
 // VM and its VMI share a name, so one key covers both.
+//
+// When the IPAM controller is set up on mgr first, this controller reads
+// no IPAMClaim (neither watches them nor reconciles) until the IPAM
+// allocators are rebuilt: the rebuild reads every claim and is on the
+// critical path of the first allocation after a restart, and a claim
+// informer syncing at the same time would make the API server serialize
+// every claim twice. Claims are only created for VMIs, whose launcher pods
+// cannot be served before the rebuild anyway.
 func Setup(mgr ctrl.Manager, opts Options) error {
-	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-vmclaims")}
+	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-vmclaims"),
+		after: ipamcontroller.Rebuilt(mgr)}
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
 	})
@@ -48,24 +59,63 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		}
 		return nil
 	})
+	// Metadata only: labels, owners and finalizers are all this controller
+	// reads of claims, and full claims are not cached.
+	claim := &metav1.PartialObjectMetadata{}
+	claim.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaim"))
+	var claims source.Source = source.Kind(mgr.GetCache(), client.Object(claim), byVMLabel)
+	if r.after != nil {
+		claims = &afterSource{after: r.after, src: claims}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vmclaims").
 		For(&kubevirtv1.VirtualMachineInstance{}).
 		Watches(&kubevirtv1.VirtualMachine{}, byName).
-		// Metadata only: labels, owners and finalizers are all this
-		// controller reads of claims, and full claims are not cached.
-		Watches(&ipamclaimv1alpha1.IPAMClaim{}, byVMLabel, builder.OnlyMetadata).
+		WatchesRawSource(claims).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 8, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
 }
+
+// afterSource starts src once after is closed. It is no
+// source.SyncingSource, so the controller's workers do not wait for src;
+// the reconciler waits for after itself, and its cached reads of claims
+// wait for the claim cache to sync.
+type afterSource struct {
+	after <-chan struct{}
+	src   source.Source
+}
+
+func (s *afterSource) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	go func() {
+		select {
+		case <-s.after:
+		case <-ctx.Done():
+			return
+		}
+		if err := s.src.Start(ctx, q); err != nil {
+			log.FromContext(ctx).Error(err, "start IPAMClaim watch")
+		}
+	}()
+	return nil
+}
+
+func (s *afterSource) String() string { return fmt.Sprintf("after IPAM rebuild: %v", s.src) }
 
 type reconciler struct {
 	client    client.Client
 	apiReader client.Reader
 	recorder  events.EventRecorder
+	after     <-chan struct{} // nil: no wait
 }
 
 func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if r.after != nil {
+		select {
+		case <-r.after:
+		case <-ctx.Done():
+			return ctrl.Result{}, ctx.Err()
+		}
+	}
 	var vm *kubevirtv1.VirtualMachine
 	var vmi *kubevirtv1.VirtualMachineInstance
 	{

@@ -1,0 +1,93 @@
+package ipam
+
+import (
+	"context"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// exhaustedNetworks returns the networks with no free address: every
+// address is held, or pods wait for one (an allocation failed for lack of
+// addresses, e.g. in one family of a dual-stack network, and nothing was
+// freed since).
+func (st *state) exhaustedNetworks() map[string]bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := map[string]bool{}
+	for n, pods := range st.waiting {
+		if len(pods) > 0 {
+			out[n] = true
+		}
+	}
+	for name, n := range st.networks {
+		if size, used := n.alloc.Stats(); size > 0 && used >= size {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// exhaustionMarker keeps udn.PoolExhaustedAnnotation on the NADs of the
+// networks that have pods waiting for an address, and off the others:
+// kvnet-node reports them to kvnet-cni's STATUS verb, so a runtime learns
+// before ADD that the network is full.
+type exhaustionMarker struct {
+	st       *state
+	client   client.Client
+	interval time.Duration
+}
+
+func (m *exhaustionMarker) NeedLeaderElection() bool { return true }
+
+func (m *exhaustionMarker) Start(ctx context.Context) error {
+	t := time.NewTicker(m.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		m.sync(ctx)
+	}
+}
+
+func (m *exhaustionMarker) sync(ctx context.Context) {
+	exhausted := m.st.exhaustedNetworks()
+	var nads nadv1.NetworkAttachmentDefinitionList
+	if err := m.client.List(ctx, &nads); err != nil {
+		return
+	}
+	for i := range nads.Items {
+		nad := &nads.Items[i]
+		served, err := netconf.ParseServed(nad.Spec.Config)
+		if err != nil || served == nil {
+			continue
+		}
+		want, have := exhausted[served.Name], nad.Annotations[udn.PoolExhaustedAnnotation] == "true"
+		if want == have {
+			continue
+		}
+		patch := client.MergeFrom(nad.DeepCopy())
+		if want {
+			if nad.Annotations == nil {
+				nad.Annotations = map[string]string{}
+			}
+			nad.Annotations[udn.PoolExhaustedAnnotation] = "true"
+		} else {
+			delete(nad.Annotations, udn.PoolExhaustedAnnotation)
+		}
+		if err := m.client.Patch(ctx, nad, patch); err != nil {
+			log.FromContext(ctx).Error(err, "mark NAD pool exhaustion", "nad", client.ObjectKeyFromObject(nad), "exhausted", want)
+			continue
+		}
+		log.FromContext(ctx).Info("network address pool "+map[bool]string{true: "exhausted", false: "has free addresses again"}[want],
+			"network", served.Name, "nad", client.ObjectKeyFromObject(nad))
+	}
+}
