@@ -601,3 +601,50 @@ func TestShippedNodeRBAC(t *testing.T) {
 		t.Error("the agent could not publish its VTEP")
 	}
 }
+
+// TestAgentReportsExhaustion: when a network's pool is full, kvnet-controller
+// marks its NAD, the agent lists it in the status file and kvnet-cni's
+// STATUS answers 50 for it; a freed address clears it.
+func TestAgentReportsExhaustion(t *testing.T) {
+	l := newLab(t, "n1")
+	// A /29 primary network: .1 gateway, .2 management, .3-.6 for pods.
+	nad := tenant(t, "agent-full", "10.9.0.0/29", false)
+	other := tenant(t, "agent-roomy", "10.9.1.0/24", false)
+	for i := range 5 {
+		testenv.Create(t, c, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "agent-full", Name: fmt.Sprintf("p%d", i)},
+			Spec:       corev1.PodSpec{NodeName: l.nodeName("n1"), Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+		})
+	}
+	status := func(nad *nadv1.NetworkAttachmentDefinition) error {
+		cmd := exec.Command("ip", "netns", "exec", filepath.Base(l.node("n1").NS), cniBinary)
+		cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+filepath.Dir(cniBinary),
+			"KVNET_STATUS_FILE="+l.agents["n1"].status)
+		cmd.Stdin = strings.NewReader(nad.Spec.Config)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	eventually(t, "STATUS fails for the full network", func() error {
+		err := status(nad)
+		if err == nil {
+			return errors.New("STATUS succeeded")
+		}
+		if !strings.Contains(err.Error(), `"code": 50`) || !strings.Contains(err.Error(), "address pool exhausted") {
+			return fmt.Errorf("STATUS error %v, want code 50 address pool exhausted", err)
+		}
+		return nil
+	})
+	if err := status(other); err != nil {
+		t.Errorf("STATUS of another network: %v", err)
+	}
+	// Free two addresses: the waiting pod takes one, the other is free.
+	for _, p := range []string{"p0", "p1"} {
+		if err := c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "agent-full", Name: p}}, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "STATUS succeeds again", func() error { return status(nad) })
+}
