@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -78,7 +79,14 @@ func (c *Controller) Restart(t testing.TB) {
 // kvnet-controller (with the options setup returns; nil setup means
 // defaults), stores them in env and ctl, runs the tests and tears down.
 // It returns the exit code.
+//
+// Under "go test -fuzz" it starts nothing: fuzz targets test pure code, and
+// every fuzz worker process would otherwise start its own control plane.
 func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error), env **Env, ctl **Controller) int {
+	flag.Parse()
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		return m.Run()
+	}
 	e, err := Start(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start control plane:", err)
