@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -27,7 +26,6 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/cni"
-	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
@@ -45,53 +43,28 @@ func TestMain(m *testing.M) {
 		fmt.Println("skipping kvnet-cni tests: needs root (network namespaces)")
 		os.Exit(0)
 	}
-	code, err := setup(m)
+	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{
+		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
+		"bridge":    "github.com/containernetworking/plugins/plugins/main/bridge",
+	}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	code := run(m, fx)
+	fx.Close()
 	os.Exit(code)
 }
 
-func setup(m *testing.M) (int, error) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		return 1, fmt.Errorf("start control plane: %w", err)
+func run(m *testing.M, fx *testenv.Fixture) int {
+	env, c, binDir = fx.Env, fx.Env.Client, fx.BinDir
+	os.Setenv("KVNET_KUBECONFIG", fx.Kubeconfig)
+	if err := os.Link(fx.Bin("kvnet-cni"), fx.Bin("kvnet-ipam")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	defer env.Stop()
-	c = env.Client
-	stop, err := env.RunController(manager.Options{})
-	if err != nil {
-		return 1, err
-	}
-	defer stop()
-	tmp, err := os.MkdirTemp("", "kvnet-cni-test-")
-	if err != nil {
-		return 1, err
-	}
-	defer os.RemoveAll(tmp)
-	kubeconfig := filepath.Join(tmp, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
-		return 1, err
-	}
-	os.Setenv("KVNET_KUBECONFIG", kubeconfig)
-	binDir = filepath.Join(tmp, "bin")
-	for name, pkg := range map[string]string{
-		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
-		"bridge":    "github.com/containernetworking/plugins/plugins/main/bridge",
-	} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), pkg)
-		cmd.Dir = env.Root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return 1, fmt.Errorf("build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	if err := os.Link(filepath.Join(binDir, "kvnet-cni"), filepath.Join(binDir, "kvnet-ipam")); err != nil {
-		return 1, err
-	}
-	cniCfg = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(tmp, "cache"), nil)
-	return m.Run(), nil
+	cniCfg = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(fx.Dir, "cache"), nil)
+	return m.Run()
 }
 
 func eventually(t testing.TB, what string, f func() error) {

@@ -35,7 +35,6 @@ import (
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/datapath"
-	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -59,42 +58,15 @@ func TestMain(m *testing.M) {
 		// The unit tests still run; the privileged ones skip (needsRoot).
 		os.Exit(m.Run())
 	}
-	code, err := setup(m)
+	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	env, c, tmpDir, kubeconfig, cniBinary = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.Bin("kvnet-cni")
+	code := m.Run()
+	fx.Close()
 	os.Exit(code)
-}
-
-func setup(m *testing.M) (int, error) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		return 1, fmt.Errorf("start control plane: %w", err)
-	}
-	defer env.Stop()
-	c = env.Client
-	stop, err := env.RunController(manager.Options{})
-	if err != nil {
-		return 1, err
-	}
-	defer stop()
-	if tmpDir, err = os.MkdirTemp("", "kvnet-node-test-"); err != nil {
-		return 1, err
-	}
-	defer os.RemoveAll(tmpDir)
-	kubeconfig = filepath.Join(tmpDir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
-		return 1, err
-	}
-	cniBinary = filepath.Join(tmpDir, "kvnet-cni")
-	cmd := exec.Command("go", "build", "-o", cniBinary, "kvnet.io/kvnet/cmd/kvnet-cni")
-	cmd.Dir = env.Root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
-	}
-	return m.Run(), nil
 }
 
 func eventually(t testing.TB, what string, f func() error) {

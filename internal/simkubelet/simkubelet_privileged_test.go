@@ -11,9 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -30,7 +28,6 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/cni"
-	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/simkubelet"
@@ -65,53 +62,25 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	privileged = true
-	code, err := setup(m)
+	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	code := run(m, fx)
+	fx.Close()
 	os.Exit(code)
 }
 
-func setup(m *testing.M) (int, error) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		return 1, fmt.Errorf("start control plane: %w", err)
-	}
-	defer env.Stop()
-	c = env.Client
-	stop, err := env.RunController(manager.Options{})
-	if err != nil {
-		return 1, err
-	}
-	defer stop()
-	tmp, err := os.MkdirTemp("", "kvnet-simkubelet-test-")
-	if err != nil {
-		return 1, err
-	}
-	defer os.RemoveAll(tmp)
-	kubeconfig = filepath.Join(tmp, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
-		return 1, err
-	}
-	u, err := url.Parse(env.Config.Host)
-	if err != nil {
-		return 1, err
-	}
-	apiAddr = u.Host
-	binDir = filepath.Join(tmp, "bin")
-	cacheDir = filepath.Join(tmp, "cni-cache")
-	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvnet-cni"), "kvnet.io/kvnet/cmd/kvnet-cni")
-	cmd.Dir = env.Root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
-	}
+func run(m *testing.M, fx *testenv.Fixture) int {
+	env, c, kubeconfig, apiAddr, binDir = fx.Env, fx.Env.Client, fx.Kubeconfig, fx.APIAddr, fx.BinDir
+	cacheDir = filepath.Join(fx.Dir, "cni-cache")
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	nodeNS = "kvsk" + hex.EncodeToString(b) + "-node"
 	if _, err := nl.CreateNamedNS(nodeNS); err != nil {
-		return 1, err
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	defer func() {
 		names, _ := nl.ListNamedNS(podPrefix())
@@ -120,7 +89,7 @@ func setup(m *testing.M) (int, error) {
 		}
 		_ = nl.DeleteNamedNS(nodeNS)
 	}()
-	return m.Run(), nil
+	return m.Run()
 }
 
 func podPrefix() string { return nodeNS + "-p-" }

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,51 +53,15 @@ func TestMain(m *testing.M) {
 		fmt.Println("skipping privileged simvirt tests: need root (network namespaces, nftables)")
 		os.Exit(m.Run())
 	}
-	code, err := setup(m)
+	fx, err := testenv.NewFixture(testenv.FixtureOptions{Webhooks: true, Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	env, c, tmpDir, kubeconfig, apiAddr, binDir = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.APIAddr, fx.BinDir
+	code := m.Run()
+	fx.Close()
 	os.Exit(code)
-}
-
-func setup(m *testing.M) (int, error) {
-	var err error
-	env, err = testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		return 1, fmt.Errorf("start control plane: %w", err)
-	}
-	defer env.Stop()
-	c = env.Client
-	opts, err := env.WebhookOptions(context.Background())
-	if err != nil {
-		return 1, err
-	}
-	stop, err := env.RunController(opts)
-	if err != nil {
-		return 1, err
-	}
-	defer stop()
-	if tmpDir, err = os.MkdirTemp("", "kvnet-simvirt-test-"); err != nil {
-		return 1, err
-	}
-	defer os.RemoveAll(tmpDir)
-	kubeconfig = filepath.Join(tmpDir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.CP.Kubeconfig, 0o600); err != nil {
-		return 1, err
-	}
-	u, err := url.Parse(env.Config.Host)
-	if err != nil {
-		return 1, err
-	}
-	apiAddr = u.Host
-	binDir = filepath.Join(tmpDir, "bin")
-	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvnet-cni"), "kvnet.io/kvnet/cmd/kvnet-cni")
-	cmd.Dir = env.Root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return 1, fmt.Errorf("build kvnet-cni: %v\n%s", err, out)
-	}
-	return m.Run(), nil
 }
 
 func eventually(t testing.TB, what string, f func() error) {
