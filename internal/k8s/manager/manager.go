@@ -154,11 +154,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up UDN controllers: %w", err)
 	}
-	ipamReady, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
+	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
 	if err != nil {
 		return nil, fmt.Errorf("set up IPAM controllers: %w", err)
 	}
-	if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+	if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{After: ipamStarted.Rebuilt, SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up VM claims controller: %w", err)
 	}
 	var macReady healthz.Checker
@@ -172,7 +172,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			return nil, err
 		}
 		// Ready only once the allocators are rebuilt from the API.
-		if err := mgr.AddReadyzCheck("ipam-rebuilt", ipamReady); err != nil {
+		if err := mgr.AddReadyzCheck("ipam-rebuilt", ipamStarted.Ready); err != nil {
 			return nil, err
 		}
 		if macReady != nil {

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -23,9 +22,8 @@ import (
 // served: networks from NADs, then IPAMClaims' IPs, then pods' annotations.
 // Nothing is ever released here, so no IP can move across a restart.
 type rebuilder struct {
-	mgr    ctrl.Manager // key of the Rebuilt registry entry
-	cache  cache.Cache  // NADs and pods
-	claims claimLister  // claims are not cached as full objects
+	cache  cache.Cache // NADs and pods
+	claims claimLister // claims are not cached as full objects
 	st     *state
 	ready  chan<- struct{}
 	// claimsWatched is closed once the IPAMClaim watches, started after
@@ -36,7 +34,6 @@ type rebuilder struct {
 }
 
 func (b *rebuilder) Start(ctx context.Context) error {
-	defer rebuilt.Delete(b.mgr)
 	logger := log.FromContext(ctx).WithName("ipam-rebuild")
 	// No cache.WaitForCacheSync: it would also wait for every informer
 	// other controllers started (VMs, VMIs...); listing NADs and pods

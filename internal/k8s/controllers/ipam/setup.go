@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,24 +38,34 @@ type Options struct {
 	SkipNameValidation bool
 }
 
+// Started is what Setup returns.
+type Started struct {
+	// Ready fails until the allocators are rebuilt; add it as a readiness
+	// check.
+	Ready healthz.Checker
+	// Rebuilt is closed once the allocators are rebuilt. Other controllers
+	// that read every IPAMClaim at start (vmclaims) wait for it, so that
+	// the rebuild, on the critical path of the first allocation, has the
+	// API server to itself.
+	Rebuilt <-chan struct{}
+}
+
 // Setup registers the allocation controllers and the start-up rebuild with
-// mgr. The returned checker fails until the rebuild is done; add it as a
-// readiness check.
-func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
+// mgr.
+func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	if opts.MaxConcurrentReconciles == 0 {
 		opts.MaxConcurrentReconciles = 16
 	}
 	st := newState()
 	ready := make(chan struct{})
-	rebuilt.Store(mgr, (<-chan struct{})(ready))
 	claimsWatched := make(chan struct{})
 	lister, err := newRESTClaimLister(mgr.GetConfig(), mgr.GetScheme(), claimPageSize)
 	if err != nil {
-		return nil, err
+		return Started{}, err
 	}
-	if err := mgr.Add(&rebuilder{mgr: mgr, cache: mgr.GetCache(), claims: lister, st: st, ready: ready,
+	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), claims: lister, st: st, ready: ready,
 		claimsWatched: claimsWatched, watchTimeout: 2 * time.Minute}); err != nil {
-		return nil, err
+		return Started{}, err
 	}
 	c := mgr.GetClient()
 	pr := &podReconciler{client: c, apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-ipam"), st: st, ready: ready}
@@ -87,7 +96,7 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(pr)
 	if err != nil {
-		return nil, err
+		return Started{}, err
 	}
 	cr := &claimReconciler{client: c, apiReader: mgr.GetAPIReader(), st: st, ready: ready}
 	err = ctrl.NewControllerManagedBy(mgr).
@@ -106,35 +115,19 @@ func Setup(mgr ctrl.Manager, opts Options) (healthz.Checker, error) {
 		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(cr)
 	if err != nil {
-		return nil, err
+		return Started{}, err
 	}
 	if err := mgr.Add(&exhaustionMarker{st: st, client: c, interval: time.Second}); err != nil {
-		return nil, err
+		return Started{}, err
 	}
-	return func(*http.Request) error {
+	return Started{Rebuilt: ready, Ready: func(*http.Request) error {
 		select {
 		case <-ready:
 			return nil
 		default:
 			return errors.New("ipam allocators not rebuilt yet")
 		}
-	}, nil
-}
-
-// rebuilt maps each manager Setup registered with to the channel its
-// rebuild closes (see Rebuilt).
-var rebuilt sync.Map // ctrl.Manager -> <-chan struct{}
-
-// Rebuilt returns a channel closed once the allocators of the IPAM
-// controller that Setup registered with mgr are rebuilt, or nil if Setup
-// has not been called with mgr. Other controllers that read every
-// IPAMClaim at start (vmclaims) wait for it, so that the rebuild, on the
-// critical path of the first allocation, has the API server to itself.
-func Rebuilt(mgr ctrl.Manager) <-chan struct{} {
-	if ch, ok := rebuilt.Load(mgr); ok {
-		return ch.(<-chan struct{})
-	}
-	return nil
+	}}, nil
 }
 
 // claimMetadata is an IPAMClaim as metadata only.

@@ -26,7 +26,6 @@ import (
 
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/vmclaims"
@@ -34,22 +33,25 @@ import (
 
 // Options configures the controller.
 type Options struct {
+	// After, if set, holds back every IPAMClaim read until it is closed:
+	// the IPAM controller's Started.Rebuilt.
+	After              <-chan struct{}
 	SkipNameValidation bool
 }
 
 // Setup registers the VM claims controller. It reconciles per VM name: the
 // VM and its VMI share a name, so one key covers both.
 //
-// When the IPAM controller is set up on mgr first, this controller reads
-// no IPAMClaim (neither watches them nor reconciles) until the IPAM
-// allocators are rebuilt: the rebuild reads every claim and is on the
+// With Options.After set to the IPAM controller's Started.Rebuilt, this
+// controller reads no IPAMClaim (neither watches them nor reconciles)
+// until the IPAM allocators are rebuilt: the rebuild reads every claim and is on the
 // critical path of the first allocation after a restart, and a claim
 // informer syncing at the same time would make the API server serialize
 // every claim twice. Claims are only created for VMIs, whose launcher pods
 // cannot be served before the rebuild anyway.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-vmclaims"),
-		after: ipamcontroller.Rebuilt(mgr)}
+		after: opts.After}
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
 	})
