@@ -68,7 +68,8 @@ type Agent struct {
 
 	trigger chan struct{} // buffered(1): "something changed"
 	dhcp    *dhcpServers
-	parsed  AnnotationCache // owned by the loop
+	parsed  AnnotationCache          // owned by the loop
+	gwMemo  map[string]gatewayResult // owned by the loop: see gateways
 
 	mu            sync.Mutex // guards the fields below
 	ready         bool
@@ -424,22 +425,21 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 }
 
 // gateways memoises GatewaysOf per configuration: building an allocator
-// for a large subnet on every reconcile would be wasteful.
+// for a large subnet on every reconcile would be wasteful. Only the loop
+// goroutine calls it.
 func (a *Agent) gateways(conf *netconf.NetConf) ([]netip.Addr, error) {
 	key, err := conf.Marshal()
 	if err != nil {
 		return nil, err
 	}
-	gatewayMemo.Lock()
-	defer gatewayMemo.Unlock()
-	if g, ok := gatewayMemo.m[key]; ok {
+	if g, ok := a.gwMemo[key]; ok {
 		return g.addrs, g.err
 	}
 	addrs, err := GatewaysOf(conf)
-	if len(gatewayMemo.m) > 4096 {
-		clear(gatewayMemo.m)
+	if a.gwMemo == nil || len(a.gwMemo) > 4096 {
+		a.gwMemo = map[string]gatewayResult{}
 	}
-	gatewayMemo.m[key] = gatewayResult{addrs, err}
+	a.gwMemo[key] = gatewayResult{addrs, err}
 	return addrs, err
 }
 
@@ -447,11 +447,6 @@ type gatewayResult struct {
 	addrs []netip.Addr
 	err   error
 }
-
-var gatewayMemo = struct {
-	sync.Mutex
-	m map[string]gatewayResult
-}{m: map[string]gatewayResult{}}
 
 // report updates metrics and logs what changed since the last plan.
 func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
