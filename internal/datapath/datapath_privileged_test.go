@@ -127,11 +127,7 @@ func TestTenantIsolation(t *testing.T) {
 		for _, nd := range c.nodes {
 			stopped += counters(t, nd)["network tenant-a_udn: gateway MAC never leaves on the overlay"]
 			if err := withHandle(nd.ns, func(h *nl.Handle) error {
-				vx, err := h.LinkByName(VXLANName(1))
-				if err != nil {
-					return err
-				}
-				entries, err := h.NeighList(vx.Attrs().Index, unix.AF_BRIDGE)
+				entries, err := vxlanFDB(h, 1)
 				if err != nil {
 					return err
 				}
@@ -382,11 +378,7 @@ func TestMACMove(t *testing.T) {
 	}
 	// The FDB entry moved rather than being added next to the old one.
 	if err := withHandle(c.nodes[0].ns, func(h *nl.Handle) error {
-		vx, err := h.LinkByName(VXLANName(1))
-		if err != nil {
-			return err
-		}
-		entries, err := h.NeighList(vx.Attrs().Index, unix.AF_BRIDGE)
+		entries, err := vxlanFDB(h, 1)
 		if err != nil {
 			return err
 		}
@@ -495,11 +487,7 @@ func TestReconcileFromScratch(t *testing.T) {
 				return fmt.Errorf("port %s of a removed network still attached or up", p.hostIf)
 			}
 		}
-		vx, err := h.LinkByName(VXLANName(1))
-		if err != nil {
-			return err
-		}
-		entries, err := h.NeighList(vx.Attrs().Index, unix.AF_BRIDGE)
+		entries, err := vxlanFDB(h, 1)
 		if err != nil {
 			return err
 		}
@@ -804,4 +792,13 @@ func TestDualStack(t *testing.T) {
 	if after := counters(t, c.nodes[0])[key]; after <= before {
 		t.Errorf("%q %d -> %d, want an increase", key, before, after)
 	}
+}
+
+// vxlanFDB returns the bridge FDB entries of network id's VXLAN device.
+func vxlanFDB(h *nl.Handle, id int) ([]netlink.Neigh, error) {
+	vx, err := h.LinkByName(VXLANName(id))
+	if err != nil {
+		return nil, err
+	}
+	return h.NeighList(vx.Attrs().Index, unix.AF_BRIDGE)
 }

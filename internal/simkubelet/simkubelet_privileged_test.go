@@ -309,15 +309,7 @@ func TestPodLifecycle(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "pod namespace and host end gone", func() error {
-		if nl.NamedNSExists(filepath.Base(nsPath)) {
-			return errors.New("pod namespace still there")
-		}
-		if _, err := hostEnd(pod, simkubelet.PrimaryIfName); err == nil {
-			return errors.New("host end still there")
-		}
-		return nil
-	})
+	waitTornDown(t, "pod namespace and host end gone", nsPath, pod)
 	k.running(t)
 }
 
@@ -448,15 +440,7 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 	if err := c.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "force-deleted pod torn down", func() error {
-		if nl.NamedNSExists(filepath.Base(nsPath)) {
-			return errors.New("pod namespace still there")
-		}
-		if _, err := hostEnd(pod, simkubelet.PrimaryIfName); err == nil {
-			return errors.New("host end still there")
-		}
-		return nil
-	})
+	waitTornDown(t, "force-deleted pod torn down", nsPath, pod)
 	k.running(t)
 }
 
@@ -537,4 +521,19 @@ func TestFailingPluginNamedAndRetried(t *testing.T) {
 		return nil
 	})
 	k.running(t)
+}
+
+// waitTornDown waits until the pod's namespace and the host end of its
+// primary interface are gone.
+func waitTornDown(t *testing.T, what, nsPath string, pod *corev1.Pod) {
+	t.Helper()
+	eventually(t, what, func() error {
+		if nl.NamedNSExists(filepath.Base(nsPath)) {
+			return errors.New("pod namespace still there")
+		}
+		if _, err := hostEnd(pod, simkubelet.PrimaryIfName); err == nil {
+			return errors.New("host end still there")
+		}
+		return nil
+	})
 }
