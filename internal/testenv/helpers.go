@@ -46,6 +46,9 @@ type Controller struct {
 	stop func()
 }
 
+// Options returns the options the controller runs with.
+func (c *Controller) Options() manager.Options { return c.opts }
+
 // Stop stops the controller; it is safe to call twice.
 func (c *Controller) Stop() {
 	if c.stop != nil {

@@ -74,8 +74,21 @@ func Start(opts Options) (*Env, error) {
 func (e *Env) Stop() error { return e.CP.Stop() }
 
 // RunController runs kvnet-controller against the control plane until the
-// returned stop function is called; stop waits for it to exit.
+// returned stop function is called; stop waits for it to exit. It returns
+// once the controller is Ready.
 func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
+	return e.runController(opts, true)
+}
+
+// RunStandby is RunController for a replica that is not expected to become
+// Ready (leader election on, another replica leading): it returns once the
+// replica's webhook server (if any) serves. Its readiness URL is
+// http://opts.ProbeAddr/readyz (set ProbeAddr to watch it).
+func (e *Env) RunStandby(opts manager.Options) (stop func(), err error) {
+	return e.runController(opts, false)
+}
+
+func (e *Env) runController(opts manager.Options, waitReady bool) (stop func(), err error) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
 	opts.SkipNameValidation = true
 	if opts.ProbeAddr == "" {
@@ -105,7 +118,7 @@ func (e *Env) RunController(opts manager.Options) (stop func(), err error) {
 		if opts.Webhook != nil && mgr.GetWebhookServer().StartedChecker()(nil) != nil {
 			return false
 		}
-		if opts.ProbeAddr == "0" {
+		if opts.ProbeAddr == "0" || !waitReady {
 			return true
 		}
 		resp, err := http.Get("http://" + opts.ProbeAddr + "/readyz")

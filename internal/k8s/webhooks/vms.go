@@ -31,7 +31,9 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 	start := time.Now()
 	defer func() { admissionSeconds.WithLabelValues("virtualmachine").Observe(time.Since(start).Seconds()) }()
 	if !m.Pool.Ready() {
-		return admission.Errored(http.StatusServiceUnavailable, errors.New("MAC pool is not rebuilt yet; retry"))
+		// A standby replica, or a leader still rebuilding: answering from
+		// a pool that misses the leader's allocations could duplicate a MAC.
+		return admission.Errored(http.StatusServiceUnavailable, errors.New("kvnet MAC pool is not ready on this replica (not the leader, or still rebuilding from the API); retry"))
 	}
 	var vm kubevirtv1.VirtualMachine
 	if err := m.Decoder.Decode(req, &vm); err != nil {

@@ -4,8 +4,14 @@
 // VM or one of its interfaces goes, allocations the API never committed
 // cleaned up, and MAC collisions among running VMIs reported.
 //
-// Every replica keeps its own pool (each serves the VM webhook), so these
-// controllers run without leader election, except collision reporting.
+// The pool lives in the leader only. Two replicas each handing out MACs
+// from their own pool would hand out the same MAC twice, so the rebuild and
+// every pool controller are leader-elected, and a replica answers the VM
+// webhook only once it is the leader and has rebuilt the pool from the API.
+// Until then its /readyz fails, so the webhook Service (which only routes
+// to Ready pods) sends no admission to a standby; one that reaches it
+// anyway is refused with a retryable error, never answered from a stale
+// pool.
 package macpool
 
 import (
@@ -162,12 +168,11 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 	if err := mgr.Add(&rebuilder{m: m, cache: mgr.GetCache(), reader: mgr.GetAPIReader()}); err != nil {
 		return nil, err
 	}
-	noLE := false
 	c := mgr.GetClient()
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("macpool-vms").
 		For(&kubevirtv1.VirtualMachine{}).
-		WithOptions(controller.Options{NeedLeaderElection: &noLE, MaxConcurrentReconciles: 4, SkipNameValidation: &opts.SkipNameValidation}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&vmReconciler{m: m, client: c})
 	if err != nil {
 		return nil, err
@@ -177,7 +182,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 		For(&corev1.ConfigMap{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return o.GetNamespace() == opts.ConfigMap.Namespace && o.GetName() == opts.ConfigMap.Name
 		}))).
-		WithOptions(controller.Options{NeedLeaderElection: &noLE, SkipNameValidation: &opts.SkipNameValidation}).
+		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&rangeReconciler{m: m, client: c, recorder: mgr.GetEventRecorder("kvnet-macpool")})
 	if err != nil {
 		return nil, err
@@ -196,14 +201,16 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 	return m, nil
 }
 
-// rebuilder restores the pool from every VM before the webhook serves.
+// rebuilder restores the pool from every VM once this replica is elected,
+// before the webhook serves.
 type rebuilder struct {
 	m      *Manager
 	cache  cache.Cache
 	reader client.Reader
 }
 
-func (b *rebuilder) NeedLeaderElection() bool { return false }
+// NeedLeaderElection: the pool is the leader's.
+func (b *rebuilder) NeedLeaderElection() bool { return true }
 
 func (b *rebuilder) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("macpool-rebuild")
@@ -219,9 +226,12 @@ func (b *rebuilder) Start(ctx context.Context) error {
 	if !b.cache.WaitForCacheSync(ctx) {
 		return errors.New("macpool rebuild: caches did not sync")
 	}
+	// From the API server, not the cache: a VM the previous leader admitted
+	// a moment ago may not have reached this replica's watch yet, and its
+	// MACs must be held before this replica hands out any.
 	var vms kubevirtv1.VirtualMachineList
-	if err := b.cache.List(ctx, &vms); err != nil {
-		return err
+	if err := b.reader.List(ctx, &vms); err != nil {
+		return fmt.Errorf("macpool rebuild: list VirtualMachines: %w", err)
 	}
 	start, dups := time.Now(), 0
 	for i := range vms.Items {
@@ -323,6 +333,17 @@ func (r *vmReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			r.m.Pool.Release(owner, mac)
 		}
 	}
+	// A MAC on a VM that nobody holds came by another way than this
+	// replica's webhook (an opted-out namespace, the webhook of a leader
+	// that just stepped down): hold it, so it is never handed out again.
+	for s := range inSpec {
+		mac := mustMAC(s)
+		if _, held := r.m.Pool.Holder(mac); !held {
+			if err := r.m.Pool.Reserve(owner, mac); err != nil {
+				log.FromContext(ctx).Error(err, "hold MAC seen on VM", "vm", owner)
+			}
+		}
+	}
 	all := true
 	for mac := range inSpec {
 		if h, ok := r.m.Pool.Holder(mustMAC(mac)); !ok || h != owner {
@@ -355,7 +376,8 @@ type pendingCleaner struct {
 	reader client.Reader
 }
 
-func (p *pendingCleaner) NeedLeaderElection() bool { return false }
+// NeedLeaderElection: the pool is the leader's.
+func (p *pendingCleaner) NeedLeaderElection() bool { return true }
 
 func (p *pendingCleaner) Start(ctx context.Context) error {
 	interval := p.m.opts.PendingTimeout / 4
