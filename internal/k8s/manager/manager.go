@@ -214,7 +214,7 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (heal
 	srv := mgr.GetWebhookServer()
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv.Register(webhooks.LauncherPodPath, &webhook.Admission{Handler: &webhooks.LauncherPodMutator{
-		Reader: mgr.GetAPIReader(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
+		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
 	}})
 	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	// Renewals and caBundle upkeep, on every replica.

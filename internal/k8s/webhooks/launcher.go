@@ -28,7 +28,11 @@ const LauncherPodPath = "/mutate-launcher-pod"
 type LauncherPodMutator struct {
 	// Reader reads VMIs, namespaces and NADs; an uncached reader, because
 	// the VMI was usually created a moment ago.
-	Reader  client.Reader
+	Reader client.Reader
+	// Cache, if set, is asked first for namespaces and NADs, which change
+	// rarely; what it does not know is read through Reader, so a NAD or
+	// namespace created a moment ago is never missed.
+	Cache   client.Reader
 	Decoder admission.Decoder
 	// DefaultNetworkNAD is "<ns>/<name>" of the cluster default network,
 	// written in the default-network element for primary networks.
@@ -58,13 +62,13 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get VMI %s/%s of launcher pod: %w", pod.Namespace, vmiName, err))
 	}
-	_, primaryKey, err := nads.Primary(ctx, m.Reader, pod.Namespace)
+	primaryKey, err := m.primary(ctx, pod.Namespace)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	var primarySubnets []netip.Prefix
 	lookup := func(key string) (*netconf.Served, bool, error) {
-		s, found, err := nads.Lookup(ctx, m.Reader, key)
+		s, found, err := m.lookupNAD(ctx, key)
 		if err != nil && found {
 			return nil, true, fmt.Errorf("%w: NAD %s: %v", vmclaims.ErrDeny, key, err)
 		}
@@ -91,6 +95,29 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return patchAnnotations(req.Object.Raw, ann)
+}
+
+// primary returns the key of the namespace's primary NAD, from the cache
+// when it knows one, else from the API server.
+func (m *LauncherPodMutator) primary(ctx context.Context, namespace string) (string, error) {
+	if m.Cache != nil {
+		if _, key, err := nads.Primary(ctx, m.Cache, namespace); err == nil && key != "" {
+			return key, nil
+		}
+	}
+	_, key, err := nads.Primary(ctx, m.Reader, namespace)
+	return key, err
+}
+
+// lookupNAD is nads.Lookup, from the cache when it has the NAD, else from
+// the API server.
+func (m *LauncherPodMutator) lookupNAD(ctx context.Context, key string) (*netconf.Served, bool, error) {
+	if m.Cache != nil {
+		if s, found, err := nads.Lookup(ctx, m.Cache, key); found {
+			return s, found, err
+		}
+	}
+	return nads.Lookup(ctx, m.Reader, key)
 }
 
 func (m *LauncherPodMutator) getVMI(ctx context.Context, ns, name string) (*kubevirtv1.VirtualMachineInstance, error) {

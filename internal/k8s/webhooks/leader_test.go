@@ -118,7 +118,6 @@ func TestMACPoolLeaderOnly(t *testing.T) {
 	}
 }
 
-
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
