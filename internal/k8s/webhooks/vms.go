@@ -42,10 +42,14 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 	if vm.Namespace == "" {
 		vm.Namespace = req.Namespace
 	}
-	if vm.Name == "" || vm.Spec.Template == nil {
-		return admission.Allowed("no name yet or no template: nothing to assign")
+	if vm.Spec.Template == nil {
+		return admission.Allowed("no template: nothing to assign")
 	}
 	owner := macpoolctl.Owner(vm.Namespace, vm.Name)
+	if vm.Name == "" {
+		// generateName: the API server names the VM after admission.
+		owner = macpoolctl.ProvisionalOwner(vm.Namespace, string(req.UID))
+	}
 	dryRun := req.DryRun != nil && *req.DryRun
 	spec := vm.Spec.Template.Spec
 

@@ -548,3 +548,41 @@ func gaugeValue(t *testing.T, name, label, value string) float64 {
 	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
 }
+
+// A VM created with generateName has no name at admission: its MACs are
+// held provisionally and handed to the VM once it exists, so they conflict
+// in its name and are freed when it is deleted.
+func TestMACPoolGenerateName(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-gen", nil)
+	v := vm("mac-gen", "", masq(), bridge("sec", ""))
+	v.GenerateName = "gen-"
+	create(t, v)
+	got := macs(v)
+	if got[0] == "" || got[1] == "" {
+		t.Fatalf("generateName VM got MACs %v", got)
+	}
+	want := "is already used by VM mac-gen/" + v.Name
+	eventually(t, "MAC held in the VM's name", func() error {
+		err := c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1])))
+		if err == nil {
+			return fmt.Errorf("a second VM got MAC %s", got[1])
+		}
+		if !strings.Contains(err.Error(), want) {
+			return err
+		}
+		return nil
+	})
+	// Past the pending timeout the MACs stay the VM's, not released as an
+	// abandoned admission.
+	time.Sleep(3 * time.Second)
+	if err := c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1]))); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("after the pending timeout: err = %v, want %q", err, want)
+	}
+	if err := c.Delete(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "MAC freed with the VM", func() error {
+		return c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1])))
+	})
+}

@@ -82,6 +82,21 @@ type Manager struct {
 // Owner is the pool owner key of a VM.
 func Owner(namespace, name string) string { return namespace + "/" + name }
 
+// provisionalMark starts the name part of a provisional owner.
+const provisionalMark = "generateName:"
+
+// ProvisionalOwner is the owner key of MACs given to a VM created with
+// generateName: at admission it has no name yet, so the MACs are held under
+// the admission request's UID until the VM reconciler sees the created VM
+// carry them and hands them to it.
+func ProvisionalOwner(namespace, requestUID string) string {
+	return Owner(namespace, provisionalMark+requestUID)
+}
+
+func isProvisionalIn(owner, namespace string) bool {
+	return strings.HasPrefix(owner, namespace+"/"+provisionalMark)
+}
+
 // Ready reports whether the pool was rebuilt and may serve.
 func (m *Manager) Ready() bool {
 	select {
@@ -336,9 +351,16 @@ func (r *vmReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	// A MAC on a VM that nobody holds came by another way than this
 	// replica's webhook (an opted-out namespace, the webhook of a leader
 	// that just stepped down): hold it, so it is never handed out again.
+	// A MAC held provisionally (the VM was admitted with generateName) is
+	// handed to the VM that now carries it.
 	for s := range inSpec {
 		mac := mustMAC(s)
-		if _, held := r.m.Pool.Holder(mac); !held {
+		h, held := r.m.Pool.Holder(mac)
+		if held && isProvisionalIn(h, req.Namespace) {
+			r.m.Pool.Release(h, mac)
+			held = false
+		}
+		if !held {
 			if err := r.m.Pool.Reserve(owner, mac); err != nil {
 				log.FromContext(ctx).Error(err, "hold MAC seen on VM", "vm", owner)
 			}
@@ -404,6 +426,17 @@ func (p *pendingCleaner) sweep(ctx context.Context) {
 	p.m.mu.Unlock()
 	for _, owner := range stale {
 		ns, name, _ := strings.Cut(owner, "/")
+		if strings.HasPrefix(name, provisionalMark) {
+			// The VM reconciler took what the created VM carries; the rest
+			// belongs to an admission that never reached the API.
+			if n := len(p.m.Pool.MACs(owner)); n > 0 {
+				p.m.Pool.ReleaseOwner(owner)
+				abandonedTotal.Add(float64(n))
+				log.FromContext(ctx).Info("released MACs of an abandoned VM admission", "vm", owner)
+			}
+			p.m.commit(owner)
+			continue
+		}
 		var vm kubevirtv1.VirtualMachine
 		err := p.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &vm)
 		switch {
