@@ -2,15 +2,20 @@ package v1_test
 
 // These tests apply UserDefinedNetwork and ClusterUserDefinedNetwork
 // manifests to a real kube-apiserver serving the CRDs kvnet ships, and assert
-// that each is accepted or rejected with OVN-Kubernetes' exact CEL message.
+// that each is accepted or rejected with OVN-Kubernetes' exact CEL message
+// (matched against the whole message of one of the API server's causes), and
+// that every CEL rule of the CRDs has a case.
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -231,6 +236,32 @@ func TestCreateValidation(t *testing.T) {
 	}
 }
 
+// TestEveryCELRuleExercised fails when a CEL rule of the shipped CRDs has
+// no case above expecting its message.
+func TestEveryCELRuleExercised(t *testing.T) {
+	msgs, err := celMessages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expected := map[string]bool{}
+	for _, tc := range createCases {
+		expected[tc.wantErr] = true
+	}
+	for _, tc := range updateCases {
+		expected[tc.wantErr] = true
+	}
+	var missing []string
+	for m := range msgs {
+		if !expected[m] {
+			missing = append(missing, m)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d CEL messages have no case: %q", len(missing), len(msgs), missing)
+	}
+	t.Logf("all %d CEL messages exercised", len(msgs))
+}
+
 func TestUpdateValidation(t *testing.T) {
 	ctx := context.Background()
 	for i, tc := range updateCases {
@@ -255,7 +286,78 @@ func checkErr(t *testing.T, err error, want string) {
 		t.Fatalf("rejected, want accepted: %v", err)
 	case want != "" && err == nil:
 		t.Fatalf("accepted, want rejection %q", want)
+	case want != "" && isCELMessage(t, want) && !hasCause(err, want):
+		t.Fatalf("rejected with\n  %v\nwant a cause with exactly the CEL message\n  %q", err, want)
 	case want != "" && !strings.Contains(err.Error(), want):
+		// OpenAPI schema errors (enum, range, required) are the API
+		// server's own wording, matched by their distinctive part.
 		t.Fatalf("rejected with\n  %v\nwant message containing\n  %q", err, want)
 	}
+}
+
+func isCELMessage(t *testing.T, msg string) bool {
+	t.Helper()
+	msgs, err := celMessages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs[msg]
+}
+
+// celMessages returns the message of every CEL rule in the shipped UDN and
+// CUDN CRDs.
+var celMessages = sync.OnceValues(func() (map[string]bool, error) {
+	out := map[string]bool{}
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if rules, ok := v["x-kubernetes-validations"].([]any); ok {
+				for _, r := range rules {
+					if m, ok := r.(map[string]any)["message"].(string); ok {
+						out[m] = true
+					}
+				}
+			}
+			for _, c := range v {
+				walk(c)
+			}
+		case []any:
+			for _, c := range v {
+				walk(c)
+			}
+		}
+	}
+	for _, f := range []string{"k8s.ovn.org_userdefinednetworks.yaml", "k8s.ovn.org_clusteruserdefinednetworks.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(env.Root, "config", "crd", "bases", f))
+		if err != nil {
+			return nil, err
+		}
+		var crd map[string]any
+		if err := yaml.Unmarshal(raw, &crd); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		walk(crd)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no CEL rules found in the UDN CRDs")
+	}
+	return out, nil
+})
+
+// hasCause reports whether one of the API server's causes for rejecting
+// carries exactly the message want (after the "Invalid value: ...: " or
+// "Forbidden: " the API server puts before a rule's message), so that a
+// message that is only a prefix of another does not match it.
+func hasCause(err error, want string) bool {
+	status, ok := err.(apierrors.APIStatus)
+	if !ok || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Message == want || strings.HasSuffix(c.Message, ": "+want) {
+			return true
+		}
+	}
+	return false
 }
