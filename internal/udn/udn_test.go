@@ -100,6 +100,12 @@ func TestIDAllocator(t *testing.T) {
 	if _, err := full.Allocate("one-too-many"); !errors.Is(err, ErrNoNetworkIDs) {
 		t.Fatalf("err = %v, want ErrNoNetworkIDs", err)
 	}
+	// The cursor has wrapped: a freed ID is the next one handed out.
+	freed, _ := full.ID("B" + string(rune(1)))
+	full.Release("B" + string(rune(1)))
+	if id, err := full.Allocate("late"); err != nil || id != freed {
+		t.Fatalf("after freeing %d got %d, %v", freed, id, err)
+	}
 }
 
 func TestPodsUsing(t *testing.T) {

@@ -1,6 +1,7 @@
 package udn_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,9 +100,20 @@ func waitNADGone(t *testing.T, ns, name string) {
 	})
 }
 
-// waitCondition waits for obj's NetworkCreated condition to have status and
-// a message containing msg, and returns the condition.
+// waitCondition waits for obj's NetworkCreated condition to have status,
+// reason and a message containing msg, and returns the condition.
 func waitCondition(t *testing.T, obj client.Object, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+	t.Helper()
+	return waitConditionMatching(t, obj, status, reason, msg, strings.Contains)
+}
+
+// waitExactCondition is waitCondition for a message equal to msg.
+func waitExactCondition(t *testing.T, obj client.Object, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+	t.Helper()
+	return waitConditionMatching(t, obj, status, reason, msg, func(got, want string) bool { return got == want })
+}
+
+func waitConditionMatching(t *testing.T, obj client.Object, status metav1.ConditionStatus, reason, msg string, match func(got, want string) bool) metav1.Condition {
 	t.Helper()
 	var got metav1.Condition
 	eventually(t, fmt.Sprintf("condition of %s", obj.GetName()), func() error {
@@ -119,8 +132,8 @@ func waitCondition(t *testing.T, obj client.Object, status metav1.ConditionStatu
 			return fmt.Errorf("no NetworkCreated condition")
 		}
 		got = *cond
-		if cond.Status != status || cond.Reason != reason || !strings.Contains(cond.Message, msg) {
-			return fmt.Errorf("condition is %s/%s %q, want %s/%s containing %q", cond.Status, cond.Reason, cond.Message, status, reason, msg)
+		if cond.Status != status || cond.Reason != reason || !match(cond.Message, msg) {
+			return fmt.Errorf("condition is %s/%s %q, want %s/%s %q", cond.Status, cond.Reason, cond.Message, status, reason, msg)
 		}
 		return nil
 	})
@@ -178,6 +191,7 @@ func checkGolden(t *testing.T, nad *nadv1.NetworkAttachmentDefinition, file stri
 
 func TestRenderedNADs(t *testing.T) {
 	mkNS(t, "golden-primary", primaryLabel)
+	mkNS(t, "golden-primary-l3", primaryLabel) // one primary network per namespace
 	mkNS(t, "golden-secondary", map[string]string{"golden": "yes"})
 
 	docs := l2UDN("golden-primary", "primary-udn", udnv1.NetworkRolePrimary, "10.100.0.0/16")
@@ -198,6 +212,15 @@ func TestRenderedNADs(t *testing.T) {
 	}
 	create(t, l3)
 
+	// No joinSubnets: the default is rendered.
+	primaryL3 := &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "golden-primary-l3", Name: "primary-l3"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer3, Layer3: &udnv1.Layer3Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: []udnv1.Layer3Subnet{{CIDR: "10.150.0.0/16", HostSubnet: 24}},
+		}},
+	}
+	create(t, primaryL3)
+
 	localnet := &udnv1.ClusterUserDefinedNetwork{
 		ObjectMeta: metav1.ObjectMeta{Name: "golden-localnet"},
 		Spec: udnv1.ClusterUserDefinedNetworkSpec{
@@ -214,6 +237,7 @@ func TestRenderedNADs(t *testing.T) {
 	checkGolden(t, waitNAD(t, "golden-primary", "primary-udn"), "primary-l2-persistent.yaml")
 	checkGolden(t, waitNAD(t, "golden-secondary", "secondary-l2"), "secondary-l2-dualstack.yaml")
 	checkGolden(t, waitNAD(t, "golden-secondary", "secondary-l3"), "secondary-l3.yaml")
+	checkGolden(t, waitNAD(t, "golden-primary-l3", "primary-l3"), "primary-l3.yaml")
 	checkGolden(t, waitNAD(t, "golden-secondary", "golden-localnet"), "cudn-localnet.yaml")
 
 	waitCondition(t, docs, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
@@ -231,8 +255,7 @@ func TestPrimaryNeedsNamespaceLabel(t *testing.T) {
 	mkNS(t, "unlabelled", nil)
 	u := l2UDN("unlabelled", "primary", udnv1.NetworkRolePrimary, "10.0.0.0/24")
 	create(t, u)
-	waitCondition(t, u, metav1.ConditionFalse, "SyncError",
-		`invalid primary network state for namespace "unlabelled": a valid primary user defined network or network attachment definition custom resource, and required namespace label "k8s.ovn.org/primary-user-defined-network" must both be present`)
+	waitExactCondition(t, u, metav1.ConditionFalse, "SyncError", invalidPrimaryMessage("unlabelled"))
 	if _, err := getNAD("unlabelled", "primary"); !apierrors.IsNotFound(err) {
 		t.Fatalf("NAD rendered for a primary network in an unlabelled namespace (err=%v)", err)
 	}
@@ -240,6 +263,12 @@ func TestPrimaryNeedsNamespaceLabel(t *testing.T) {
 	s := l2UDN("unlabelled", "secondary", udnv1.NetworkRoleSecondary, "10.0.0.0/24")
 	create(t, s)
 	waitNAD(t, "unlabelled", "secondary")
+}
+
+// invalidPrimaryMessage is OVN-Kubernetes' error for a primary network
+// selecting a namespace without the primary network label.
+func invalidPrimaryMessage(namespace string) string {
+	return fmt.Sprintf(`invalid primary network state for namespace %q: a valid primary user defined network or network attachment definition custom resource, and required namespace label "k8s.ovn.org/primary-user-defined-network" must both be present`, namespace)
 }
 
 func TestNamespaceLabelImmutable(t *testing.T) {
@@ -599,5 +628,262 @@ func TestHandwrittenNADs(t *testing.T) {
 	}
 	if idOf("hw-b", "shared") != shared || idOf("hw-a", "other") != other {
 		t.Error("hand-written network IDs changed across the restart")
+	}
+}
+
+// l2CUDN returns a Layer2 CUDN selecting namespaces by name.
+func l2CUDN(name string, role udnv1.NetworkRole, namespaces []string, subnets ...udnv1.CIDR) *udnv1.ClusterUserDefinedNetwork {
+	return &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: namespaces,
+			}}},
+			Network: udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: role, Subnets: subnets}},
+		},
+	}
+}
+
+func del(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		if err := c.Delete(context.Background(), o); err != nil {
+			t.Fatalf("delete %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+// waitGone waits until each object is gone from the API (finalizers done).
+func waitGone(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		eventually(t, o.GetName()+" gone", func() error {
+			err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o.DeepCopyObject().(client.Object))
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("still there (err=%v)", err)
+		})
+	}
+}
+
+// TestDeletedNADHeldByPods: a user deletes the NAD of a network a pod
+// uses. Our finalizer holds it while the pod lives, and the network reports
+// it as being deleted (OVN-Kubernetes' reason and message, not a sync
+// error). Once the pod goes, the NAD goes, and the controller creates it
+// again with the same network ID.
+func TestDeletedNADHeldByPods(t *testing.T) {
+	const ns = "nad-deleted"
+	mkNS(t, ns, nil)
+	for _, tc := range []struct {
+		network           client.Object
+		deleting, created string // NetworkCreated messages
+	}{
+		{l2UDN(ns, "udn", udnv1.NetworkRoleSecondary, "10.91.0.0/24"),
+			"NetworkAttachmentDefinition is being deleted",
+			"NetworkAttachmentDefinition has been created"},
+		{l2CUDN("nad-deleted-cudn", udnv1.NetworkRoleSecondary, []string{ns}, "10.92.0.0/24"),
+			"NetworkAttachmentDefinition are being deleted: [nad-deleted/nad-deleted-cudn]",
+			"NetworkAttachmentDefinition has been created in following namespaces: [nad-deleted]"},
+	} {
+		name := tc.network.GetName()
+		t.Run(name, func(t *testing.T) {
+			user := pod(ns, "user-of-"+name, map[string]string{"k8s.v1.cni.cncf.io/networks": name})
+			create(t, user)
+			create(t, tc.network)
+			old := waitNAD(t, ns, name)
+			waitExactCondition(t, tc.network, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", tc.created)
+
+			del(t, old)
+			waitExactCondition(t, tc.network, metav1.ConditionFalse, "NetworkAttachmentDefinitionDeleted", tc.deleting)
+			waitEvent(t, tc.network, corev1.EventTypeWarning, "NetworkAttachmentDefinitionDeleted")
+			if held, err := getNAD(ns, name); err != nil || held.DeletionTimestamp == nil {
+				t.Fatalf("NAD in use not held terminating: err=%v", err)
+			}
+
+			del(t, user)
+			eventually(t, "NAD recreated", func() error {
+				nad, err := getNAD(ns, name)
+				if err != nil {
+					return err
+				}
+				if nad.UID == old.UID {
+					return fmt.Errorf("still the deleted NAD")
+				}
+				if got, want := udn.NetworkIDOf(nad), udn.NetworkIDOf(old); got != want {
+					t.Fatalf("recreated NAD has network ID %d, want %d", got, want)
+				}
+				return nil
+			})
+			waitExactCondition(t, tc.network, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", tc.created)
+		})
+	}
+}
+
+// networkIDsInUse returns the network IDs on NADs in the API.
+func networkIDsInUse(t *testing.T) map[int]bool {
+	t.Helper()
+	var list nadv1.NetworkAttachmentDefinitionList
+	if err := c.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]bool{}
+	for i := range list.Items {
+		ids[udn.NetworkIDOf(&list.Items[i])] = true
+	}
+	return ids
+}
+
+// lowestFreeID returns the lowest network ID on no NAD.
+func lowestFreeID(t *testing.T) int {
+	t.Helper()
+	inUse := networkIDsInUse(t)
+	for id := 1; id <= udn.MaxNetworkID; id++ {
+		if !inUse[id] {
+			return id
+		}
+	}
+	t.Fatal("no free network ID")
+	return 0
+}
+
+// createNetwork creates a network whose NAD is namespace/name, and returns
+// its network ID.
+func createNetwork(t *testing.T, network client.Object, namespace string) int {
+	t.Helper()
+	create(t, network)
+	return udn.NetworkIDOf(waitNAD(t, namespace, network.GetName()))
+}
+
+// TestNetworkIDsFreed: deleting a UDN or a CUDN frees its network ID.
+// internal/udn.IDAllocator hands IDs out round robin from a cursor that
+// starts at 1: a freed ID is not reused at once (nodes may still be tearing
+// its network down), not even by a network of the same name, but a
+// restarted controller starts over at 1 and gives the next networks the
+// lowest free IDs, the freed ones among them.
+func TestNetworkIDsFreed(t *testing.T) {
+	const ns = "ids-freed"
+	mkNS(t, ns, nil)
+	udnA := func() client.Object { return l2UDN(ns, "a", udnv1.NetworkRoleSecondary, "10.84.0.0/24") }
+	cudnC := func() client.Object {
+		return l2CUDN("ids-freed-c", udnv1.NetworkRoleSecondary, []string{ns}, "10.85.0.0/24")
+	}
+
+	ctl.Restart(t)
+	lowest := lowestFreeID(t)
+	a, cu := udnA(), cudnC()
+	ida := createNetwork(t, a, ns)
+	idb := createNetwork(t, l2UDN(ns, "b", udnv1.NetworkRoleSecondary, "10.86.0.0/24"), ns)
+	idc := createNetwork(t, cu, ns)
+	if ida != lowest || idb <= ida || idc <= idb {
+		t.Fatalf("after a restart got IDs a=%d b=%d c=%d, want ascending from the lowest free ID %d", ida, idb, idc, lowest)
+	}
+
+	del(t, a, cu)
+	waitGone(t, a, cu)
+	if inUse := networkIDsInUse(t); inUse[ida] || inUse[idc] {
+		t.Fatalf("IDs %d and %d of deleted networks still on NADs", ida, idc)
+	}
+	// Round robin: networks of the same names get new IDs.
+	if id := createNetwork(t, udnA(), ns); id == ida || id == idc {
+		t.Errorf("UDN a recreated got freed ID %d at once (a had %d, c had %d)", id, ida, idc)
+	}
+	if id := createNetwork(t, cudnC(), ns); id == ida || id == idc {
+		t.Errorf("CUDN recreated got freed ID %d at once (a had %d, c had %d)", id, ida, idc)
+	}
+
+	ctl.Restart(t)
+	if lowest := lowestFreeID(t); lowest != ida {
+		t.Fatalf("lowest free ID is %d, want the freed %d (did another test free one?)", lowest, ida)
+	}
+	if id := createNetwork(t, l2UDN(ns, "d", udnv1.NetworkRoleSecondary, "10.87.0.0/24"), ns); id != ida {
+		t.Errorf("new UDN got ID %d, want the UDN's freed %d", id, ida)
+	}
+	if id := createNetwork(t, l2CUDN("ids-freed-e", udnv1.NetworkRoleSecondary, []string{ns}, "10.88.0.0/24"), ns); id != idc {
+		t.Errorf("new CUDN got ID %d, want the CUDN's freed %d", id, idc)
+	}
+}
+
+// waitEvent waits for an events.k8s.io/v1 event of eventType and reason
+// regarding obj.
+func waitEvent(t *testing.T, obj client.Object, eventType, reason string) {
+	t.Helper()
+	gvk, err := c.GroupVersionKindFor(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Events about cluster-scoped objects go to the default namespace.
+	eventNS := cmp.Or(obj.GetNamespace(), metav1.NamespaceDefault)
+	eventually(t, fmt.Sprintf("%s event %s on %s %s", eventType, reason, gvk.Kind, obj.GetName()), func() error {
+		var list eventsv1.EventList
+		if err := c.List(context.Background(), &list, client.InNamespace(eventNS)); err != nil {
+			return err
+		}
+		var seen []string
+		for _, ev := range list.Items {
+			r := ev.Regarding
+			if r.UID != obj.GetUID() {
+				continue
+			}
+			if r.Kind != gvk.Kind || r.Namespace != obj.GetNamespace() || r.Name != obj.GetName() || ev.ReportingController != "kvnet-udn-controller" {
+				t.Fatalf("event %s regards %s %s/%s, reported by %q", ev.Name, r.Kind, r.Namespace, r.Name, ev.ReportingController)
+			}
+			if ev.Type == eventType && ev.Reason == reason {
+				return nil
+			}
+			seen = append(seen, ev.Type+"/"+ev.Reason)
+		}
+		return fmt.Errorf("not recorded; events on it: %v", seen)
+	})
+}
+
+// TestEvents: the controllers record events on the UDN or CUDN concerned: a
+// change of NetworkCreated (Normal when created, else Warning with the
+// condition's reason), and NetworkInUse while a deletion waits for pods.
+func TestEvents(t *testing.T) {
+	const ns = "events" // unlabelled: primary networks fail here
+	mkNS(t, ns, nil)
+	ok := l2UDN(ns, "ok", udnv1.NetworkRoleSecondary, "10.93.0.0/24")
+	bad := l2UDN(ns, "bad", udnv1.NetworkRolePrimary, "10.94.0.0/24")
+	cok := l2CUDN("events-ok", udnv1.NetworkRoleSecondary, []string{ns}, "10.95.0.0/24")
+	cbad := l2CUDN("events-bad", udnv1.NetworkRolePrimary, []string{ns}, "10.96.0.0/24")
+	user := pod(ns, "user", map[string]string{"k8s.v1.cni.cncf.io/networks": "ok,events-ok"})
+	for _, o := range []client.Object{user, ok, bad, cok, cbad} {
+		create(t, o)
+	}
+	waitNAD(t, ns, ok.Name)
+	waitNAD(t, ns, cok.Name)
+	del(t, ok, cok) // blocked by the pod
+
+	for _, want := range []struct {
+		obj               client.Object
+		eventType, reason string
+	}{
+		{ok, corev1.EventTypeNormal, "NetworkAttachmentDefinitionCreated"},
+		{ok, corev1.EventTypeWarning, "NetworkInUse"},
+		{bad, corev1.EventTypeWarning, "SyncError"},
+		{cok, corev1.EventTypeNormal, "NetworkAttachmentDefinitionCreated"},
+		{cok, corev1.EventTypeWarning, "NetworkInUse"},
+		{cbad, corev1.EventTypeWarning, "NetworkAttachmentDefinitionSyncError"},
+	} {
+		waitEvent(t, want.obj, want.eventType, want.reason)
+	}
+
+	del(t, user, bad, cbad)
+	waitGone(t, ok, bad, cok, cbad)
+}
+
+// TestCUDNPrimaryNeedsNamespaceLabel: a primary CUDN renders its NAD in the
+// selected namespaces that carry the primary network label, and reports
+// the others as a sync error.
+func TestCUDNPrimaryNeedsNamespaceLabel(t *testing.T) {
+	mkNS(t, "cudn-labelled", primaryLabel)
+	mkNS(t, "cudn-unlabelled", nil)
+	cu := l2CUDN("cudn-primary", udnv1.NetworkRolePrimary, []string{"cudn-labelled", "cudn-unlabelled"}, "10.97.0.0/24")
+	create(t, cu)
+	waitExactCondition(t, cu, metav1.ConditionFalse, "NetworkAttachmentDefinitionSyncError", invalidPrimaryMessage("cudn-unlabelled"))
+	waitNAD(t, "cudn-labelled", cu.Name)
+	if _, err := getNAD("cudn-unlabelled", cu.Name); !apierrors.IsNotFound(err) {
+		t.Fatalf("NAD rendered for a primary network in an unlabelled namespace (err=%v)", err)
 	}
 }

@@ -5,17 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -52,7 +50,7 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 			}
 		}
 		if err := errors.Join(errs...); err != nil {
-			if serr := r.setCUDNCondition(ctx, &c, metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()}); serr != nil {
+			if _, serr := r.setCondition(ctx, &c, &c.Status.Conditions, falseCondition(ReasonCUDNSyncError, err.Error())); serr != nil {
 				return ctrl.Result{}, serr
 			}
 			if allInUse(errs) {
@@ -77,18 +75,19 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		// A bad selector is a user error; the API server validated its
 		// syntax, so this is rare.
 		err = &userError{err: fmt.Errorf("invalid namespaceSelector: %w", err)}
-		_ = r.setCUDNCondition(ctx, &c, metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()})
+		_, _ = r.setCondition(ctx, &c, &c.Status.Conditions, falseCondition(ReasonCUDNSyncError, err.Error()))
 		return resultFor(err)
 	}
 	owner := udn.Owner{Object: &c, GVK: udnv1.GroupVersion.WithKind("ClusterUserDefinedNetwork")}
 	var errs []error
-	var created []string
+	var nads []*nadv1.NetworkAttachmentDefinition // of the selected namespaces
 	for _, ns := range selected {
-		if _, err := r.ensureNAD(ctx, owner, spec, netName, ns); err != nil {
+		nad, err := r.ensureNAD(ctx, owner, spec, netName, ns)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		created = append(created, ns)
+		nads = append(nads, nad)
 	}
 	// NADs in namespaces no longer selected go, unless pods use them.
 	for _, nad := range owned {
@@ -100,25 +99,13 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 	}
 	err = errors.Join(errs...)
-	cond := metav1.Condition{
-		Type: ConditionNetworkCreated, Status: metav1.ConditionTrue, Reason: ReasonNADCreated,
-		Message: fmt.Sprintf("%s in following namespaces: [%s]", messageNADCreated, strings.Join(created, ", ")),
-	}
-	if err != nil {
-		cond = metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonCUDNSyncError, Message: err.Error()}
-	}
-	changed := !conditionHolds(c.Status.Conditions, cond)
-	if serr := r.setCUDNCondition(ctx, &c, cond); serr != nil {
+	cond := clusterNetworkCreated(nads, err)
+	if serr := r.reportSync(ctx, &c, &c.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}
-	if changed {
-		if err != nil {
-			r.recorder.Eventf(&c, nil, corev1.EventTypeWarning, ReasonCUDNSyncError, "Sync", "%s", err.Error())
-		} else {
-			r.recorder.Eventf(&c, nil, corev1.EventTypeNormal, ReasonNADCreated, "Sync", "%s", cond.Message)
-		}
-	}
-	if err != nil && allUserOrInUse(errs) {
+	// Waits on pods (NADs they hold) and user errors are retried slowly;
+	// pod and namespace events bring us back sooner.
+	if cond.Reason == ReasonNADDeleted || (err != nil && allUserOrInUse(errs)) {
 		return ctrl.Result{RequeueAfter: inUseRetry}, nil
 	}
 	return ctrl.Result{}, err
@@ -143,18 +130,6 @@ func (r *cudnReconciler) selectedNamespaces(ctx context.Context, c *udnv1.Cluste
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-func (r *cudnReconciler) setCUDNCondition(ctx context.Context, c *udnv1.ClusterUserDefinedNetwork, cond metav1.Condition) error {
-	if conditionHolds(c.Status.Conditions, cond) {
-		return nil
-	}
-	patch := client.MergeFrom(c.DeepCopy())
-	meta.SetStatusCondition(&c.Status.Conditions, cond)
-	if err := r.client.Status().Patch(ctx, c, patch); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
 }
 
 func allInUse(errs []error) bool {

@@ -24,18 +24,6 @@ import (
 	"kvnet.io/kvnet/internal/udn"
 )
 
-// Condition type, reasons and messages shared with OVN-Kubernetes.
-const (
-	ConditionNetworkCreated = "NetworkCreated"
-
-	ReasonNADCreated     = "NetworkAttachmentDefinitionCreated"
-	ReasonNADDeleted     = "NetworkAttachmentDefinitionDeleted"
-	ReasonSyncError      = "SyncError"
-	ReasonCUDNSyncError  = "NetworkAttachmentDefinitionSyncError"
-	messageNADCreated    = "NetworkAttachmentDefinition has been created"
-	messageNADIsDeleting = "NetworkAttachmentDefinition is being deleted"
-)
-
 // errNetworkInUse is returned while pods still use a network being deleted.
 type errNetworkInUse struct{ pods []string }
 
@@ -168,10 +156,18 @@ func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("failed to get NetworkAttachmentDefinition %s/%s: %w", namespace, owner.GetName(), err)
 	}
-	if existing != nil && !metav1.IsControlledBy(existing, owner) {
-		return nil, userErrorf("foreign NetworkAttachmentDefinition with the desired name already exist [%s/%s]", namespace, owner.GetName())
-	}
 	if existing != nil {
+		if !metav1.IsControlledBy(existing, owner) {
+			return nil, userErrorf("foreign NetworkAttachmentDefinition with the desired name already exist [%s/%s]", namespace, owner.GetName())
+		}
+		if spec.IsPrimary() {
+			n.createMu.Lock()
+			n.primary[namespace] = primaryClaim{nadName: existing.Name, ownerUID: owner.GetUID()}
+			n.createMu.Unlock()
+		}
+		if existing.DeletionTimestamp != nil {
+			return n.terminatingNAD(ctx, existing, spec)
+		}
 		if id := udn.NetworkIDOf(existing); id != 0 {
 			if err := n.ids.Reserve(netName, id); err != nil {
 				// Hand-edited or conflicting: the allocator's ID wins and
@@ -190,14 +186,6 @@ func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec
 	}
 	if existing == nil {
 		return n.createNAD(ctx, owner, spec.IsPrimary(), desired)
-	}
-	if existing.DeletionTimestamp != nil {
-		return nil, fmt.Errorf("NetworkAttachmentDefinition %s/%s is being deleted", namespace, existing.Name)
-	}
-	if spec.IsPrimary() {
-		n.createMu.Lock()
-		n.primary[namespace] = primaryClaim{nadName: existing.Name, ownerUID: owner.GetUID()}
-		n.createMu.Unlock()
 	}
 	if nadUpToDate(existing, desired) {
 		return existing, nil
@@ -277,6 +265,20 @@ func (n *networks) createNAD(ctx context.Context, owner udn.Owner, primary bool,
 	return nad, nil
 }
 
+// terminatingNAD handles a NAD of ours that someone deleted, and returns
+// it. Our finalizer holds it while pods use it; once they are
+// gone it is let go, and its deletion event brings the network back to
+// ensureNAD to create it anew, with the same network ID and primary claim.
+func (n *networks) terminatingNAD(ctx context.Context, nad *nadv1.NetworkAttachmentDefinition, spec udn.Spec) (*nadv1.NetworkAttachmentDefinition, error) {
+	err := n.releaseNAD(ctx, nad.DeepCopy(), spec)
+	// A conflict or not-found means the cache is behind; the event that
+	// catches it up reconciles again.
+	if err != nil && !isInUse(err) && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	return nad, nil
+}
+
 // deleteNAD removes the NAD of owner in namespace unless pods still use it,
 // in which case it returns *errNetworkInUse. A missing NAD is not an error.
 func (n *networks) deleteNAD(ctx context.Context, owner metav1.Object, spec udn.Spec, namespace string) error {
@@ -291,29 +293,39 @@ func (n *networks) deleteNAD(ctx context.Context, owner metav1.Object, spec udn.
 	if !metav1.IsControlledBy(&nad, owner) {
 		return nil
 	}
-	if controllerutil.ContainsFinalizer(&nad, udn.Finalizer) {
-		var ns corev1.Namespace
-		labelled := false
-		if err := n.client.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err == nil {
-			_, labelled = ns.Labels[udn.PrimaryNamespaceLabel]
-		}
-		var pods corev1.PodList
-		if err := n.client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
-			return fmt.Errorf("failed to list pods at target namespace %q: %w", namespace, err)
-		}
-		if users := udn.PodsUsing(namespace, nad.Name, spec.IsPrimary(), labelled, pods.Items); len(users) > 0 {
-			return &errNetworkInUse{pods: users}
-		}
-		controllerutil.RemoveFinalizer(&nad, udn.Finalizer)
-		if err := n.client.Update(ctx, &nad); err != nil {
-			return fmt.Errorf("failed to remove NetworkAttachmentDefinition finalizer: %w", err)
-		}
+	if err := n.releaseNAD(ctx, &nad, spec); err != nil {
+		return err
 	}
 	if err := n.client.Delete(ctx, &nad); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("failed to delete NetworkAttachmentDefinition %s/%s: %w", namespace, nad.Name, err)
 	}
 	n.releasePrimary(owner, namespace)
 	log.FromContext(ctx).Info("deleted NetworkAttachmentDefinition", "nad", namespace+"/"+nad.Name)
+	return nil
+}
+
+// releaseNAD removes our finalizer from nad unless pods still use it, in
+// which case it returns *errNetworkInUse.
+func (n *networks) releaseNAD(ctx context.Context, nad *nadv1.NetworkAttachmentDefinition, spec udn.Spec) error {
+	if !controllerutil.ContainsFinalizer(nad, udn.Finalizer) {
+		return nil
+	}
+	var ns corev1.Namespace
+	labelled := false
+	if err := n.client.Get(ctx, client.ObjectKey{Name: nad.Namespace}, &ns); err == nil {
+		_, labelled = ns.Labels[udn.PrimaryNamespaceLabel]
+	}
+	var pods corev1.PodList
+	if err := n.client.List(ctx, &pods, client.InNamespace(nad.Namespace)); err != nil {
+		return fmt.Errorf("failed to list pods at target namespace %q: %w", nad.Namespace, err)
+	}
+	if users := udn.PodsUsing(nad.Namespace, nad.Name, spec.IsPrimary(), labelled, pods.Items); len(users) > 0 {
+		return &errNetworkInUse{pods: users}
+	}
+	controllerutil.RemoveFinalizer(nad, udn.Finalizer)
+	if err := n.client.Update(ctx, nad); err != nil {
+		return fmt.Errorf("failed to remove NetworkAttachmentDefinition finalizer: %w", err)
+	}
 	return nil
 }
 

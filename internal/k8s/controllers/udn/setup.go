@@ -51,13 +51,15 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				reqs := []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
 				if nad, ok := o.(*nadv1.NetworkAttachmentDefinition); ok && isPrimaryNAD(nad) {
-					reqs = append(reqs, unsyncedUDNsIn(ctx, c, o.GetNamespace())...)
+					reqs = append(reqs, blockedUDNsIn(ctx, c, o.GetNamespace())...)
 				}
 				return reqs
 			})).
+		// A pod that goes may unblock a UDN waiting on it: one being
+		// deleted, or one whose deleted NAD the pod held.
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
-				return udnsIn(ctx, c, o.GetNamespace(), true)
+				return blockedUDNsIn(ctx, c, o.GetNamespace())
 			}), builder.WithPredicates(podGone)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&udnReconciler{networks: n})
@@ -90,32 +92,17 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Complete(&cudnReconciler{networks: n})
 }
 
-// udnsIn returns requests for the UDNs of a namespace (only those being
-// deleted when deletingOnly).
-func udnsIn(ctx context.Context, c client.Client, namespace string, deletingOnly bool) []reconcile.Request {
+// blockedUDNsIn returns requests for the UDNs of a namespace that may wait
+// on another object: those being deleted or whose NetworkCreated condition
+// is not True.
+func blockedUDNsIn(ctx context.Context, c client.Client, namespace string) []reconcile.Request {
 	var list udnv1.UserDefinedNetworkList
 	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
 	for _, u := range list.Items {
-		if !deletingOnly || u.DeletionTimestamp != nil {
-			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: u.Namespace, Name: u.Name}})
-		}
-	}
-	return out
-}
-
-// unsyncedUDNsIn returns requests for the UDNs of a namespace whose
-// NetworkCreated condition is not True.
-func unsyncedUDNsIn(ctx context.Context, c client.Client, namespace string) []reconcile.Request {
-	var list udnv1.UserDefinedNetworkList
-	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		return nil
-	}
-	var out []reconcile.Request
-	for _, u := range list.Items {
-		if !meta.IsStatusConditionTrue(u.Status.Conditions, ConditionNetworkCreated) {
+		if u.DeletionTimestamp != nil || !meta.IsStatusConditionTrue(u.Status.Conditions, ConditionNetworkCreated) {
 			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: u.Namespace, Name: u.Name}})
 		}
 	}

@@ -5,9 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -45,8 +42,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 		err := r.deleteNAD(ctx, &u, spec, u.Namespace)
 		if err != nil {
-			cond := metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonSyncError, Message: err.Error()}
-			if serr := r.setUDNCondition(ctx, &u, cond); serr != nil {
+			if _, serr := r.setCondition(ctx, &u, &u.Status.Conditions, falseCondition(ReasonSyncError, err.Error())); serr != nil {
 				return ctrl.Result{}, serr
 			}
 			if isInUse(err) {
@@ -56,8 +52,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			return ctrl.Result{}, err
 		}
 		r.ids.Release(netName)
-		cond := metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonNADDeleted, Message: messageNADIsDeleting}
-		if err := r.setUDNCondition(ctx, &u, cond); err != nil && !apierrors.IsNotFound(err) {
+		if _, err := r.setCondition(ctx, &u, &u.Status.Conditions, falseCondition(ReasonNADDeleted, messageNADIsDeleting)); err != nil {
 			return ctrl.Result{}, err
 		}
 		controllerutil.RemoveFinalizer(&u, udn.Finalizer)
@@ -70,37 +65,15 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			return ctrl.Result{}, err
 		}
 	}
-	_, err := r.ensureNAD(ctx, owner, spec, netName, u.Namespace)
-	cond := metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionTrue, Reason: ReasonNADCreated, Message: messageNADCreated}
-	if err != nil {
-		cond = metav1.Condition{Type: ConditionNetworkCreated, Status: metav1.ConditionFalse, Reason: ReasonSyncError, Message: err.Error()}
-	}
-	changed := !conditionHolds(u.Status.Conditions, cond)
-	if serr := r.setUDNCondition(ctx, &u, cond); serr != nil {
+	nad, err := r.ensureNAD(ctx, owner, spec, netName, u.Namespace)
+	cond := networkCreated(nad, err)
+	if serr := r.reportSync(ctx, &u, &u.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}
-	if changed {
-		if err != nil {
-			r.recorder.Eventf(&u, nil, corev1.EventTypeWarning, ReasonSyncError, "Sync", "%s", err.Error())
-		} else {
-			r.recorder.Eventf(&u, nil, corev1.EventTypeNormal, ReasonNADCreated, "Sync", "%s %s/%s", messageNADCreated, u.Namespace, u.Name)
-		}
+	if cond.Reason == ReasonNADDeleted {
+		// The NAD waits for the pods using it to go; their events bring us
+		// back, and this is the backstop.
+		return ctrl.Result{RequeueAfter: inUseRetry}, nil
 	}
 	return resultFor(err)
-}
-
-func (r *udnReconciler) setUDNCondition(ctx context.Context, u *udnv1.UserDefinedNetwork, cond metav1.Condition) error {
-	if conditionHolds(u.Status.Conditions, cond) {
-		return nil
-	}
-	patch := client.MergeFrom(u.DeepCopy())
-	meta.SetStatusCondition(&u.Status.Conditions, cond)
-	return r.client.Status().Patch(ctx, u, patch)
-}
-
-// conditionHolds reports whether conds already has cond's status, reason and
-// message, so that a reconcile without change writes nothing.
-func conditionHolds(conds []metav1.Condition, cond metav1.Condition) bool {
-	c := meta.FindStatusCondition(conds, cond.Type)
-	return c != nil && c.Status == cond.Status && c.Reason == cond.Reason && c.Message == cond.Message
 }
