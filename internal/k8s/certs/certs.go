@@ -16,6 +16,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"slices"
@@ -26,6 +27,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
@@ -48,29 +51,42 @@ type Options struct {
 	SecretName string
 	DNSNames   []string // serving certificate SANs, e.g. kvnet-webhook.kvnet-system.svc
 	IPs        []net.IP // serving certificate IP SANs (the lab serves on 127.0.0.1)
-	// Validity of the serving certificate (default 1 year; the CA lives 10
-	// times longer). It is renewed once less than a third remains.
+	// Validity of the serving certificate (default 1 year). It is renewed
+	// once less than a third remains.
 	Validity time.Duration
-	// CheckInterval between renewal checks (default 1 hour).
+	// CAValidity of the CA (default 10 times Validity). A new CA is issued
+	// once the current one would expire before a fresh serving certificate.
+	CAValidity time.Duration
+	// CheckInterval between renewal checks (default 1 hour). Webhook
+	// configurations are also watched and fixed at once.
 	CheckInterval time.Duration
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
 }
 
 // Manager keeps the certificates current. GetCertificate serves the current
 // serving certificate to the TLS server.
 type Manager struct {
-	c    client.Client
+	c    client.WithWatch
 	opts Options
 	cur  atomic.Pointer[tls.Certificate]
 }
 
-// New returns a manager using c (an uncached client is best: it runs before
-// caches start).
-func New(c client.Client, opts Options) *Manager {
+// New returns a manager using c, an uncached client (it runs before caches
+// start) that can watch: Start watches the labelled webhook configurations
+// and restores a missing or stale caBundle at once.
+func New(c client.WithWatch, opts Options) *Manager {
 	if opts.Validity == 0 {
 		opts.Validity = 365 * 24 * time.Hour
 	}
+	if opts.CAValidity == 0 {
+		opts.CAValidity = 10 * opts.Validity
+	}
 	if opts.CheckInterval == 0 {
 		opts.CheckInterval = time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	return &Manager{c: c, opts: opts}
 }
@@ -83,21 +99,54 @@ func (m *Manager) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	return nil, errors.New("webhook serving certificate not ready")
 }
 
-// Start ensures the certificates now and then at every CheckInterval, until
-// ctx ends. It runs on every replica (each serves webhooks).
+// Start ensures the certificates now and then at every CheckInterval, and
+// re-injects the CA whenever a labelled webhook configuration is added or
+// changed, until ctx ends. It runs on every replica (each serves webhooks).
 func (m *Manager) Start(ctx context.Context) error {
 	t := time.NewTicker(m.opts.CheckInterval)
 	defer t.Stop()
+	changed := m.watchConfigurations(ctx)
+	check := m.Ensure
 	for {
-		if err := m.Ensure(ctx); err != nil {
+		if err := check(ctx); err != nil {
 			log.FromContext(ctx).Error(err, "ensure webhook certificates")
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			check = m.Ensure
+		case <-changed:
+			check = m.injectCA
 		}
 	}
+}
+
+// watchConfigurations signals (coalesced) every added or modified labelled
+// webhook configuration, including our own patches (which then find
+// nothing to change).
+func (m *Manager) watchConfigurations(ctx context.Context) <-chan struct{} {
+	changed := make(chan struct{}, 1)
+	// A watch without a resourceVersion starts with an ADDED event per
+	// existing configuration, so re-watching (after the server ends a
+	// watch, or an error) also covers whatever happened in between.
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		w, err := m.c.Watch(ctx, &admissionregistrationv1.MutatingWebhookConfigurationList{}, client.MatchingLabels{InjectLabel: "true"})
+		if err != nil {
+			log.FromContext(ctx).Error(err, "watch webhook configurations")
+			return
+		}
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Added || ev.Type == watch.Modified {
+				select {
+				case changed <- struct{}{}:
+				default: // a check is already due
+				}
+			}
+		}
+	}, time.Second)
+	return changed
 }
 
 // NeedLeaderElection reports false: every replica needs certificates.
@@ -127,34 +176,46 @@ func (m *Manager) ensureSecret(ctx context.Context) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get secret %s: %w", key, err)
 	}
-	now := time.Now()
+	now := m.opts.Now()
+	read := maps.Clone(s.Data)
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
 	ca, caKey, caErr := parsePair(s.Data[keyCACert], s.Data[keyCAKey])
-	if caErr != nil || now.Add(m.opts.Validity).After(ca.NotAfter) {
-		// No CA, or it would expire before a fresh serving certificate:
-		// a new CA; the old one stays in the bundle until it expires.
-		if ca, caKey, err = newCA(now, 10*m.opts.Validity); err != nil {
+	newCA := caErr != nil || now.Add(m.opts.Validity).After(ca.NotAfter)
+	if newCA {
+		// No CA, or it would expire before a fresh serving certificate.
+		if ca, caKey, err = issueCA(now, m.opts.CAValidity); err != nil {
 			return err
 		}
-		s.Data = map[string][]byte{keyCACert: bundle(ca, s.Data[keyCACert], now), keyCAKey: encodeKey(caKey)}
+		s.Data[keyCAKey] = encodeKey(caKey)
+		log.FromContext(ctx).Info("issued webhook CA", "secret", key.String(), "notAfter", ca.NotAfter)
 	}
+	s.Data[keyCACert] = bundle(ca, s.Data[keyCACert], now)
 	leaf, _, leafErr := parsePair(s.Data[keyTLSCert], s.Data[keyTLSKey])
-	if leafErr != nil || m.needsRenewal(leaf, ca, now) {
+	usable := leafErr == nil && m.usable(leaf, s.Data[keyCACert], now)
+	// A CA issued in this round reaches the caBundles only at its end (and
+	// the API server a moment later): until the next round, keep serving a
+	// certificate signed by the previous CA, which stays in the bundle.
+	if !usable || !newCA && m.stale(leaf, ca, now) {
 		certPEM, keyPEM, err := m.newServing(ca, caKey, now)
 		if err != nil {
 			return err
 		}
 		s.Data[keyTLSCert], s.Data[keyTLSKey] = certPEM, keyPEM
-		s.Type = corev1.SecretTypeTLS
+		log.FromContext(ctx).Info("issued webhook serving certificate", "secret", key.String(), "notAfter", now.Add(m.opts.Validity).UTC())
+	}
+	if !maps.EqualFunc(read, s.Data, bytes.Equal) {
 		if exists {
 			err = m.c.Update(ctx, &s)
 		} else {
 			s.ObjectMeta = metav1.ObjectMeta{Namespace: m.opts.Namespace, Name: m.opts.SecretName}
+			s.Type = corev1.SecretTypeTLS
 			err = m.c.Create(ctx, &s)
 		}
 		if err != nil {
 			return fmt.Errorf("write secret %s: %w", key, err)
 		}
-		log.FromContext(ctx).Info("issued webhook serving certificate", "secret", key.String(), "notAfter", now.Add(m.opts.Validity).UTC())
 	}
 	pair, err := tls.X509KeyPair(s.Data[keyTLSCert], s.Data[keyTLSKey])
 	if err != nil {
@@ -164,22 +225,24 @@ func (m *Manager) ensureSecret(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) needsRenewal(leaf, ca *x509.Certificate, now time.Time) bool {
-	if leaf.NotAfter.Sub(now) < m.opts.Validity/3 {
-		return true
+// usable reports whether leaf has the configured SANs and verifies against
+// the CAs of bundlePEM until the next check.
+func (m *Manager) usable(leaf *x509.Certificate, bundlePEM []byte, now time.Time) bool {
+	if !slices.Equal(leaf.DNSNames, m.opts.DNSNames) || !slices.EqualFunc(leaf.IPAddresses, m.opts.IPs, net.IP.Equal) {
+		return false
 	}
-	if leaf.CheckSignatureFrom(ca) != nil {
-		return true
-	}
-	if !slices.Equal(leaf.DNSNames, m.opts.DNSNames) || len(leaf.IPAddresses) != len(m.opts.IPs) {
-		return true
-	}
-	for i, ip := range m.opts.IPs {
-		if !leaf.IPAddresses[i].Equal(ip) {
-			return true
-		}
-	}
-	return false
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(bundlePEM)
+	_, err := leaf.Verify(x509.VerifyOptions{
+		Roots: roots, CurrentTime: now.Add(m.opts.CheckInterval), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	return err == nil
+}
+
+// stale reports whether a usable leaf is due for renewal: less than a third
+// of its validity left, or not signed by the current CA.
+func (m *Manager) stale(leaf, ca *x509.Certificate, now time.Time) bool {
+	return leaf.NotAfter.Sub(now) < m.opts.Validity/3 || leaf.CheckSignatureFrom(ca) != nil
 }
 
 func (m *Manager) newServing(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) ([]byte, []byte, error) {
@@ -205,7 +268,7 @@ func (m *Manager) newServing(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now 
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), encodeKey(key), nil
 }
 
-func newCA(now time.Time, validity time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+func issueCA(now time.Time, validity time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -228,7 +291,8 @@ func newCA(now time.Time, validity time.Duration) (*x509.Certificate, *ecdsa.Pri
 	return ca, key, err
 }
 
-// bundle returns ca's PEM followed by the still-valid certificates of old.
+// bundle returns ca's PEM followed by the other still-valid certificates of
+// old: clients keep trusting what a previous CA signed until it expires.
 func bundle(ca *x509.Certificate, old []byte, now time.Time) []byte {
 	out := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
 	for rest := old; ; {
@@ -237,7 +301,7 @@ func bundle(ca *x509.Certificate, old []byte, now time.Time) []byte {
 		if b == nil {
 			return out
 		}
-		if c, err := x509.ParseCertificate(b.Bytes); err == nil && now.Before(c.NotAfter) {
+		if c, err := x509.ParseCertificate(b.Bytes); err == nil && now.Before(c.NotAfter) && !c.Equal(ca) {
 			out = append(out, pem.EncodeToMemory(b)...)
 		}
 	}

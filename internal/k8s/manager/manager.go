@@ -126,7 +126,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if len(w.DNSNames) == 0 && len(w.IPs) == 0 {
 			w.DNSNames = []string{"kvnet-webhook." + w.Namespace + ".svc", "kvnet-webhook." + w.Namespace + ".svc.cluster.local"}
 		}
-		direct, err := client.New(cfg, client.Options{Scheme: scheme})
+		direct, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 		if err != nil {
 			return nil, err
 		}

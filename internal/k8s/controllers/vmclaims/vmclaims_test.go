@@ -2,6 +2,7 @@ package vmclaims_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -261,4 +262,91 @@ func TestLeakedClaimReported(t *testing.T) {
 		}
 		return fmt.Errorf("no LeakedIPAMClaim event on the VM; events: %v", seen)
 	})
+}
+
+// consistently fails the test if f fails at any time during d.
+func consistently(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
+// finalized reports whether the claim exists with the persistent-IPAM
+// finalizer (nil) or not (an error saying why).
+func finalized(t *testing.T, ns, vm, claim string) error {
+	cl, ok := claims(t, ns, vm)[claim]
+	switch {
+	case !ok:
+		return fmt.Errorf("claim %s is gone", claim)
+	case !slices.Contains(cl.Finalizers, "kubevirt.io/persistent-ipam"):
+		return fmt.Errorf("claim %s has no finalizer", claim)
+	}
+	return nil
+}
+
+func setActivePods(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance, pods map[string]string) {
+	t.Helper()
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(vmi), vmi); err != nil {
+		t.Fatal(err)
+	}
+	vmi.Status.ActivePods = pods
+	if err := c.Status().Update(context.Background(), vmi); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStandaloneVMIWithActivePod: a standalone VMI being deleted keeps its
+// claims' finalizer while status.activePods lists a launcher pod, loses it
+// once none remains, and garbage collection deletes the claims once the
+// VMI is gone.
+func TestStandaloneVMIWithActivePod(t *testing.T) {
+	const ns, hold = "vmc-pods", "kvnet.io/test-hold"
+	setup(t, ns)
+	// hold keeps the deleted VMI around, as virt-controller's finalizer does
+	// until its pods are gone.
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "busy", Finalizers: []string{hold}}, Spec: vmiSpec("blue")}
+	create(t, vmi)
+	waitClaims(t, ns, "busy", "busy.blue-net")
+	setActivePods(t, vmi, map[string]string{"launcher-pod-uid": "node1"})
+	if err := c.Delete(context.Background(), vmi); err != nil {
+		t.Fatal(err)
+	}
+	consistently(t, 2*time.Second, "deleting VMI with an active launcher pod", func() error {
+		return finalized(t, ns, "busy", "busy.blue-net")
+	})
+
+	setActivePods(t, vmi, nil)
+	eventually(t, "finalizer released once no launcher pod is active", func() error {
+		if finalized(t, ns, "busy", "busy.blue-net") == nil {
+			return errors.New("claim still has its finalizer")
+		}
+		return nil
+	})
+	patch := client.MergeFrom(vmi.DeepCopy())
+	vmi.Finalizers = nil
+	if err := c.Patch(context.Background(), vmi, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitClaims(t, ns, "busy")
+}
+
+// TestStoppedVMDeletion: deleting a stopped VM (no VMI) releases its claims,
+// with either propagation policy.
+func TestStoppedVMDeletion(t *testing.T) {
+	for _, p := range []metav1.DeletionPropagation{metav1.DeletePropagationBackground, metav1.DeletePropagationForeground} {
+		t.Run(string(p), func(t *testing.T) {
+			ns := "vmc-stopped-" + strings.ToLower(string(p))
+			setup(t, ns)
+			vm := mkVM(t, ns, "vm4", "blue")
+			vmi := startVMI(t, vm)
+			waitClaims(t, ns, "vm4", "vm4.blue-net")
+			deleteAndWait(t, vmi) // stop: the claims stay
+			waitClaims(t, ns, "vm4", "vm4.blue-net")
+			deleteAndWait(t, vm, client.PropagationPolicy(p))
+			waitClaims(t, ns, "vm4")
+		})
+	}
 }
