@@ -1,5 +1,5 @@
-// Package config embeds the manifests kvnet installs itself: the CRDs and
-// admission policies. The lab applies them from here, so the kvnet binary
+// Package config embeds the manifests kvnet installs itself: the CRDs,
+// admission policies, webhook configuration and RBAC. The lab applies them from here, so the kvnet binary
 // needs no checkout; a cluster applies the same files with kustomize.
 package config
 
@@ -19,3 +19,9 @@ var Policies embed.FS
 //
 //go:embed webhook/webhooks.yaml
 var Webhooks []byte
+
+// RBAC holds rbac/*.yaml (kvnet-controller's service account and roles)
+// and node/rbac.yaml (kvnet-node's), which the lab runs the components as.
+//
+//go:embed rbac/*.yaml node/rbac.yaml
+var RBAC embed.FS

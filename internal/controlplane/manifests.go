@@ -6,8 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"slices"
 	"strings"
 
@@ -46,7 +47,12 @@ func DecodeManifests(data []byte) ([]*unstructured.Unstructured, error) {
 // ApplyFiles server-side applies every object in the YAML files of dir
 // (kustomization.yaml excepted), in file-name order.
 func ApplyFiles(ctx context.Context, c client.Client, dir string) error {
-	entries, err := os.ReadDir(dir)
+	return ApplyDir(ctx, c, os.DirFS(dir), ".")
+}
+
+// ApplyDir is ApplyFiles for directory dir of fsys (an embedded FS).
+func ApplyDir(ctx context.Context, c client.Client, fsys fs.FS, dir string) error {
+	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
 		return err
 	}
@@ -60,18 +66,26 @@ func ApplyFiles(ctx context.Context, c client.Client, dir string) error {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		data, err := os.ReadFile(filepath.Join(dir, n))
-		if err != nil {
+		if err := ApplyFile(ctx, c, fsys, path.Join(dir, n)); err != nil {
 			return err
 		}
-		objs, err := DecodeManifests(data)
-		if err != nil {
-			return fmt.Errorf("decode %s: %w", n, err)
-		}
-		for _, o := range objs {
-			if err := Apply(ctx, c, o); err != nil {
-				return fmt.Errorf("apply %s %s from %s: %w", o.GetKind(), o.GetName(), n, err)
-			}
+	}
+	return nil
+}
+
+// ApplyFile server-side applies every object in the YAML file name of fsys.
+func ApplyFile(ctx context.Context, c client.Client, fsys fs.FS, name string) error {
+	data, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		return err
+	}
+	objs, err := DecodeManifests(data)
+	if err != nil {
+		return fmt.Errorf("decode %s: %w", name, err)
+	}
+	for _, o := range objs {
+		if err := Apply(ctx, c, o); err != nil {
+			return fmt.Errorf("apply %s %s from %s: %w", o.GetKind(), o.GetName(), name, err)
 		}
 	}
 	return nil

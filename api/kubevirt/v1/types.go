@@ -1,6 +1,9 @@
 package v1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // Well-known labels and annotations of KubeVirt that kvnet reads or writes.
 const (
@@ -19,6 +22,15 @@ const (
 	AddressesAnnotation = "network.kubevirt.io/addresses"
 	// MigrationTargetReadyAnnotation is set on a target pod once its domain runs.
 	MigrationTargetReadyAnnotation = "kubevirt.io/migration-target-ready-timestamp"
+	// AllowPodBridgeNetworkLiveMigrationAnnotation on a VMI lets a VMI with
+	// bridge binding on the pod network migrate.
+	AllowPodBridgeNetworkLiveMigrationAnnotation = "kubevirt.io/allow-pod-bridge-network-live-migration"
+	// PlacePCIDevicesOnRootComplexAnnotation on a VMI places its PCI
+	// devices on the root complex (no hotplug ports are reserved).
+	PlacePCIDevicesOnRootComplexAnnotation = "kubevirt.io/placePCIDevicesOnRootComplex"
+	// PCIInterfaceSlotCountAnnotation freezes the number of PCI slots kept
+	// for interfaces (placeholders plus interfaces at boot).
+	PCIInterfaceSlotCountAnnotation = "kubevirt.io/pci-interface-slot-count"
 )
 
 // VirtualMachine is a VM definition that outlives its runs.
@@ -47,6 +59,8 @@ type VirtualMachineSpec struct {
 	// Template is the VMI the VM runs.
 	// +optional
 	Template *VirtualMachineInstanceTemplateSpec `json:"template,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineInstanceTemplateSpec is a VMI template.
@@ -66,6 +80,8 @@ type VirtualMachineStatus struct {
 	Ready bool `json:"ready,omitempty"`
 	// +optional
 	Created bool `json:"created,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineList is a list of VirtualMachines.
@@ -102,6 +118,8 @@ type VirtualMachineInstanceSpec struct {
 	Hostname string `json:"hostname,omitempty"`
 	// +optional
 	Subdomain string `json:"subdomain,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // DomainSpec is the virtual hardware.
@@ -109,6 +127,8 @@ type VirtualMachineInstanceSpec struct {
 type DomainSpec struct {
 	// +optional
 	Devices Devices `json:"devices,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // Devices are the virtual devices.
@@ -120,6 +140,8 @@ type Devices struct {
 	// given, unless false.
 	// +optional
 	AutoattachPodInterface *bool `json:"autoattachPodInterface,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // Interface is a VM NIC and how it binds to its network.
@@ -137,11 +159,25 @@ type Interface struct {
 	SRIOV *InterfaceSRIOV `json:"sriov,omitempty"`
 	// +optional
 	PasstBinding *InterfacePasstBinding `json:"passtBinding,omitempty"`
+	// DeprecatedSlirp is the slirp binding, removed in KubeVirt v1.3.
+	// +optional
+	DeprecatedSlirp *DeprecatedInterfaceSlirp `json:"slirp,omitempty"`
+	// DeprecatedMacvtap is the macvtap binding, removed in KubeVirt v1.3.
+	// +optional
+	DeprecatedMacvtap *DeprecatedInterfaceMacvtap `json:"macvtap,omitempty"`
+	// DeprecatedPasst is the passt binding that preceded PasstBinding,
+	// removed in KubeVirt v1.3.
+	// +optional
+	DeprecatedPasst *DeprecatedInterfacePasst `json:"passt,omitempty"`
 	// Binding names a network binding plugin registered in the KubeVirt CR.
 	// +optional
 	Binding *PluginBinding `json:"binding,omitempty"`
 	// +optional
 	Ports []Port `json:"ports,omitempty"`
+	// PortRanges are port ranges forwarded to the VM (masquerade only, at
+	// most 10, not with Ports; feature gate PortRangesSpec).
+	// +optional
+	PortRanges []PortRange `json:"portRanges,omitempty"`
 	// MacAddress requests a MAC.
 	// +optional
 	MacAddress string `json:"macAddress,omitempty"`
@@ -149,6 +185,9 @@ type Interface struct {
 	BootOrder *uint `json:"bootOrder,omitempty"`
 	// +optional
 	PciAddress string `json:"pciAddress,omitempty"`
+	// DHCPOptions are extra options KubeVirt's DHCP server hands out.
+	// +optional
+	DHCPOptions *DHCPOptions `json:"dhcpOptions,omitempty"`
 	// +optional
 	Tag string `json:"tag,omitempty"`
 	// +optional
@@ -156,6 +195,8 @@ type Interface struct {
 	// State is "" (up), up, down or absent (hot unplug).
 	// +optional
 	State InterfaceState `json:"state,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // InterfaceState is the desired link state of an interface.
@@ -180,6 +221,15 @@ type InterfaceSRIOV struct{}
 // InterfacePasstBinding connects the VM through passt.
 type InterfacePasstBinding struct{}
 
+// DeprecatedInterfaceSlirp is the removed slirp (QEMU user networking) binding.
+type DeprecatedInterfaceSlirp struct{}
+
+// DeprecatedInterfaceMacvtap is the removed macvtap binding.
+type DeprecatedInterfaceMacvtap struct{}
+
+// DeprecatedInterfacePasst is the removed passt binding.
+type DeprecatedInterfacePasst struct{}
+
 // PluginBinding names a binding plugin.
 type PluginBinding struct {
 	Name string `json:"name"`
@@ -194,6 +244,41 @@ type Port struct {
 	Port     int32  `json:"port"`
 }
 
+// PortRange is a range of ports exposed by a masquerade interface.
+type PortRange struct {
+	// Protocol is TCP (default) or UDP.
+	// +optional
+	Protocol string `json:"protocol,omitempty"`
+	// Start is the first port of the range.
+	Start int32 `json:"start"`
+	// End is the last port of the range.
+	End int32 `json:"end"`
+}
+
+// DHCPOptions are extra DHCP options of an interface.
+type DHCPOptions struct {
+	// BootFileName is option 67.
+	// +optional
+	BootFileName string `json:"bootFileName,omitempty"`
+	// TFTPServerName is option 66.
+	// +optional
+	TFTPServerName string `json:"tftpServerName,omitempty"`
+	// NTPServers is option 42 (IPv4 addresses).
+	// +optional
+	NTPServers []string `json:"ntpServers,omitempty"`
+	// PrivateOptions are private-use options (224-254).
+	// +optional
+	PrivateOptions []DHCPPrivateOptions `json:"privateOptions,omitempty"`
+}
+
+// DHCPPrivateOptions is one private-use DHCP option.
+type DHCPPrivateOptions struct {
+	// Option is the option code, 224-254.
+	Option int `json:"option"`
+	// Value is the option's value.
+	Value string `json:"value"`
+}
+
 // Network is where an interface connects: the pod network or a Multus one.
 type Network struct {
 	Name string `json:"name"`
@@ -201,6 +286,10 @@ type Network struct {
 	Pod *PodNetwork `json:"pod,omitempty"`
 	// +optional
 	Multus *MultusNetwork `json:"multus,omitempty"`
+	// ResourceClaim is a DRA network device (feature gate
+	// NetworkDevicesWithDRA).
+	// +optional
+	ResourceClaim *ClaimRequest `json:"resourceClaim,omitempty"`
 }
 
 // PodNetwork is the pod's primary network.
@@ -220,6 +309,16 @@ type MultusNetwork struct {
 	Default bool `json:"default,omitempty"`
 }
 
+// ClaimRequest names a device request of a DRA ResourceClaim.
+type ClaimRequest struct {
+	// ClaimName is a name from the VMI's spec.resourceClaims[].
+	// +optional
+	ClaimName *string `json:"claimName,omitempty"`
+	// RequestName is a name from the claim's spec.devices.requests[].
+	// +optional
+	RequestName *string `json:"requestName,omitempty"`
+}
+
 // VirtualMachineInstanceStatus is the observed state of a VMI.
 // +kubebuilder:pruning:PreserveUnknownFields
 type VirtualMachineInstanceStatus struct {
@@ -234,6 +333,8 @@ type VirtualMachineInstanceStatus struct {
 	ActivePods map[string]string `json:"activePods,omitempty"`
 	// +optional
 	MigrationState *VirtualMachineInstanceMigrationState `json:"migrationState,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineInstanceNetworkInterface is the observed state of a VM NIC.
@@ -279,6 +380,23 @@ type VirtualMachineInstanceMigrationState struct {
 	Failed bool `json:"failed,omitempty"`
 	// +optional
 	MigrationNetworkType string `json:"migrationNetworkType,omitempty"`
+	// TargetState is managed by the target virt-handler (decentralized live
+	// migration).
+	// +optional
+	TargetState *VirtualMachineInstanceMigrationTargetState `json:"targetState,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
+}
+
+// VirtualMachineInstanceMigrationTargetState is the target side's part of
+// a migration's state.
+// +kubebuilder:pruning:PreserveUnknownFields
+type VirtualMachineInstanceMigrationTargetState struct {
+	// NodeAddress is the address of the target node to migrate to.
+	// +optional
+	NodeAddress *string `json:"nodeAddress,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineInstanceList is a list of VirtualMachineInstances.
@@ -307,6 +425,8 @@ type VirtualMachineInstanceMigration struct {
 // +kubebuilder:pruning:PreserveUnknownFields
 type VirtualMachineInstanceMigrationSpec struct {
 	VMIName string `json:"vmiName"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineInstanceMigrationStatus is the observed state of a migration.
@@ -314,6 +434,8 @@ type VirtualMachineInstanceMigrationSpec struct {
 type VirtualMachineInstanceMigrationStatus struct {
 	// +optional
 	Phase string `json:"phase,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // VirtualMachineInstanceMigrationList is a list of migrations.
@@ -343,6 +465,8 @@ type KubeVirt struct {
 type KubeVirtStatus struct {
 	// +optional
 	Phase string `json:"phase,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // KubeVirtSpec is KubeVirt's configuration.
@@ -350,6 +474,8 @@ type KubeVirtStatus struct {
 type KubeVirtSpec struct {
 	// +optional
 	Configuration KubeVirtConfiguration `json:"configuration,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // KubeVirtConfiguration holds the parts of the configuration kvnet reads.
@@ -359,6 +485,8 @@ type KubeVirtConfiguration struct {
 	NetworkConfiguration *NetworkConfiguration `json:"network,omitempty"`
 	// +optional
 	MigrationConfiguration *MigrationConfiguration `json:"migrations,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // NetworkConfiguration is KubeVirt's network configuration.
@@ -371,6 +499,8 @@ type NetworkConfiguration struct {
 	// Binding maps a binding plugin name to its registration.
 	// +optional
 	Binding map[string]InterfaceBindingPlugin `json:"binding,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // InterfaceBindingPlugin registers a network binding plugin.
@@ -388,6 +518,20 @@ type InterfaceBindingPlugin struct {
 	Migration *InterfaceBindingMigration `json:"migration,omitempty"`
 	// +optional
 	DownwardAPI string `json:"downwardAPI,omitempty"`
+	// ComputeResourceOverhead is added to the compute container of a VM
+	// using the plugin.
+	// +optional
+	ComputeResourceOverhead *ResourceRequirementsWithoutClaims `json:"computeResourceOverhead,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
+}
+
+// ResourceRequirementsWithoutClaims are compute resources (no DRA claims).
+type ResourceRequirementsWithoutClaims struct {
+	// +optional
+	Limits corev1.ResourceList `json:"limits,omitempty"`
+	// +optional
+	Requests corev1.ResourceList `json:"requests,omitempty"`
 }
 
 // InterfaceBindingMigration says a binding plugin supports migration.
@@ -403,6 +547,8 @@ type MigrationConfiguration struct {
 	// migration traffic.
 	// +optional
 	Network *string `json:"network,omitempty"`
+	// Unknown keeps the members not declared here.
+	Unknown UnknownFields `json:"-"`
 }
 
 // KubeVirtList is a list of KubeVirts.

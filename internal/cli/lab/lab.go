@@ -1,8 +1,11 @@
 // Package lab implements "kvnet lab": a whole kvnet installation on one
 // machine. "lab up" starts etcd, kube-apiserver, kube-controller-manager
-// (built by hack/build-tools.sh) and kvnet-controller, installs kvnet's CRDs
-// and policies, and writes an admin kubeconfig into the lab directory;
-// "lab down" stops it.
+// (built by hack/build-tools.sh) and kvnet-controller, installs kvnet's CRDs,
+// policies and RBAC, and writes an admin kubeconfig into the lab directory;
+// "lab down" stops it. kvnet-controller (and kvnet-node, below) run as their
+// service accounts, bound only by the RBAC kvnet ships (config/rbac,
+// config/node/rbac.yaml, read from the repository), so the lab fails on a
+// missing permission as a cluster would.
 //
 // As root, "lab up" also builds simulated nodes (--nodes, default 3):
 // network namespaces joined by a veth underlay (internal/simnet), each
@@ -44,6 +47,10 @@ const (
 	logFile        = "lab.log"
 	readyFile      = "ready"
 )
+
+// tokenTTL is how long the service-account tokens of kvnet-controller and
+// kvnet-node are valid: a year, as the lab does not rotate them.
+const tokenTTL = 365 * 24 * time.Hour
 
 type flagpole struct {
 	dir        string
@@ -197,12 +204,19 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err != nil {
 		return err
 	}
-	if err := webhooks.InstallLocal(ctx, c, "kvnet-system", webhookPort); err != nil {
+	if err := controlplane.InstallRBAC(ctx, c); err != nil {
+		return fmt.Errorf("install RBAC: %w", err)
+	}
+	if err := webhooks.InstallLocal(ctx, c, controlplane.KvnetNamespace, webhookPort); err != nil {
 		return fmt.Errorf("install webhooks: %w", err)
 	}
-	mgr, err := manager.New(cp.Config, manager.Options{
+	ctrlCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.ControllerServiceAccount, tokenTTL)
+	if err != nil {
+		return err
+	}
+	mgr, err := manager.New(ctrlCfg, manager.Options{
 		MetricsAddr: "127.0.0.1:18080", ProbeAddr: "127.0.0.1:18081",
-		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: "kvnet-system", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
+		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
 	})
 	if err != nil {
 		return err
@@ -225,7 +239,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
 	case flags.nodes > 0:
 		start := time.Now()
-		stopNodes, err := startNodes(ctx, dir, cp.Config, flags.nodes)
+		stopNodes, err := startNodes(ctx, dir, cp, flags.nodes)
 		if err != nil {
 			return fmt.Errorf("simulated nodes: %w", err)
 		}

@@ -15,11 +15,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/netconf"
@@ -55,9 +55,15 @@ func KubeletConfig(dir, nodeName string) simkubelet.Config {
 		CNIBinDir:      filepath.Join(abs, "cni", "bin"),
 		CNICacheDir:    filepath.Join(abs, "nodes", nodeName, "cni-cache"),
 		PodNetNSPrefix: prefix + "-" + nodeName + "-pod-",
-		Env: []string{"KVNET_KUBECONFIG=" + filepath.Join(abs, KubeconfigFile),
+		Env: []string{"KVNET_KUBECONFIG=" + cniKubeconfig(abs, nodeName),
 			"KVNET_STATUS_FILE=" + statusFile(abs, nodeName)},
 	}
+}
+
+// cniKubeconfig is node nodeName's kvnet-cni kubeconfig, which its kvnet-node
+// writes from its own service-account credentials, as in the DaemonSet.
+func cniKubeconfig(labDir, nodeName string) string {
+	return filepath.Join(labDir, "nodes", nodeName, "kvnet-cni.kubeconfig")
 }
 
 // statusFile is node nodeName's kvnet-node status file (kvnet-cni reads it
@@ -70,7 +76,16 @@ func statusFile(labDir, nodeName string) string {
 // kvnet-node agent and a simulated kubelet, all in this process. It
 // returns once every agent has applied its datapath. stop ends them and
 // removes the namespaces.
-func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop func(), err error) {
+//
+// The agents run as the kvnet-node service account; the simulated kubelet
+// and virt-controller, which stand in for components that are not kvnet's,
+// are admins.
+func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, n int) (stop func(), err error) {
+	admin := cp.Config
+	agentCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.NodeServiceAccount, tokenTTL)
+	if err != nil {
+		return nil, err
+	}
 	prefix := netnsPrefix(dir)
 	if err := simnet.Cleanup(prefix); err != nil {
 		return nil, fmt.Errorf("remove a previous lab's namespaces: %w", err)
@@ -100,7 +115,7 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 	if err := installCNI(dir); err != nil {
 		return stop, err
 	}
-	api, err := url.Parse(cfg.Host)
+	api, err := url.Parse(admin.Host)
 	if err != nil {
 		return stop, err
 	}
@@ -108,7 +123,7 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 	if err != nil {
 		return stop, err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(admin, client.Options{Scheme: scheme})
 	if err != nil {
 		return stop, err
 	}
@@ -119,10 +134,11 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 			return stop, fmt.Errorf("create node %s: %w", nd.Name, err)
 		}
 		abs, _ := filepath.Abs(dir)
-		a, err := node.New(cfg, node.Config{
-			NodeName:   nd.Name,
-			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
-			StatusFile: statusFile(abs, nd.Name),
+		a, err := node.New(agentCfg, node.Config{
+			NodeName:      nd.Name,
+			Datapath:      datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
+			StatusFile:    statusFile(abs, nd.Name),
+			CNIKubeconfig: cniKubeconfig(abs, nd.Name),
 		})
 		if err != nil {
 			return stop, fmt.Errorf("node %s: %w", nd.Name, err)
@@ -134,7 +150,7 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 			}
 		})
 		kc := KubeletConfig(dir, nd.Name)
-		kc.RESTConfig = cfg
+		kc.RESTConfig = admin
 		kc.LoopbackForwards = []string{api.Host}
 		kc.Log = ctrl.Log.WithName("simkubelet")
 		wg.Go(func() {
@@ -149,7 +165,7 @@ func startNodes(ctx context.Context, dir string, cfg *rest.Config, n int) (stop 
 		return stop, err
 	}
 	wg.Go(func() {
-		if err := simvirt.Run(ctx, simvirt.Config{RESTConfig: cfg, Nodes: names, Log: ctrl.Log.WithName("simvirt")}); err != nil {
+		if err := simvirt.Run(ctx, simvirt.Config{RESTConfig: admin, Nodes: names, Log: ctrl.Log.WithName("simvirt")}); err != nil {
 			errc <- fmt.Errorf("simvirt: %w", err)
 		}
 	})

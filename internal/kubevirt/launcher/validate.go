@@ -77,6 +77,14 @@ func Validate(vmi *kubevirtv1.VirtualMachineInstance) error {
 			fail("%s.name %q: only letters, digits, '-' and '_' are allowed", field, iface.Name)
 		}
 
+		for _, removed := range []struct {
+			set  bool
+			name string
+		}{{iface.DeprecatedSlirp != nil, "slirp"}, {iface.DeprecatedMacvtap != nil, "macvtap"}, {iface.DeprecatedPasst != nil, "passt"}} {
+			if removed.set {
+				fail("%s.%s of %q: the %s binding was removed in KubeVirt v1.3; use passtBinding or a binding plugin", field, removed.name, iface.Name, removed.name)
+			}
+		}
 		methods := bindingMethods(iface)
 		switch {
 		case len(methods) == 0:

@@ -83,6 +83,8 @@ func TestValidate(t *testing.T) {
 			wantErr: []string{"spec.domain.devices.interfaces[0].macAddress", "6-byte"}},
 
 		// Binding methods.
+		{name: "removed macvtap binding", vmi: vmi(nets(multusNet("red", "red")), kubevirtv1.Interface{Name: "red", DeprecatedMacvtap: &kubevirtv1.DeprecatedInterfaceMacvtap{}}),
+			wantErr: []string{"spec.domain.devices.interfaces[0].macvtap", `"red"`, "removed in KubeVirt v1.3"}},
 		{name: "no binding method", vmi: vmi(nets(multusNet("red", "red")), kubevirtv1.Interface{Name: "red"}),
 			wantErr: []string{"spec.domain.devices.interfaces[0]", `"red"`, "no binding method"}},
 		{name: "bridge and masquerade", vmi: vmi(nets(podNet("default")), kubevirtv1.Interface{Name: "default",
