@@ -78,6 +78,30 @@ func (c *Controller) Restart(t testing.TB) {
 	c.Start(t)
 }
 
+// MainAPI is the TestMain body of a package that needs only the API
+// server: it starts a control plane, calls setup (which may be nil) with it,
+// runs the tests and tears down. It returns the exit code. Under
+// "go test -fuzz" it starts nothing, as Main.
+func MainAPI(m *testing.M, opts Options, setup func(*Env) error) int {
+	flag.Parse()
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		return m.Run()
+	}
+	e, err := Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		return 1
+	}
+	defer e.Stop()
+	if setup != nil {
+		if err := setup(e); err != nil {
+			fmt.Fprintln(os.Stderr, "set up test environment:", err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
 // Main is a test package's TestMain body: it starts a control plane and
 // kvnet-controller (with the options setup returns; nil setup means
 // defaults), stores them in env and ctl, runs the tests and tears down.

@@ -3,7 +3,6 @@ package v1_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -24,18 +23,10 @@ import (
 var c client.Client // typed and unstructured, with kvnet's scheme
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	env, err := testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		return 1
-	}
-	defer env.Stop()
-	c = env.Client
-	return m.Run()
+	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(env *testenv.Env) error {
+		c = env.Client
+		return nil
+	}))
 }
 
 // manifest has typed network fields and, around them, fields kvnet does

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -35,27 +34,13 @@ const (
 var c client.WithWatch
 
 func TestMain(m *testing.M) {
-	flag.Parse()
 	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	env, err := testenv.Start(testenv.Options{NoControllerManager: true})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		return 1
-	}
-	defer env.Stop()
-	if c, err = client.NewWithWatch(env.Config, client.Options{Scheme: env.Client.Scheme()}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(env *testenv.Env) (err error) {
+		if c, err = client.NewWithWatch(env.Config, client.Options{Scheme: env.Client.Scheme()}); err != nil {
+			return err
+		}
+		return c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}))
 }
 
 // clock is a settable Options.Now.
