@@ -80,36 +80,48 @@ func (c *Controller) Restart(t testing.TB) {
 
 // MainAPI is the TestMain body of a package that needs only the API
 // server: it starts a control plane, calls setup (which may be nil) with it,
-// runs the tests and tears down. It returns the exit code. Under
-// "go test -fuzz" it starts nothing, as Main.
+// runs the tests and tears down. It returns the exit code.
 func MainAPI(m *testing.M, opts Options, setup func(*Env) error) int {
-	flag.Parse()
-	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
-		return m.Run()
-	}
-	e, err := Start(opts)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		return 1
-	}
-	defer e.Stop()
-	if setup != nil {
-		if err := setup(e); err != nil {
-			fmt.Fprintln(os.Stderr, "set up test environment:", err)
-			return 1
+	return run(m, opts, func(e *Env) (func(), error) {
+		if setup == nil {
+			return func() {}, nil
 		}
-	}
-	return m.Run()
+		return func() {}, setup(e)
+	})
 }
 
 // Main is a test package's TestMain body: it starts a control plane and
 // kvnet-controller (with the options setup returns; nil setup means
 // defaults), stores them in env and ctl, runs the tests and tears down.
 // It returns the exit code.
+func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error), env **Env, ctl **Controller) int {
+	return run(m, opts, func(e *Env) (func(), error) {
+		var mo manager.Options
+		if setup != nil {
+			var err error
+			if mo, err = setup(e); err != nil {
+				return nil, fmt.Errorf("set up controller: %w", err)
+			}
+		}
+		stop, err := e.RunController(mo)
+		if err != nil {
+			return nil, fmt.Errorf("start controller: %w", err)
+		}
+		c := &Controller{env: e, opts: mo, stop: stop}
+		*env = e
+		if ctl != nil {
+			*ctl = c
+		}
+		return c.Stop, nil
+	})
+}
+
+// run starts a control plane, calls setup, runs the tests, then the
+// cleanup setup returned, and stops the control plane.
 //
 // Under "go test -fuzz" it starts nothing: fuzz targets test pure code, and
 // every fuzz worker process would otherwise start its own control plane.
-func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error), env **Env, ctl **Controller) int {
+func run(m *testing.M, opts Options, setup func(*Env) (cleanup func(), err error)) int {
 	flag.Parse()
 	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
 		return m.Run()
@@ -120,23 +132,11 @@ func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error),
 		return 1
 	}
 	defer e.Stop()
-	var mo manager.Options
-	if setup != nil {
-		if mo, err = setup(e); err != nil {
-			fmt.Fprintln(os.Stderr, "set up controller:", err)
-			return 1
-		}
-	}
-	stop, err := e.RunController(mo)
+	cleanup, err := setup(e)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "start controller:", err)
+		fmt.Fprintln(os.Stderr, "set up test environment:", err)
 		return 1
 	}
-	c := &Controller{env: e, opts: mo, stop: stop}
-	defer c.Stop()
-	*env = e
-	if ctl != nil {
-		*ctl = c
-	}
+	defer cleanup()
 	return m.Run()
 }
