@@ -284,6 +284,32 @@ func (p *Pool) Release(owner string, mac net.HardwareAddr) {
 	}
 }
 
+// Transfer moves mac from owner from to owner to, in one step (no other
+// owner can take it in between), and reports whether it did: it does
+// nothing unless from holds mac.
+func (p *Pool) Transfer(from, to string, mac net.HardwareAddr) bool {
+	if len(mac) != macLen || to == "" {
+		return false
+	}
+	v := toUint(mac)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if holder, held := p.holders[v]; !held || holder != from {
+		return false
+	}
+	macs := p.owned[from]
+	i := slices.Index(macs, v)
+	macs = slices.Delete(macs, i, i+1)
+	if len(macs) == 0 {
+		delete(p.owned, from)
+	} else {
+		p.owned[from] = macs
+	}
+	p.holders[v] = to
+	p.owned[to] = append(p.owned[to], v)
+	return true
+}
+
 // Holder returns the owner of mac.
 func (p *Pool) Holder(mac net.HardwareAddr) (string, bool) {
 	if len(mac) != macLen {

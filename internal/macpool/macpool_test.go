@@ -684,3 +684,32 @@ func FuzzReserve(f *testing.F) {
 		}
 	})
 }
+
+func TestTransfer(t *testing.T) {
+	p := newPool(t, "0a:00:00:00:00:00", "0a:00:00:00:00:ff")
+	m, err := p.Allocate("ns/generateName:uid-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Transfer("ns/other", "ns/vm", m) {
+		t.Fatal("moved a MAC its from-owner does not hold")
+	}
+	if !p.Transfer("ns/generateName:uid-1", "ns/vm", m) {
+		t.Fatal("Transfer from the holder refused")
+	}
+	if h, _ := p.Holder(m); h != "ns/vm" {
+		t.Fatalf("holder after Transfer = %q", h)
+	}
+	if got := p.MACs("ns/generateName:uid-1"); len(got) != 0 {
+		t.Fatalf("from-owner still lists %v", got)
+	}
+	if _, used := p.Stats(); used != 1 {
+		t.Fatalf("used = %d after a transfer, want 1", used)
+	}
+	checkInvariants(t, p)
+	p.ReleaseOwner("ns/vm")
+	if _, held := p.Holder(m); held {
+		t.Fatal("MAC held after its new owner released it")
+	}
+	checkInvariants(t, p)
+}

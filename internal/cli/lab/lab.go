@@ -4,7 +4,7 @@
 // policies and RBAC, and writes an admin kubeconfig into the lab directory;
 // "lab down" stops it. kvnet-controller (and kvnet-node, below) run as their
 // service accounts, bound only by the RBAC kvnet ships (config/rbac,
-// config/node/rbac.yaml, read from the repository), so the lab fails on a
+// config/node/rbac.yaml, embedded in the binary), so the lab fails on a
 // missing permission as a cluster would.
 //
 // As root, "lab up" also builds simulated nodes (--nodes, default 3):

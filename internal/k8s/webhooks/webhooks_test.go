@@ -586,3 +586,27 @@ func TestMACPoolGenerateName(t *testing.T) {
 		return c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1])))
 	})
 }
+
+// A VM that reaches the API carrying a MAC another VM holds (here from a
+// namespace the webhook skips) is reported on that VM.
+func TestMACPoolDuplicateReported(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "mac-dup", nil)
+	mkNS(t, "mac-dup-ignored", map[string]string{"mutatevirtualmachines.kubemacpool.io": "ignore"})
+	create(t, vm("mac-dup", "holder", bridge("sec", "02:00:00:00:ee:01")))
+	dup := vm("mac-dup-ignored", "copy", bridge("sec", "02:00:00:00:ee:01"))
+	create(t, dup)
+	eventually(t, "DuplicateMAC event on the copy", func() error {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace("mac-dup-ignored")); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "DuplicateMAC" && e.Type == corev1.EventTypeWarning && e.InvolvedObject.Name == "copy" &&
+				strings.Contains(e.Message, "MAC 02:00:00:00:ee:01 of this VM is also used by VM mac-dup/holder") {
+				return nil
+			}
+		}
+		return errors.New("no DuplicateMAC event yet")
+	})
+}

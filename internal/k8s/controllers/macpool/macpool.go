@@ -188,7 +188,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 		Named("macpool-vms").
 		For(&kubevirtv1.VirtualMachine{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: &opts.SkipNameValidation}).
-		Complete(&vmReconciler{m: m, client: c})
+		Complete(&vmReconciler{m: m, client: c, recorder: mgr.GetEventRecorder("kvnet-macpool")})
 	if err != nil {
 		return nil, err
 	}
@@ -310,8 +310,9 @@ func (r *rangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 // vmReconciler commits a VM's MACs once the API has it, releases the MACs
 // of interfaces it dropped, and all of them when it is gone.
 type vmReconciler struct {
-	m      *Manager
-	client client.Client
+	m        *Manager
+	client   client.Client
+	recorder events.EventRecorder
 }
 
 func (r *vmReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -356,14 +357,24 @@ func (r *vmReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	for s := range inSpec {
 		mac := mustMAC(s)
 		h, held := r.m.Pool.Holder(mac)
-		if held && isProvisionalIn(h, req.Namespace) {
-			r.m.Pool.Release(h, mac)
-			held = false
+		if held && isProvisionalIn(h, req.Namespace) && r.m.Pool.Transfer(h, owner, mac) {
+			continue
 		}
-		if !held {
-			if err := r.m.Pool.Reserve(owner, mac); err != nil {
-				log.FromContext(ctx).Error(err, "hold MAC seen on VM", "vm", owner)
-			}
+		if held && h == owner {
+			continue
+		}
+		err := r.m.Pool.Reserve(owner, mac)
+		var ce *macpool.ConflictError
+		if errors.As(err, &ce) {
+			// Two VMs carry one MAC (written past the webhook, or admitted
+			// by a leader that had stepped down): nothing kvnet can undo,
+			// so say so where the owner looks.
+			duplicateMACs.Inc()
+			r.recorder.Eventf(&vm, nil, corev1.EventTypeWarning, "DuplicateMAC", "Reserve",
+				"MAC %s of this VM is also used by VM %s", mac, ce.Holder)
+			log.FromContext(ctx).Error(err, "MAC seen on VM is held by another", "vm", owner)
+		} else if err != nil {
+			log.FromContext(ctx).Error(err, "hold MAC seen on VM", "vm", owner)
 		}
 	}
 	all := true
@@ -427,12 +438,9 @@ func (p *pendingCleaner) sweep(ctx context.Context) {
 	for _, owner := range stale {
 		ns, name, _ := strings.Cut(owner, "/")
 		if strings.HasPrefix(name, provisionalMark) {
-			// The VM reconciler took what the created VM carries; the rest
-			// belongs to an admission that never reached the API.
-			if n := len(p.m.Pool.MACs(owner)); n > 0 {
-				p.m.Pool.ReleaseOwner(owner)
-				abandonedTotal.Add(float64(n))
-				log.FromContext(ctx).Info("released MACs of an abandoned VM admission", "vm", owner)
+			if err := p.settleProvisional(ctx, ns, owner); err != nil {
+				log.FromContext(ctx).Error(err, "settle MACs of a generateName VM admission", "owner", owner)
+				continue
 			}
 			p.m.commit(owner)
 			continue
@@ -460,4 +468,36 @@ func (p *pendingCleaner) sweep(ctx context.Context) {
 		}
 		p.m.commit(owner)
 	}
+}
+
+// settleProvisional ends a generateName admission's hold: MACs a VM of the
+// namespace carries (the VM reconciler has not seen it yet) go to that VM,
+// the rest belong to an admission that never reached the API and are freed.
+// The VMs are read from the API server, so a late watch frees nothing in use.
+func (p *pendingCleaner) settleProvisional(ctx context.Context, namespace, owner string) error {
+	held := p.m.Pool.MACs(owner)
+	if len(held) == 0 {
+		return nil
+	}
+	var vms kubevirtv1.VirtualMachineList
+	if err := p.reader.List(ctx, &vms, client.InNamespace(namespace)); err != nil {
+		return err
+	}
+	carrier := map[string]string{} // MAC -> owner of the VM carrying it
+	for i := range vms.Items {
+		for _, s := range VMMACs(&vms.Items[i]) {
+			if mac, err := net.ParseMAC(s); err == nil {
+				carrier[mac.String()] = Owner(vms.Items[i].Namespace, vms.Items[i].Name)
+			}
+		}
+	}
+	for _, mac := range held {
+		if to, ok := carrier[mac.String()]; ok && p.m.Pool.Transfer(owner, to, mac) {
+			continue
+		}
+		p.m.Pool.Release(owner, mac)
+		abandonedTotal.Inc()
+		log.FromContext(ctx).Info("released a MAC of an abandoned VM admission", "owner", owner, "mac", mac.String())
+	}
+	return nil
 }

@@ -13,7 +13,7 @@ var (
 		Name: "kvnet_macpool_used", Help: "MACs of the range held by VMs.",
 	})
 	duplicateMACs = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvnet_macpool_duplicate_macs_total", Help: "MACs found on two VMs while rebuilding the pool.",
+		Name: "kvnet_macpool_duplicate_macs_total", Help: "MACs found on a VM while another VM holds them (at the rebuild or on a VM update).",
 	})
 	abandonedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvnet_macpool_abandoned_released_total", Help: "MACs released because the VM admission that took them never reached the API.",
