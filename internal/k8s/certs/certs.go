@@ -194,10 +194,12 @@ func (m *Manager) ensureSecret(ctx context.Context) error {
 	s.Data[keyCACert] = bundle(ca, s.Data[keyCACert], now)
 	leaf, _, leafErr := parsePair(s.Data[keyTLSCert], s.Data[keyTLSKey])
 	usable := leafErr == nil && m.usable(leaf, s.Data[keyCACert], now)
-	// A CA issued in this round reaches the caBundles only at its end (and
-	// the API server a moment later): until the next round, keep serving a
-	// certificate signed by the previous CA, which stays in the bundle.
-	if !usable || !newCA && m.stale(leaf, ca, now) {
+	// A new CA reaches the caBundles only at the end of the round that
+	// issued it (and the API server a moment later), perhaps the round of
+	// another replica: keep serving a certificate signed by the previous CA,
+	// which stays in the bundle, until every labelled configuration trusts
+	// the new one.
+	if !usable || !newCA && m.stale(leaf, ca, now) && (leaf.CheckSignatureFrom(ca) == nil || m.trustedEverywhere(ctx, ca)) {
 		certPEM, keyPEM, err := m.newServing(ca, caKey, now)
 		if err != nil {
 			return err
@@ -223,6 +225,26 @@ func (m *Manager) ensureSecret(ctx context.Context) error {
 	}
 	m.cur.Store(&pair)
 	return nil
+}
+
+// trustedEverywhere reports whether the caBundle of every webhook of every
+// labelled configuration holds ca. An error reads as no: the caller then
+// keeps a certificate that still verifies.
+func (m *Manager) trustedEverywhere(ctx context.Context, ca *x509.Certificate) bool {
+	var list admissionregistrationv1.MutatingWebhookConfigurationList
+	if err := m.c.List(ctx, &list, client.MatchingLabels{InjectLabel: "true"}); err != nil {
+		log.FromContext(ctx).Error(err, "list webhook configurations before moving to the new CA")
+		return false
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	for _, wc := range list.Items {
+		for _, w := range wc.Webhooks {
+			if !bytes.Contains(w.ClientConfig.CABundle, caPEM) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // usable reports whether leaf has the configured SANs and verifies against

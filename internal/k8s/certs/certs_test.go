@@ -39,7 +39,8 @@ func TestMain(m *testing.M) {
 		if c, err = client.NewWithWatch(env.Config, client.Options{Scheme: env.Client.Scheme()}); err != nil {
 			return err
 		}
-		return c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		err = c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		return client.IgnoreAlreadyExists(err)
 	}))
 }
 
@@ -51,8 +52,12 @@ func newClock() *clock               { return &clock{t: time.Now().Truncate(time
 func (k *clock) Now() time.Time      { return k.t }
 func (k *clock) Add(d time.Duration) { k.t = k.t.Add(d) }
 
-// newManager serves serverName and 127.0.0.1 unless o has other SANs.
-func newManager(o certs.Options) *certs.Manager {
+// newManager serves serverName and 127.0.0.1 unless o has other SANs. Its
+// Secret is deleted when the test ends, so a rerun starts afresh.
+func newManager(t *testing.T, o certs.Options) *certs.Manager {
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: o.SecretName}})
+	})
 	o.Namespace = ns
 	if o.DNSNames == nil {
 		o.DNSNames, o.IPs = []string{serverName}, []net.IP{net.IPv4(127, 0, 0, 1)}
@@ -177,7 +182,7 @@ func TestFirstStartAndRestart(t *testing.T) {
 	webhookConfig(t, "certs-first", true)
 	webhookConfig(t, "certs-unlabelled", false)
 	k := newClock()
-	m := newManager(certs.Options{SecretName: "first", Now: k.Now})
+	m := newManager(t, certs.Options{SecretName: "first", Now: k.Now})
 	ensure(t, m)
 
 	s := secret(t, "first")
@@ -197,7 +202,7 @@ func TestFirstStartAndRestart(t *testing.T) {
 	}
 
 	// A restart (a new manager) reuses the Secret as it is.
-	m2 := newManager(certs.Options{SecretName: "first", Now: k.Now})
+	m2 := newManager(t, certs.Options{SecretName: "first", Now: k.Now})
 	ensure(t, m2)
 	if s2 := secret(t, "first"); s2.ResourceVersion != s.ResourceVersion {
 		t.Error("restart rewrote the Secret")
@@ -207,7 +212,7 @@ func TestFirstStartAndRestart(t *testing.T) {
 	}
 
 	// A restart with other SANs re-issues the serving certificate only.
-	m3 := newManager(certs.Options{SecretName: "first", Now: k.Now, DNSNames: []string{serverName, "kvnet-webhook.other.svc"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	m3 := newManager(t, certs.Options{SecretName: "first", Now: k.Now, DNSNames: []string{serverName, "kvnet-webhook.other.svc"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	ensure(t, m3)
 	s3 := secret(t, "first")
 	if got := certsOf(t, s3.Data["tls.crt"])[0].DNSNames; len(got) != 2 {
@@ -221,7 +226,7 @@ func TestFirstStartAndRestart(t *testing.T) {
 func TestServingCertRenewal(t *testing.T) {
 	webhookConfig(t, "certs-renew", true)
 	k := newClock()
-	m := newManager(certs.Options{SecretName: "renew", Validity: 3 * time.Hour, CheckInterval: time.Minute, Now: k.Now})
+	m := newManager(t, certs.Options{SecretName: "renew", Validity: 3 * time.Hour, CheckInterval: time.Minute, Now: k.Now})
 	ensure(t, m)
 	addr := serve(t, m) // started once: renewals must reach it
 	caPEM := secret(t, "renew").Data["ca.crt"]
@@ -254,7 +259,7 @@ func TestCARollover(t *testing.T) {
 	webhookConfig(t, "certs-rollover", true)
 	k := newClock()
 	const step = 30 * time.Minute
-	m := newManager(certs.Options{SecretName: "rollover", Validity: 3 * time.Hour, CAValidity: 9 * time.Hour, CheckInterval: step, Now: k.Now})
+	m := newManager(t, certs.Options{SecretName: "rollover", Validity: 3 * time.Hour, CAValidity: 9 * time.Hour, CheckInterval: step, Now: k.Now})
 	ensure(t, m)
 	addr := serve(t, m)
 	ca1 := certsOf(t, caBundle(t, "certs-rollover"))[0]
@@ -283,13 +288,62 @@ func TestCARollover(t *testing.T) {
 	}
 }
 
+// TestRolloverTwoReplicas: replica a issues a new CA but its caBundle
+// patch has not landed (it failed, or a crashed a moment later); replica b,
+// sharing the Secret, must not move its serving certificate to a CA the API
+// server does not trust yet.
+func TestRolloverTwoReplicas(t *testing.T) {
+	webhookConfig(t, "certs-two", true)
+	k := newClock()
+	const step = 30 * time.Minute
+	opts := certs.Options{SecretName: "two", Validity: 3 * time.Hour, CAValidity: 9 * time.Hour, CheckInterval: step, Now: k.Now}
+	a, b := newManager(t, opts), newManager(t, opts)
+	ensure(t, a)
+	ensure(t, b)
+	addrB := serve(t, b)
+	ca1 := certsOf(t, caBundle(t, "certs-two"))[0]
+	for {
+		k.Add(step)
+		if k.t.After(ca1.NotAfter) {
+			t.Fatal("no new CA issued before the first expired")
+		}
+		before := caBundle(t, "certs-two")
+		ensure(t, a)
+		if certsOf(t, caBundle(t, "certs-two"))[0].Equal(ca1) {
+			ensure(t, b)
+			continue
+		}
+		// a issued a new CA: undo its caBundle patch, as if it never landed.
+		setCABundle(t, "certs-two", before)
+		ensure(t, b)
+		if leaf := mustServe(t, addrB, before, k.Now()); leaf.CheckSignatureFrom(ca1) != nil {
+			t.Fatal("replica b serves a certificate of the new CA")
+		}
+		return
+	}
+}
+
+func setCABundle(t *testing.T, name string, bundle []byte) {
+	t.Helper()
+	var wc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := c.Get(context.Background(), client.ObjectKey{Name: name}, &wc); err != nil {
+		t.Fatal(err)
+	}
+	for i := range wc.Webhooks {
+		wc.Webhooks[i].ClientConfig.CABundle = bundle
+	}
+	if err := c.Update(context.Background(), &wc); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRolloverAfterDowntime: after the controller was down, a check that
 // issues a new CA does not keep, for that round, a serving certificate
 // expiring before the next check.
 func TestRolloverAfterDowntime(t *testing.T) {
 	webhookConfig(t, "certs-downtime", true)
 	k := newClock()
-	m := newManager(certs.Options{SecretName: "downtime", Validity: 3 * time.Hour, CAValidity: 4 * time.Hour, Now: k.Now})
+	m := newManager(t, certs.Options{SecretName: "downtime", Validity: 3 * time.Hour, CAValidity: 4 * time.Hour, Now: k.Now})
 	ensure(t, m)
 	addr := serve(t, m)
 	// First the CA is due and the serving certificate has 10 minutes left,
@@ -305,7 +359,7 @@ func TestRolloverAfterDowntime(t *testing.T) {
 // configuration created, or whose caBundle is wiped, gets the CA at once,
 // not at the next hourly check.
 func TestWatchWebhookConfigurations(t *testing.T) {
-	m := newManager(certs.Options{SecretName: "watch"})
+	m := newManager(t, certs.Options{SecretName: "watch"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- m.Start(ctx) }()
