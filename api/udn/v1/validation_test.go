@@ -211,7 +211,7 @@ func TestCreateValidation(t *testing.T) {
 		t.Fatalf("only %d cases", n)
 	}
 	ctx := context.Background()
-	for i, tc := range createCases {
+	for i, tc := range append(createCases, cudnCreateCases(t)...) {
 		t.Run(tc.name, func(t *testing.T) {
 			obj := object(t, tc.yaml, fmt.Sprintf("create-%d", i))
 			err := env.Client.Create(ctx, obj)
@@ -225,35 +225,88 @@ func TestCreateValidation(t *testing.T) {
 	}
 }
 
-// TestEveryCELRuleExercised fails when a CEL rule of the shipped CRDs has
-// no case above expecting its message.
+// TestEveryCELRuleExercised fails when a CEL message of either CRD has no
+// case of that kind expecting it: the UDN and CUDN CRDs carry their own
+// copies of most rules, and each copy must be exercised.
 func TestEveryCELRuleExercised(t *testing.T) {
 	msgs, err := celMessages()
 	if err != nil {
 		t.Fatal(err)
 	}
-	expected := map[string]bool{}
-	for _, tc := range createCases {
-		expected[tc.wantErr] = true
+	expected := map[string]map[string]bool{}
+	expect := func(manifest, msg string) {
+		k := kindOf(manifest)
+		if expected[k] == nil {
+			expected[k] = map[string]bool{}
+		}
+		expected[k][msg] = true
 	}
-	for _, tc := range updateCases {
-		expected[tc.wantErr] = true
+	for _, tc := range append(createCases, cudnCreateCases(t)...) {
+		expect(tc.yaml, tc.wantErr)
+	}
+	for _, tc := range append(updateCases, cudnUpdateCases(t)...) {
+		expect(tc.update, tc.wantErr)
 	}
 	var missing []string
-	for m := range msgs {
-		if !expected[m] {
-			missing = append(missing, m)
+	total := 0
+	for kind, kindMsgs := range msgs {
+		total += len(kindMsgs)
+		for m := range kindMsgs {
+			if !expected[kind][m] {
+				missing = append(missing, kind+": "+m)
+			}
 		}
 	}
 	if len(missing) > 0 {
-		t.Fatalf("%d of %d CEL messages have no case: %q", len(missing), len(msgs), missing)
+		t.Fatalf("%d of %d CEL messages have no case of their kind: %q", len(missing), total, missing)
 	}
-	t.Logf("all %d CEL messages exercised", len(msgs))
+	t.Logf("all %d CEL messages (UDN %d, CUDN %d) exercised", total, len(msgs["UserDefinedNetwork"]), len(msgs["ClusterUserDefinedNetwork"]))
+}
+
+// asCUDN returns the network of a UDN manifest as a CUDN selecting one
+// namespace: the CUDN CRD carries its own copy of the UDN's rules, and
+// every copy is checked.
+func asCUDN(manifest string) string {
+	_, spec, _ := strings.Cut(manifest, "\nspec:\n")
+	lines := strings.Split(strings.TrimRight(spec, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "  ")
+	}
+	return cudnNet(strings.Join(lines, "\n"))
+}
+
+// cudnCreateCases and cudnUpdateCases are the UDN cases whose rule the CUDN
+// CRD also has, run again as CUDNs.
+func cudnCreateCases(t *testing.T) []createCase {
+	var out []createCase
+	for _, tc := range createCases {
+		if kindOf(tc.yaml) == "UserDefinedNetwork" && isCELMessageOf(t, "ClusterUserDefinedNetwork", tc.wantErr) {
+			out = append(out, createCase{name: tc.name + " (as cudn)", yaml: asCUDN(tc.yaml), wantErr: tc.wantErr})
+		}
+	}
+	return out
+}
+
+func cudnUpdateCases(t *testing.T) []updateCase {
+	var out []updateCase
+	for _, tc := range updateCases {
+		if kindOf(tc.create) == "UserDefinedNetwork" && isCELMessageOf(t, "ClusterUserDefinedNetwork", tc.wantErr) {
+			out = append(out, updateCase{name: tc.name + " (as cudn)", create: asCUDN(tc.create), update: asCUDN(tc.update), wantErr: tc.wantErr})
+		}
+	}
+	return out
+}
+
+func kindOf(manifest string) string {
+	if strings.Contains(manifest, "kind: ClusterUserDefinedNetwork") {
+		return "ClusterUserDefinedNetwork"
+	}
+	return "UserDefinedNetwork"
 }
 
 func TestUpdateValidation(t *testing.T) {
 	ctx := context.Background()
-	for i, tc := range updateCases {
+	for i, tc := range append(updateCases, cudnUpdateCases(t)...) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := fmt.Sprintf("update-%d", i)
 			obj := object(t, tc.create, name)
@@ -290,13 +343,23 @@ func isCELMessage(t *testing.T, msg string) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return msgs[msg]
+	return msgs["UserDefinedNetwork"][msg] || msgs["ClusterUserDefinedNetwork"][msg]
+}
+
+func isCELMessageOf(t *testing.T, kind, msg string) bool {
+	t.Helper()
+	msgs, err := celMessages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs[kind][msg]
 }
 
 // celMessages returns the message of every CEL rule in the shipped UDN and
-// CUDN CRDs.
-var celMessages = sync.OnceValues(func() (map[string]bool, error) {
-	out := map[string]bool{}
+// CUDN CRDs, by kind.
+var celMessages = sync.OnceValues(func() (map[string]map[string]bool, error) {
+	all := map[string]map[string]bool{}
+	var out map[string]bool
 	var walk func(any)
 	walk = func(v any) {
 		switch v := v.(type) {
@@ -317,7 +380,12 @@ var celMessages = sync.OnceValues(func() (map[string]bool, error) {
 			}
 		}
 	}
-	for _, f := range []string{"k8s.ovn.org_userdefinednetworks.yaml", "k8s.ovn.org_clusteruserdefinednetworks.yaml"} {
+	for kind, f := range map[string]string{
+		"UserDefinedNetwork":        "k8s.ovn.org_userdefinednetworks.yaml",
+		"ClusterUserDefinedNetwork": "k8s.ovn.org_clusteruserdefinednetworks.yaml",
+	} {
+		out = map[string]bool{}
+		all[kind] = out
 		raw, err := os.ReadFile(filepath.Join(env.Root, "config", "crd", "bases", f))
 		if err != nil {
 			return nil, err
@@ -327,11 +395,11 @@ var celMessages = sync.OnceValues(func() (map[string]bool, error) {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
 		walk(crd)
+		if len(out) == 0 {
+			return nil, fmt.Errorf("%s: no CEL rules found", f)
+		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no CEL rules found in the UDN CRDs")
-	}
-	return out, nil
+	return all, nil
 })
 
 // hasCause reports whether one of the API server's causes for rejecting
