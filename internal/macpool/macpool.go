@@ -274,14 +274,7 @@ func (p *Pool) Release(owner string, mac net.HardwareAddr) {
 		return
 	}
 	p.drop(v)
-	macs := p.owned[owner]
-	i := slices.Index(macs, v)
-	macs = slices.Delete(macs, i, i+1)
-	if len(macs) == 0 {
-		delete(p.owned, owner)
-	} else {
-		p.owned[owner] = macs
-	}
+	p.disown(owner, v)
 }
 
 // Transfer moves mac from owner from to owner to, in one step (no other
@@ -297,14 +290,7 @@ func (p *Pool) Transfer(from, to string, mac net.HardwareAddr) bool {
 	if holder, held := p.holders[v]; !held || holder != from {
 		return false
 	}
-	macs := p.owned[from]
-	i := slices.Index(macs, v)
-	macs = slices.Delete(macs, i, i+1)
-	if len(macs) == 0 {
-		delete(p.owned, from)
-	} else {
-		p.owned[from] = macs
-	}
+	p.disown(from, v)
 	p.holders[v] = to
 	p.owned[to] = append(p.owned[to], v)
 	return true
@@ -351,6 +337,21 @@ func (p *Pool) hold(owner string, v uint64) {
 	p.owned[owner] = append(p.owned[owner], v)
 	if p.allocatable(v) {
 		p.usedInRange++
+	}
+}
+
+// disown removes v from owner's list; p.mu must be held.
+func (p *Pool) disown(owner string, v uint64) {
+	macs := p.owned[owner]
+	i := slices.Index(macs, v)
+	if i < 0 {
+		return
+	}
+	macs = slices.Delete(macs, i, i+1)
+	if len(macs) == 0 {
+		delete(p.owned, owner)
+	} else {
+		p.owned[owner] = macs
 	}
 }
 
