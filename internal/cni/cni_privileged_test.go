@@ -43,17 +43,10 @@ func TestMain(m *testing.M) {
 		fmt.Println("skipping kvnet-cni tests: needs root (network namespaces)")
 		os.Exit(0)
 	}
-	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{
+	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{
 		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
 		"bridge":    "github.com/containernetworking/plugins/plugins/main/bridge",
-	}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := run(m, fx)
-	fx.Close()
-	os.Exit(code)
+	}}, func(fx *testenv.Fixture) int { return run(m, fx) }))
 }
 
 func run(m *testing.M, fx *testenv.Fixture) int {

@@ -24,11 +24,7 @@ const transferSize = 256 << 20
 func BenchmarkTCPThroughput(b *testing.B) {
 	b.ReportAllocs()
 	c := newCluster(b, 2)
-	nets := []Network{primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")}
-	rt := gatewayRoutes("10.1.1.1")
-	src := c.addPod(c.nodes[0], "t1", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	dst := c.addPod(c.nodes[1], "t2", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
-	c.applyAll(nets)
+	src, dst := c.tenantAPair("t1", "t2")
 	startSink(b, dst.ns)
 	kvTarget := netip.MustParseAddr("10.1.1.3")
 

@@ -175,6 +175,20 @@ func (c *cluster) state(nd *node, nets []Network) State {
 	return s
 }
 
+// tenantA is a primary network, 10.1.1.0/24 behind gateway 10.1.1.1.
+var tenantA = primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")
+
+// tenantAPair adds pods a (10.1.1.2, node 0) and b (10.1.1.3, node 1) on
+// tenantA, applies it on every node and returns the pods.
+func (c *cluster) tenantAPair(a, b string) (*pod, *pod) {
+	c.tb.Helper()
+	rt := gatewayRoutes("10.1.1.1")
+	pa := c.addPod(c.nodes[0], a, "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
+	pb := c.addPod(c.nodes[1], b, "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	c.applyAll([]Network{tenantA})
+	return pa, pb
+}
+
 // applyAll applies each node's state for nets.
 func (c *cluster) applyAll(nets []Network) {
 	c.tb.Helper()

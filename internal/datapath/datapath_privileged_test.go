@@ -215,11 +215,7 @@ func TestEgress(t *testing.T) {
 func TestAntiSpoofing(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
-	nets := []Network{primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")}
-	rt := gatewayRoutes("10.1.1.1")
-	a1 := c.addPod(c.nodes[0], "a1", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	a2 := c.addPod(c.nodes[1], "a2", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
-	c.applyAll(nets)
+	a1, a2 := c.tenantAPair("a1", "a2")
 	peer := addr("10.1.1.3")
 	dp := c.nodes[0].dp
 	counter := func(what string) uint64 {
@@ -345,11 +341,8 @@ func TestAntiSpoofing(t *testing.T) {
 func TestMACMove(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 3)
-	nets := []Network{primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")}
-	rt := gatewayRoutes("10.1.1.1")
-	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
-	c.applyAll(nets)
+	y, x := c.tenantAPair("y", "x")
+	nets, rt := []Network{tenantA}, gatewayRoutes("10.1.1.1")
 	xIP := addr("10.1.1.3")
 	for range 3 {
 		if err := ping(y.ns, netip.Addr{}, xIP, 3*time.Second, true); err != nil {

@@ -58,15 +58,10 @@ func TestMain(m *testing.M) {
 		// The unit tests still run; the privileged ones skip (needsRoot).
 		os.Exit(m.Run())
 	}
-	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env, c, tmpDir, kubeconfig, cniBinary = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.Bin("kvnet-cni")
-	code := m.Run()
-	fx.Close()
-	os.Exit(code)
+	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}}, func(fx *testenv.Fixture) int {
+		env, c, tmpDir, kubeconfig, cniBinary = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.Bin("kvnet-cni")
+		return m.Run()
+	}))
 }
 
 func eventually(t testing.TB, what string, f func() error) {

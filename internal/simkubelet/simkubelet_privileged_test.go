@@ -62,14 +62,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	privileged = true
-	fx, err := testenv.NewFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := run(m, fx)
-	fx.Close()
-	os.Exit(code)
+	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}},
+		func(fx *testenv.Fixture) int { return run(m, fx) }))
 }
 
 func run(m *testing.M, fx *testenv.Fixture) int {

@@ -53,15 +53,10 @@ func TestMain(m *testing.M) {
 		fmt.Println("skipping privileged simvirt tests: need root (network namespaces, nftables)")
 		os.Exit(m.Run())
 	}
-	fx, err := testenv.NewFixture(testenv.FixtureOptions{Webhooks: true, Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env, c, tmpDir, kubeconfig, apiAddr, binDir = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.APIAddr, fx.BinDir
-	code := m.Run()
-	fx.Close()
-	os.Exit(code)
+	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Webhooks: true, Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}}, func(fx *testenv.Fixture) int {
+		env, c, tmpDir, kubeconfig, apiAddr, binDir = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.APIAddr, fx.BinDir
+		return m.Run()
+	}))
 }
 
 func eventually(t testing.TB, what string, f func() error) {

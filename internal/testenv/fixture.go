@@ -92,3 +92,17 @@ func (f *Fixture) Close() {
 	}
 	f.Env.Stop()
 }
+
+// WithFixture is the TestMain body of a node-side test package: it builds a
+// Fixture, hands it to run (which stores what the tests need and runs them,
+// returning m.Run's code), closes it and returns the exit code; a fixture
+// that cannot be built is reported and exit code 1.
+func WithFixture(o FixtureOptions, run func(*Fixture) int) int {
+	fx, err := NewFixture(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer fx.Close()
+	return run(fx)
+}
