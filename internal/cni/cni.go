@@ -134,6 +134,16 @@ func HostIfName(containerID, ifName string) string {
 }
 
 // entry waits for the pod's allocation for this network.
+// load parses the request and finds the attachment kvnet allocated for it.
+func (p *Plugin) load(args *skel.CmdArgs) (*request, podnetworks.Attachment, error) {
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return nil, podnetworks.Attachment{}, err
+	}
+	a, err := p.entry(args, r)
+	return r, a, err
+}
+
 func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, error) {
 	var pa podArgs
 	if err := types.LoadArgs(args.Args, &pa); err != nil {
@@ -248,11 +258,7 @@ func result(version string, a podnetworks.Attachment, ifaces []*current.Interfac
 
 // Add wires the pod (or, in IPAM-only mode, returns its addresses).
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	r, err := parse(args.StdinData)
-	if err != nil {
-		return err
-	}
-	a, err := p.entry(args, r)
+	r, a, err := p.load(args)
 	if err != nil {
 		return err
 	}
@@ -339,11 +345,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 // Check verifies that the pod interface has the allocated MAC, addresses
 // and routes.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	r, err := parse(args.StdinData)
-	if err != nil {
-		return err
-	}
-	a, err := p.entry(args, r)
+	r, a, err := p.load(args)
 	if err != nil {
 		return err
 	}

@@ -65,20 +65,32 @@ func (d *Datapath) ensureBridge(id int) (netlink.Link, error) {
 		// querier only makes IPv6 neighbour discovery flaky.
 		snoop := false
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: d.mtu}, MulticastSnooping: &snoop}
-		if err := d.h.LinkAdd(br); err != nil {
-			return nil, fmt.Errorf("create bridge %q: %w", name, err)
-		}
-		if l, err = d.h.LinkByName(name); err != nil {
+		if l, err = d.createLink("bridge", br); err != nil {
 			return nil, err
-		}
-		if err := d.h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil {
-			return nil, fmt.Errorf("disable IPv6 addresses on %q: %w", name, err)
 		}
 	} else if err != nil {
 		return nil, err
 	}
 	if err := d.ensureMTUUp(l); err != nil {
 		return nil, err
+	}
+	return l, nil
+}
+
+// createLink creates want, a link of kind what, reads it back and turns
+// off IPv6 address generation on it: kvnet's bridges and VXLAN devices
+// carry no addresses.
+func (d *Datapath) createLink(what string, want netlink.Link) (netlink.Link, error) {
+	name := want.Attrs().Name
+	if err := d.h.LinkAdd(want); err != nil {
+		return nil, fmt.Errorf("create %s %q: %w", what, name, err)
+	}
+	l, err := d.h.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil {
+		return nil, fmt.Errorf("disable IPv6 addresses on %q: %w", name, err)
 	}
 	return l, nil
 }
@@ -127,14 +139,8 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 		}
 	}
 	if errors.Is(err, nl.ErrNotFound) {
-		if err := d.h.LinkAdd(want); err != nil {
-			return nil, fmt.Errorf("create vxlan %q: %w", name, err)
-		}
-		if l, err = d.h.LinkByName(name); err != nil {
+		if l, err = d.createLink("vxlan", want); err != nil {
 			return nil, err
-		}
-		if err := d.h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil {
-			return nil, fmt.Errorf("disable IPv6 addresses on %q: %w", name, err)
 		}
 	} else if err != nil {
 		return nil, err
