@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
-	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // This file runs the datapath on a cluster simulated by package simnet

@@ -65,7 +65,7 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/datapath",
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
-	"kvnet.io/kvnet/internal/simnet",
+	"kvnet.io/kvnet/internal/sim/simnet",
 }
 
 func TestCorePackagesImportNoClient(t *testing.T) {

@@ -38,7 +38,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/udn"
 )

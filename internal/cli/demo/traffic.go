@@ -18,8 +18,8 @@ import (
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/simkubelet"
-	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // labPod is a pod the simulated kubelet runs.

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/simvirt"
+	"kvnet.io/kvnet/internal/sim/simvirt"
 )
 
 // demoVM is the VM the demo migrates; demoVMPeer pings it.

@@ -37,7 +37,7 @@ import (
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
-	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // Files in the lab directory.

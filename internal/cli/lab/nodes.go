@@ -24,9 +24,9 @@ import (
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/node"
-	"kvnet.io/kvnet/internal/simkubelet"
-	"kvnet.io/kvnet/internal/simnet"
-	"kvnet.io/kvnet/internal/simvirt"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/sim/simvirt"
 )
 
 // NodeName is the name of simulated node i (1-based).

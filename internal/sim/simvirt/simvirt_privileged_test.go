@@ -32,9 +32,9 @@ import (
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/simkubelet"
-	"kvnet.io/kvnet/internal/simnet"
-	"kvnet.io/kvnet/internal/simvirt"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/sim/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
 

@@ -30,7 +30,7 @@ import (
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
 	"kvnet.io/kvnet/internal/testenv"
 )
 

@@ -32,7 +32,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/simnet"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // Config configures the simulated kubelet of one node.
