@@ -23,7 +23,6 @@ import (
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
-	"kvnet.io/kvnet/internal/k8s/webhooks"
 )
 
 // Env is a running control plane for tests.
@@ -153,7 +152,7 @@ func (e *Env) WebhookOptions(ctx context.Context) (manager.Options, error) {
 	if err != nil {
 		return manager.Options{}, err
 	}
-	if err := webhooks.InstallLocal(ctx, e.Client, "kvnet-system", port); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, e.Client, "kvnet-system", port); err != nil {
 		return manager.Options{}, err
 	}
 	return manager.Options{Webhook: &manager.WebhookOptions{

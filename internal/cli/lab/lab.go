@@ -36,7 +36,6 @@ import (
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
-	"kvnet.io/kvnet/internal/k8s/webhooks"
 	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
@@ -207,7 +206,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err := controlplane.InstallRBAC(ctx, c); err != nil {
 		return fmt.Errorf("install RBAC: %w", err)
 	}
-	if err := webhooks.InstallLocal(ctx, c, controlplane.KvnetNamespace, webhookPort); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort); err != nil {
 		return fmt.Errorf("install webhooks: %w", err)
 	}
 	ctrlCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.ControllerServiceAccount, tokenTTL)

@@ -1,15 +1,10 @@
 package webhooks
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"kvnet.io/kvnet/config"
@@ -36,25 +31,4 @@ func Configuration(baseURL string) (*admissionregistrationv1.MutatingWebhookConf
 		cc.Service, cc.URL = nil, &url
 	}
 	return &wc, nil
-}
-
-// InstallLocal creates (or updates) the namespace and webhook configuration
-// for a controller serving webhooks at https://127.0.0.1:port, as in the lab
-// and the tests. Install it before the controller starts: the controller
-// patches the caBundle of existing configurations when it starts.
-func InstallLocal(ctx context.Context, c client.Client, namespace string, port int) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	wc, err := Configuration(fmt.Sprintf("https://127.0.0.1:%d", port))
-	if err != nil {
-		return err
-	}
-	var cur admissionregistrationv1.MutatingWebhookConfiguration
-	if err := c.Get(ctx, client.ObjectKeyFromObject(wc), &cur); err == nil {
-		wc.ResourceVersion = cur.ResourceVersion
-		return c.Update(ctx, wc)
-	}
-	return c.Create(ctx, wc)
 }
