@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages kvnet's tests and lab use, when missing:
-# iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client.
+# iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client,
+# qemu-system-x86 for the lab's QEMU guests (internal/sim/guest; their image
+# is built from Debian packages by hack/guest/build.sh).
 # Go modules come from the module proxy; control-plane binaries are built by
 # hack/build-tools.sh (make tools).
 set -euo pipefail
@@ -9,6 +11,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)
 command -v make >/dev/null || need+=(make)
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
