@@ -38,10 +38,13 @@ var (
 	cniCfg *libcni.CNIConfig
 )
 
+// TestMain builds the fixture (control plane, kvnet-cni) only as root; as
+// any other user the unit tests run, the privileged ones skip (needsRoot)
+// and one line says so.
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("skipping kvnet-cni tests: needs root (network namespaces)")
-		os.Exit(0)
+	if !testenv.Privileged() {
+		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/cni")
+		os.Exit(m.Run())
 	}
 	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{
 		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
@@ -58,6 +61,16 @@ func run(m *testing.M, fx *testenv.Fixture) int {
 	}
 	cniCfg = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(fx.Dir, "cache"), nil)
 	return m.Run()
+}
+
+// needsRoot skips (or, in CI, fails) a privileged test when not root, and
+// fails it when TestMain did not build the fixture.
+func needsRoot(tb testing.TB) {
+	tb.Helper()
+	testenv.NeedsRoot(tb)
+	if cniCfg == nil {
+		tb.Fatal("no control plane: TestMain did not build the fixture")
+	}
 }
 
 func eventually(t testing.TB, what string, f func() error) {
@@ -145,6 +158,7 @@ func confList(t testing.TB, config string) *libcni.NetworkConfigList {
 }
 
 func TestVerbs(t *testing.T) {
+	needsRoot(t)
 	ctx := context.Background()
 	nad := network(t, "cni-verbs", "10.90.0.0/24")
 	alloc := annotatedPod(t, "cni-verbs", "p1", "net")
@@ -225,6 +239,7 @@ func TestVerbs(t *testing.T) {
 }
 
 func TestGC(t *testing.T) {
+	needsRoot(t)
 	ctx := context.Background()
 	nad := network(t, "cni-gc", "10.91.0.0/24")
 	annotatedPod(t, "cni-gc", "keep", "net")
@@ -249,6 +264,7 @@ func TestGC(t *testing.T) {
 }
 
 func TestStatus(t *testing.T) {
+	needsRoot(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	statusFile := filepath.Join(dir, "status.json")
@@ -283,6 +299,7 @@ func TestStatus(t *testing.T) {
 }
 
 func TestIPAMOnlyUnderBridge(t *testing.T) {
+	needsRoot(t)
 	ctx := context.Background()
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cni-ipam"}})
 	config := `{"cniVersion":"1.0.0","type":"bridge","name":"migration","bridge":"kvtestmig0","isGateway":false,` +
@@ -325,6 +342,7 @@ func TestIPAMOnlyUnderBridge(t *testing.T) {
 }
 
 func TestAddWithoutAllocationFailsClearly(t *testing.T) {
+	needsRoot(t)
 	ctx := context.Background()
 	config := `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"cni-none_net","topology":"layer2","role":"secondary","subnets":"10.94.0.0/24","annotationTimeout":"1s"}`
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cni-none"}})
@@ -346,6 +364,7 @@ func TestAddWithoutAllocationFailsClearly(t *testing.T) {
 // BenchmarkAdd measures CNI ADD (via libcni and the real binary) once the
 // annotation exists; reports p50 and p99.
 func BenchmarkAdd(b *testing.B) {
+	needsRoot(b)
 	ctx := context.Background()
 	ns := fmt.Sprintf("cni-bench-%d", time.Now().UnixNano()%1e9)
 	nad := network(b, ns, "10.95.0.0/16")

@@ -21,6 +21,7 @@ import (
 
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // This file runs the datapath on a cluster simulated by package simnet
@@ -33,11 +34,11 @@ const underlayDev = simnet.UnderlayDev
 
 var internetIP = simnet.InternetIP
 
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: network namespaces")
-	}
+// TestMain reports, as any user but root, that the privileged tests of the
+// package did not run; the unit tests run as any user.
+func TestMain(m *testing.M) {
+	testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/datapath")
+	os.Exit(m.Run())
 }
 
 // cluster is a simulated set of nodes running the datapath.
@@ -71,7 +72,7 @@ type pod struct {
 // Datapath on each; all of it is removed when the test ends.
 func newCluster(tb testing.TB, n int) *cluster {
 	tb.Helper()
-	requireRoot(tb)
+	testenv.NeedsRoot(tb)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("n%d", i+1)

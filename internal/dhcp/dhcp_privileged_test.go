@@ -21,6 +21,8 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // The topology mirrors a kvnet node: a "switch" netns holds the network's
@@ -67,10 +69,15 @@ esac
 exit 0
 `
 
+// TestMain reports, as any user but root, that the privileged tests of the
+// package did not run; the unit tests run as any user.
+func TestMain(m *testing.M) {
+	testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/dhcp")
+	os.Exit(m.Run())
+}
+
 func TestServeUdhcpcPrivileged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
+	testenv.NeedsRoot(t)
 	busybox := "/usr/bin/busybox"
 	if _, err := os.Stat(busybox); err != nil {
 		// Fail rather than skip: a missing client must not pass as green.
@@ -198,9 +205,7 @@ func TestServeUdhcpcPrivileged(t *testing.T) {
 // end Serve with nil, that Close is idempotent, and that the port is free
 // again afterwards (a restarted server can bind it).
 func TestServeStopsPrivileged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
+	testenv.NeedsRoot(t)
 	n := newNetNS(t, "stop")
 	cfg := Config{NetNS: n.path, Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Leases: NewStaticLeases()}
 	tests := []struct {

@@ -9,12 +9,19 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"kvnet.io/kvnet/internal/testenv"
 )
 
+// TestMain reports, as any user but root, that the privileged tests of the
+// package did not run; the unit tests run as any user.
+func TestMain(m *testing.M) {
+	testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/nl")
+	os.Exit(m.Run())
+}
+
 func TestNamedNSAndHandle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
+	testenv.NeedsRoot(t)
 	name := fmt.Sprintf("kvtnl%d", os.Getpid())
 	path, err := CreateNamedNS(name)
 	if err != nil {
@@ -84,9 +91,7 @@ func TestNamedNSAndHandle(t *testing.T) {
 }
 
 func TestPeerLinkAcrossNamespaces(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
+	testenv.NeedsRoot(t)
 	a, b := fmt.Sprintf("kvtnlpa%d", os.Getpid()), fmt.Sprintf("kvtnlpb%d", os.Getpid())
 	pa, err := CreateNamedNS(a)
 	if err != nil {

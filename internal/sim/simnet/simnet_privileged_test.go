@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, veths and bridges")
-	}
+// TestMain reports, as any user but root, that the privileged tests of the
+// package did not run; the unit tests run as any user.
+func TestMain(m *testing.M) {
+	testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/sim/simnet")
+	os.Exit(m.Run())
 }
 
 // pingCommand returns the command line that pings dst once from the
@@ -77,7 +78,7 @@ func leftovers(t *testing.T, prefix string) []string {
 }
 
 func TestCluster(t *testing.T) {
-	requireRoot(t)
+	testenv.NeedsRoot(t)
 	prefix := RandomPrefix()
 	c, err := New(prefix, "n1", "n2")
 	if err != nil {
@@ -177,7 +178,7 @@ func TestCluster(t *testing.T) {
 // Cleanup removes what a cluster that was never closed (a crashed lab)
 // left behind, after which the prefix can be used again.
 func TestCleanup(t *testing.T) {
-	requireRoot(t)
+	testenv.NeedsRoot(t)
 	prefix := RandomPrefix()
 	if _, err := New(prefix, "a"); err != nil {
 		t.Fatal(err)
