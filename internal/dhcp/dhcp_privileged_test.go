@@ -228,9 +228,16 @@ func TestServeStopsPrivileged(t *testing.T) {
 				cancel()
 			}
 			done := make(chan error, 1)
-			go func() { done <- s.Serve(ctx) }()
+			id := make(chan string, 1)
+			go func() {
+				id <- goroutineID()
+				done <- s.Serve(ctx)
+			}()
 			if tc.stop != nil {
-				time.Sleep(50 * time.Millisecond) // let Serve block in read
+				// Stop only once Serve is parked in its socket read, so
+				// that what is tested is Close or cancellation waking a
+				// blocked read, never a Serve that had not started yet.
+				waitBlockedInRead(t, <-id, done)
 				tc.stop(s, cancel)
 			}
 			select {
@@ -245,6 +252,41 @@ func TestServeStopsPrivileged(t *testing.T) {
 				t.Errorf("second Close = %v, want nil", err)
 			}
 		})
+	}
+}
+
+// goroutineID returns the id of the calling goroutine, from the header
+// ("goroutine <id> [running]:") of its stack trace.
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	return strings.Fields(string(buf))[1]
+}
+
+// waitBlockedInRead waits until goroutine id, which runs Serve, is parked
+// waiting for the socket to become readable: its stack trace reads
+// "goroutine <id> [IO wait" with Serve among its frames. Serve has nothing
+// else to wait on, so this is the state the caller wants to interrupt. It
+// fails t if Serve returns first or the state is not reached in 10s.
+func waitBlockedInRead(t *testing.T, id string, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<20)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("Serve returned %v before it was stopped", err)
+		default:
+		}
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.HasPrefix(g, "goroutine "+id+" [IO wait") && strings.Contains(g, "dhcp.(*Server).Serve(") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Serve (goroutine %s) not blocked in its socket read after 10s", id)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
