@@ -70,7 +70,7 @@ bver=$(awk '$1 == "busybox-static" { print $2 }' <<<"$versions")
 stamp=$({
   echo "$kpkg=$kver"
   echo "busybox-static=$bver"
-  sha256sum "${BASH_SOURCE[0]}"
+  sha256sum <"${BASH_SOURCE[0]}"
   (cd "$here/rootfs" && find . -type f | LC_ALL=C sort | xargs sha256sum)
 } | sha256sum | cut -d' ' -f1)
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] &&
