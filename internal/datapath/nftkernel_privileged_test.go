@@ -1,0 +1,386 @@
+package datapath
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// The golden tests (nftrules_test.go) compare the text kvnet renders next
+// to its netlink expressions; nothing there shows that the kernel holds
+// rules meaning that text. TestNftRulesInKernel programs the golden state
+// into a fresh namespace with syncTables (what Apply does), reads the
+// ruleset back as nft decodes it (`nft -j list ruleset`, an independent
+// decoder of the kernel's expressions) and checks that every table, chain
+// and rule is there and means what was intended — so a rule that is
+// missing, out of place, or encoded with a wrong offset or operator fails
+// it.
+
+// kernelRule is one rule as nft decodes it from the kernel.
+type kernelRule struct {
+	Family, Chain string
+	Text          string // canonical text built from nft's JSON expressions
+	Comment       string
+}
+
+// kernelRuleset is what `nft -j list ruleset` reports for the kvnet tables
+// of one namespace.
+type kernelRuleset struct {
+	Families []string          // of the kvnet tables, in listing order
+	Chains   map[string]string // "family chain" -> base chain spec ("" for a regular chain)
+	Rules    []kernelRule      // in listing order
+}
+
+// listKernelRuleset runs `nft -j list ruleset` in the named namespace and
+// returns its kvnet tables; other tables fail t (the namespace is fresh).
+func listKernelRuleset(t *testing.T, nsName string) kernelRuleset {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		// Fail rather than skip: a missing tool must not pass as green.
+		t.Fatalf("nft (nftables) not in PATH (hack/install-deps.sh installs it): %v", err)
+	}
+	out, err := exec.Command("ip", "netns", "exec", nsName, "nft", "-j", "list", "ruleset").Output()
+	if err != nil {
+		t.Fatalf("nft -j list ruleset in %s: %v", nsName, err)
+	}
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("decode nft -j output: %v\n%s", err, out)
+	}
+	rs := kernelRuleset{Chains: map[string]string{}}
+	for _, obj := range doc.Nftables {
+		switch {
+		case obj["table"] != nil:
+			var tb struct{ Family, Name string }
+			mustUnmarshal(t, obj["table"], &tb)
+			if tb.Name != tableName {
+				t.Errorf("kernel holds table %s %s, which kvnet never programs", tb.Family, tb.Name)
+				continue
+			}
+			rs.Families = append(rs.Families, tb.Family)
+		case obj["chain"] != nil:
+			var c struct {
+				Family, Table, Name, Type, Hook, Policy string
+				Prio                                    *int
+			}
+			mustUnmarshal(t, obj["chain"], &c)
+			spec := ""
+			if c.Hook != "" {
+				prio := "?"
+				if c.Prio != nil {
+					prio = fmt.Sprint(*c.Prio)
+				}
+				spec = fmt.Sprintf("type %s hook %s priority %s; policy %s;", c.Type, c.Hook, prio, c.Policy)
+			}
+			rs.Chains[c.Family+" "+c.Name] = spec
+		case obj["rule"] != nil:
+			var r struct {
+				Family, Chain, Comment string
+				Expr                   []map[string]json.RawMessage
+			}
+			mustUnmarshal(t, obj["rule"], &r)
+			words := make([]string, 0, len(r.Expr))
+			for _, e := range r.Expr {
+				words = append(words, nftExprText(e))
+			}
+			rs.Rules = append(rs.Rules, kernelRule{Family: r.Family, Chain: r.Chain, Text: strings.Join(words, " "), Comment: r.Comment})
+		}
+	}
+	return rs
+}
+
+func mustUnmarshal(t *testing.T, b json.RawMessage, v any) {
+	t.Helper()
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("decode %s: %v", b, err)
+	}
+}
+
+// nftExprText renders one expression of nft's JSON the way `nft list`
+// prints it, for the expressions kvnet uses; any other expression (say, a
+// raw payload match nft could not name) is rendered as its JSON, so that
+// it cannot compare equal to intended text.
+func nftExprText(e map[string]json.RawMessage) string {
+	raw := func() string { b, _ := json.Marshal(e); return string(b) }
+	if len(e) != 1 {
+		return raw()
+	}
+	for k, v := range e {
+		switch k {
+		case "counter":
+			return "counter" // values vary; presence is what is intended
+		case "drop", "accept", "return", "masquerade", "notrack":
+			if string(v) != "null" {
+				return raw()
+			}
+			return k
+		case "jump":
+			var j struct{ Target string }
+			if json.Unmarshal(v, &j) != nil {
+				return raw()
+			}
+			return "jump " + j.Target
+		case "match":
+			var m struct {
+				Op          string
+				Left, Right json.RawMessage
+			}
+			if json.Unmarshal(v, &m) != nil {
+				return raw()
+			}
+			left, quote := nftLeftText(m.Left)
+			right := nftRightText(m.Right, quote)
+			if left == "" || right == "" {
+				return raw()
+			}
+			switch m.Op {
+			case "==", "in": // "in": any of the flags (ct state a,b)
+				return left + " " + right
+			case "!=", "!":
+				return left + " " + m.Op + " " + right
+			}
+		}
+	}
+	return raw()
+}
+
+// nftLeftText renders the left side of a match; quote reports whether its
+// values are strings nft quotes (interface names).
+func nftLeftText(b json.RawMessage) (text string, quote bool) {
+	var l struct {
+		Meta    *struct{ Key string }
+		Payload *struct{ Protocol, Field string }
+		Ct      *struct{ Key string }
+	}
+	if json.Unmarshal(b, &l) != nil {
+		return "", false
+	}
+	switch {
+	case l.Meta != nil && (l.Meta.Key == "iifname" || l.Meta.Key == "oifname"):
+		return l.Meta.Key, true
+	case l.Meta != nil:
+		return "meta " + l.Meta.Key, false
+	case l.Payload != nil && l.Payload.Protocol != "":
+		return l.Payload.Protocol + " " + l.Payload.Field, false
+	case l.Ct != nil:
+		return "ct " + l.Ct.Key, false
+	}
+	return "", false
+}
+
+// nftRightText renders the right side of a match: a string, a number, a
+// prefix or a list (of ct states).
+func nftRightText(b json.RawMessage, quote bool) string {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		if quote {
+			return fmt.Sprintf("%q", s)
+		}
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(b, &n) == nil {
+		return n.String()
+	}
+	var p struct {
+		Prefix *struct {
+			Addr string
+			Len  int
+		}
+	}
+	if json.Unmarshal(b, &p) == nil && p.Prefix != nil {
+		return fmt.Sprintf("%s/%d", p.Prefix.Addr, p.Prefix.Len)
+	}
+	var list []string
+	if json.Unmarshal(b, &list) == nil {
+		return strings.Join(list, ",")
+	}
+	return ""
+}
+
+// nftElided are the protocol dependencies nft leaves out when it lists a
+// rule because the next match implies them (kvnet states them, as nft
+// does when it loads `ip saddr ...` in the bridge family).
+var nftElided = strings.NewReplacer(
+	"ether type ip ip ", "ip ",
+	"ether type ip6 ip6 ", "ip6 ",
+	"ether type arp arp ", "arp ",
+	"meta nfproto ipv4 ip ", "ip ",
+	"meta nfproto ipv6 ip6 ", "ip6 ",
+	"meta l4proto udp udp ", "udp ",
+)
+
+// intendedRuleset is what the kernel must hold after syncTables(want),
+// in the form listKernelRuleset returns.
+func intendedRuleset(want []nftTable) kernelRuleset {
+	rs := kernelRuleset{Chains: map[string]string{}}
+	for _, tb := range want {
+		fam := familyNames[tb.family]
+		rs.Families = append(rs.Families, fam)
+		for _, c := range tb.chains {
+			spec := ""
+			if b := c.base; b != nil {
+				hook := hookNames[b.hook]
+				if tb.family == nftables.TableFamilyARP {
+					hook = map[nftables.ChainHook]string{*arpHookIn: "input", *arpHookOut: "output"}[b.hook]
+				}
+				policy := "accept"
+				if b.policy == nftables.ChainPolicyDrop {
+					policy = "drop"
+				}
+				spec = fmt.Sprintf("type %s hook %s priority %d; policy %s;", b.typ, hook, b.priority, policy)
+			}
+			rs.Chains[fam+" "+c.name] = spec
+			for _, r := range c.rules {
+				text := nftElided.Replace(strings.Join(r.text, " ") + " ")
+				rs.Rules = append(rs.Rules, kernelRule{Family: fam, Chain: c.name, Text: strings.TrimSuffix(text, " "), Comment: r.comment})
+			}
+		}
+	}
+	return rs
+}
+
+// String renders a ruleset one line per table, chain and rule, tables and
+// chains sorted, rules in order within their chain, for comparison.
+func (rs kernelRuleset) String() string {
+	var lines []string
+	for _, f := range rs.Families {
+		lines = append(lines, "table "+f)
+	}
+	for fc, spec := range rs.Chains {
+		lines = append(lines, fmt.Sprintf("chain %s {%s}", fc, spec))
+	}
+	slices.Sort(lines)
+	byChain := map[string][]string{}
+	var order []string
+	for _, r := range rs.Rules {
+		k := r.Family + " " + r.Chain
+		if byChain[k] == nil {
+			order = append(order, k)
+		}
+		byChain[k] = append(byChain[k], fmt.Sprintf("rule %s: %s comment %q", k, r.Text, r.Comment))
+	}
+	slices.Sort(order)
+	for _, k := range order {
+		lines = append(lines, byChain[k]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// has reports whether rs holds rule text (as nft lists it, without
+// counter values) in chain chain of family fam.
+func (rs kernelRuleset) has(fam, chain, text string) bool {
+	return slices.ContainsFunc(rs.Rules, func(r kernelRule) bool {
+		return r.Family == fam && r.Chain == chain && r.Text == text
+	})
+}
+
+// programInNewNS applies tables to a fresh namespace as Apply does and
+// returns the namespace's name.
+func programInNewNS(t *testing.T, role string, tables []nftTable) string {
+	t.Helper()
+	name := fmt.Sprintf("kvnft-%s-%d", role, os.Getpid())
+	path, err := nl.CreateNamedNS(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nl.DeleteNamedNS(name) })
+	if err := withNS(path, func(fd int) error {
+		conn, err := nftConn(fd)
+		if err != nil {
+			return err
+		}
+		return syncTables(conn, tables)
+	}); err != nil {
+		t.Fatalf("program %s rules: %v", role, err)
+	}
+	return name
+}
+
+func TestNftRulesInKernel(t *testing.T) {
+	testenv.NeedsRoot(t)
+	state := goldenState()
+	tests := []struct {
+		role   string
+		tables []nftTable
+		// must are rules (as nft lists them, counters without values)
+		// written out by hand, at least one per family kvnet programs,
+		// so that a rule the rule builder itself lost fails too.
+		must []struct{ family, chain, text string }
+		// chains are base chain specs written out by hand.
+		chains map[string]string
+	}{{
+		role:   "node",
+		tables: nodeRules("eth0", state),
+		must: []struct{ family, chain, text string }{
+			// bridge: anti-spoofing of a port, by MAC, IPv4, IPv6 and ARP.
+			{"bridge", "prerouting", `iifname "pa1" jump port-pa1`},
+			{"bridge", "port-pa1", `ether saddr != 02:00:00:00:00:01 counter drop`},
+			{"bridge", "port-pa1", `ip saddr 10.1.1.2 return`},
+			{"bridge", "port-pa1", `ether type ip counter drop`},
+			{"bridge", "port-pa1", `ip6 saddr fd00:1::2 return`},
+			{"bridge", "port-pa1", `ip6 saddr fe80::/10 return`},
+			{"bridge", "port-pa1", `ether type ip6 counter drop`},
+			{"bridge", "port-pa1", `arp saddr ether != 02:00:00:00:00:01 counter drop`},
+			{"bridge", "port-pa1", `arp saddr ip 10.1.1.2 return`},
+			{"bridge", "port-pa2", `ether saddr != 02:00:00:00:00:02 counter drop`},
+			{"bridge", "port-l2p", `ether saddr != 02:00:00:00:00:03 counter drop`},
+			// inet: tenant egress SNAT, node isolation, IPv4 and IPv6.
+			{"inet", "postrouting", `iifname "kvtr*" oifname "eth0" masquerade`},
+			{"inet", "input", `iifname "kvbr*" counter drop`},
+			{"inet", "input", `iifname "kvtr1" ip daddr 169.254.0.0/17 ip daddr != 169.254.0.12 counter drop`},
+			{"inet", "input", `iifname "kvtr1" ip6 daddr fd69::/112 ip6 daddr != fd69::c counter drop`},
+			{"inet", "forward", `oifname "kvtr*" ct state ! established,related counter drop`},
+			// arp: tenant ARP never reaches the node.
+			{"arp", "input", `iifname "kvbr*" counter drop`},
+			{"arp", "output", `oifname "kvbr*" counter drop`},
+		},
+		chains: map[string]string{
+			"bridge prerouting": "type filter hook prerouting priority -200; policy accept;",
+			"inet postrouting":  "type nat hook postrouting priority 100; policy accept;",
+			"arp input":         "type filter hook input priority 0; policy accept;",
+		},
+	}, {
+		role:   "router",
+		tables: routerRules(state.Networks[1]),
+		must: []struct{ family, chain, text string }{
+			{"inet", "postrouting", `oifname "transit" masquerade`},
+			{"inet", "forward", `iifname "gw" oifname "transit" accept`},
+			{"inet", "forward", `counter drop`},
+		},
+		chains: map[string]string{
+			"inet forward":     "type filter hook forward priority 0; policy drop;",
+			"inet postrouting": "type nat hook postrouting priority 100; policy accept;",
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.role, func(t *testing.T) {
+			got := listKernelRuleset(t, programInNewNS(t, tc.role, tc.tables))
+			want := intendedRuleset(tc.tables)
+			if g, w := got.String(), want.String(); g != w {
+				t.Errorf("kernel ruleset differs from the intended one\n--- kernel (nft -j list ruleset)\n%s\n--- intended\n%s", g, w)
+			}
+			for _, m := range tc.must {
+				if !got.has(m.family, m.chain, m.text) {
+					t.Errorf("kernel lacks %s %s rule %q", m.family, m.chain, m.text)
+				}
+			}
+			for fc, spec := range tc.chains {
+				if got.Chains[fc] != spec {
+					t.Errorf("kernel chain %s is {%s}, want {%s}", fc, got.Chains[fc], spec)
+				}
+			}
+		})
+	}
+}
