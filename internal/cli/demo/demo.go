@@ -4,16 +4,20 @@
 // NetworkAttachmentDefinitions, the API server's message for every
 // manifest it rejected, and, on a lab with simulated nodes, the pods and
 // the traffic between them (checked: the demo fails if a network leaks or
-// does not connect).
+// does not connect, and if a check cannot be made: a pod it expects is
+// missing, a probe cannot run, or the source of an isolation check fails
+// its positive control).
 package demo
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -70,6 +74,22 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 	if err != nil {
 		return err
 	}
+	// Preflight: on a lab with simulated nodes the demo probes from inside
+	// pod namespaces; what it needs for that must be there before anything
+	// is applied, not found missing later as a probe that "did not reach".
+	simulated, err := simulatedNodes(ctx, c)
+	if err != nil {
+		return fmt.Errorf("list nodes (is the lab up? make local-up): %w", err)
+	}
+	var tl tools
+	if simulated > 0 {
+		if os.Geteuid() != 0 {
+			return errors.New("the lab has simulated nodes: probing from their pods needs root (ip netns exec)")
+		}
+		if tl, err = lookTools(exec.LookPath); err != nil {
+			return err
+		}
+	}
 	files, err := filepath.Glob(filepath.Join(flags.examples, "*.yaml"))
 	if err != nil {
 		return err
@@ -116,7 +136,9 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 	if err := printVMs(ctx, out, c); err != nil {
 		return err
 	}
-	if err := printTraffic(ctx, out, c, filepath.Dir(flags.kubeconfig), flags.timeout); err != nil {
+	if simulated == 0 {
+		fmt.Fprintf(out, "\n== Traffic: the lab has no simulated nodes (they need root), so no pod runs\n")
+	} else if err := printTraffic(ctx, out, c, filepath.Dir(flags.kubeconfig), simulated, flags.timeout, execProber{tools: tl}, tl); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%d manifest(s) rejected by the API server, as expected for examples/*invalid*.\n", rejected)
