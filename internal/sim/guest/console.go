@@ -1,0 +1,170 @@
+package guest
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// The prefixes of the guest's console lines (see the package doc).
+const (
+	LeasePrefix = "KVNET-LEASE"
+	ReadyPrefix = "KVNET-READY"
+	ErrorPrefix = "KVNET-ERROR"
+)
+
+// Lease is a DHCP lease the guest reported on its console.
+type Lease struct {
+	Iface  string           // guest NIC, e.g. eth0
+	MAC    net.HardwareAddr // its MAC address
+	Addr   netip.Prefix     // address and prefix length, e.g. 10.0.0.5/24
+	Router netip.Addr       // default gateway; invalid when none was sent
+	DNS    []netip.Addr     // DNS servers, possibly none
+	MTU    int              // the NIC's MTU after the lease was applied
+}
+
+// IP is the leased address.
+func (l Lease) IP() netip.Addr { return l.Addr.Addr() }
+
+// ParseLease parses a console line
+//
+//	KVNET-LEASE iface=eth0 mac=52:54:00:77:00:10 ip=10.77.0.10/24 router=10.77.0.1 dns=10.77.0.1 mtu=1400
+//
+// Keys may come in any order; unknown keys are ignored; router and dns may
+// be empty. iface, mac, ip and mtu are required.
+func ParseLease(line string) (Lease, error) {
+	line = strings.TrimRight(line, "\r\n")
+	fields := strings.Fields(line)
+	if len(fields) == 0 || fields[0] != LeasePrefix {
+		return Lease{}, fmt.Errorf("not a %s line: %q", LeasePrefix, line)
+	}
+	var l Lease
+	seen := map[string]bool{}
+	for _, f := range fields[1:] {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return Lease{}, fmt.Errorf("lease line %q: field %q is not key=value", line, f)
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "iface":
+			l.Iface = v
+		case "mac":
+			l.MAC, err = net.ParseMAC(v)
+		case "ip":
+			l.Addr, err = netip.ParsePrefix(v)
+		case "router":
+			if v != "" {
+				l.Router, err = netip.ParseAddr(v)
+			}
+		case "dns":
+			for d := range strings.SplitSeq(v, ",") {
+				if d == "" {
+					continue
+				}
+				a, perr := netip.ParseAddr(d)
+				if perr != nil {
+					err = perr
+					break
+				}
+				l.DNS = append(l.DNS, a)
+			}
+		case "mtu":
+			l.MTU, err = strconv.Atoi(v)
+		}
+		if err != nil {
+			return Lease{}, fmt.Errorf("lease line %q: %s: %w", line, k, err)
+		}
+	}
+	for _, k := range []string{"iface", "mac", "ip", "mtu"} {
+		if !seen[k] {
+			return Lease{}, fmt.Errorf("lease line %q: no %s", line, k)
+		}
+	}
+	if l.Iface == "" {
+		return Lease{}, fmt.Errorf("lease line %q: empty iface", line)
+	}
+	return l, nil
+}
+
+// console follows a guest's console log from an offset on: the log is
+// appended to, and may hold the lines of earlier runs before it.
+type console struct {
+	path    string
+	off     int64
+	partial []byte
+	leases  map[string]Lease
+	ready   bool
+	errors  []string
+	tail    []string // the last lines, for error messages
+}
+
+const consoleTailLines = 20
+
+func newConsole(path string, off int64) *console {
+	return &console{path: path, off: off, leases: map[string]Lease{}}
+}
+
+// poll reads what the guest printed since the last poll.
+func (c *console) poll() error {
+	f, err := os.Open(c.path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Seek(c.off, io.SeekStart); err != nil {
+		return err
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return err
+	}
+	c.off += int64(len(b))
+	b = append(c.partial, b...)
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		c.line(strings.TrimRight(string(b[:i]), "\r"))
+		b = b[i+1:]
+	}
+	c.partial = append([]byte(nil), b...)
+	return nil
+}
+
+func (c *console) line(s string) {
+	if s == "" {
+		return
+	}
+	c.tail = append(c.tail, s)
+	if len(c.tail) > consoleTailLines {
+		c.tail = c.tail[len(c.tail)-consoleTailLines:]
+	}
+	// A line may carry garbage before our prefix (a kernel message cut by
+	// ours); the prefix is what counts.
+	switch {
+	case strings.Contains(s, LeasePrefix+" "):
+		if l, err := ParseLease(s[strings.Index(s, LeasePrefix+" "):]); err == nil {
+			c.leases[l.Iface] = l
+		}
+	case strings.Contains(s, ReadyPrefix):
+		c.ready = true
+	case strings.Contains(s, ErrorPrefix):
+		c.errors = append(c.errors, s[strings.Index(s, ErrorPrefix):])
+	}
+}
+
+// tailText is the last lines of the console, for error messages.
+func (c *console) tailText() string {
+	if len(c.tail) == 0 {
+		return "(console empty)"
+	}
+	return strings.Join(c.tail, "\n")
+}
