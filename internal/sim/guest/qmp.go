@@ -299,14 +299,15 @@ func (q *QMP) Migrate(uri string) error {
 // MigrationInfo is the answer of query-migrate. Times are in milliseconds;
 // Downtime and TotalTime are set once the migration completed.
 type MigrationInfo struct {
-	Status           string         `json:"status"` // none, setup, active, completed, failed, cancelled, ...
-	TotalTimeMS      int64          `json:"total-time"`
-	DowntimeMS       int64          `json:"downtime"`
-	ExpectedDowntime int64          `json:"expected-downtime"`
-	SetupTimeMS      int64          `json:"setup-time"`
-	ErrorDesc        string         `json:"error-desc"`
-	RAM              *MigrationRAM  `json:"ram"`
-	Raw              map[string]any `json:"-"`
+	Status             string        `json:"status"` // none, setup, active, completed, failed, cancelled, ...
+	TotalTimeMS        int64         `json:"total-time"`
+	DowntimeMS         int64         `json:"downtime"`
+	ExpectedDowntimeMS int64         `json:"expected-downtime"`
+	SetupTimeMS        int64         `json:"setup-time"`
+	ErrorDesc          string        `json:"error-desc"`
+	RAM                *MigrationRAM `json:"ram"`
+	// Raw is the whole answer, for what the fields above leave out.
+	Raw map[string]any `json:"-"`
 }
 
 // MigrationRAM is the RAM part of MigrationInfo, in bytes.
