@@ -172,7 +172,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 	}
 	if rulesErr == nil {
 		// Fail closed: without their rules, ports stay detached and down.
-		step(d.attachPorts(byName, s.Ports))
+		step(d.attachPorts(ctx, byName, s.Ports))
 	}
 	return result()
 }

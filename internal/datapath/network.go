@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -314,7 +315,7 @@ func (d *Datapath) syncPortFDB(l netlink.Link, mac net.HardwareAddr) error {
 // attachPorts attaches every port's host interface to its network's
 // bridge with a static FDB entry for its MAC and brings it up. Ports whose
 // interface does not exist yet are reported with ErrPortNotFound.
-func (d *Datapath) attachPorts(byName map[string]*Network, ports []Port) error {
+func (d *Datapath) attachPorts(ctx context.Context, byName map[string]*Network, ports []Port) error {
 	links, err := d.h.LinkList()
 	if err != nil {
 		return err
@@ -345,7 +346,7 @@ func (d *Datapath) attachPorts(byName map[string]*Network, ports []Port) error {
 			raised = append(raised, l)
 		}
 	}
-	d.waitForwarding(raised)
+	d.waitForwarding(ctx, raised)
 	return errors.Join(append(errs, missing...)...)
 }
 
@@ -354,6 +355,12 @@ func (d *Datapath) attachPorts(byName map[string]*Network, ports []Port) error {
 // never gets there, and that is the pod's business, not an error.
 const portUpTimeout = 2 * time.Second
 
+// The polling backoff of waitUp: the first wait, and the longest one.
+const (
+	portUpFirstPoll = 50 * time.Microsecond
+	portUpMaxPoll   = 50 * time.Millisecond
+)
+
 // waitForwarding waits until the links Apply just brought up, and their
 // veth peers in the pods, are operationally up, so that Apply returns with
 // a datapath that forwards: the first packet of a just-migrated VM must
@@ -361,22 +368,16 @@ const portUpTimeout = 2 * time.Second
 // (linkwatch): until it has processed the pod end, the pod's transmit
 // queue drops everything, including the ARP request its first reply
 // needs, and the pod only retries a second later.
-func (d *Datapath) waitForwarding(links []netlink.Link) {
-	deadline := time.Now().Add(portUpTimeout)
-	waitUp := func(get func() (netlink.Link, error)) {
-		for time.Now().Before(deadline) {
-			l, err := get()
-			if err != nil || l.Attrs().OperState == netlink.OperUp {
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+//
+// It waits at most portUpTimeout in all, and not after ctx ends.
+func (d *Datapath) waitForwarding(ctx context.Context, links []netlink.Link) {
+	ctx, cancel := context.WithTimeout(ctx, portUpTimeout)
+	defer cancel()
 	for _, l := range links {
 		idx := l.Attrs().Index
-		waitUp(func() (netlink.Link, error) { return d.h.LinkByIndex(idx) })
+		waitUp(ctx, func() (netlink.Link, error) { return d.h.LinkByIndex(idx) })
 		if cur, err := d.h.LinkByIndex(idx); err == nil && cur.Type() == "veth" {
-			waitUp(func() (netlink.Link, error) { return d.h.PeerLink(cur) })
+			waitUp(ctx, func() (netlink.Link, error) { return d.h.PeerLink(cur) })
 		}
 	}
 	if len(links) > 0 {
@@ -384,6 +385,38 @@ func (d *Datapath) waitForwarding(links []netlink.Link) {
 		// pass that set it may still be activating the queue; any
 		// RTNL-locked request waits for it to finish.
 		_ = d.h.LinkSetUp(links[0])
+	}
+}
+
+// waitUp returns once the link get returns is operationally up, is gone,
+// or ctx ends.
+//
+// It polls, with a backoff: portUpFirstPoll, then doubling up to
+// portUpMaxPoll. A netlink subscription would be the event-driven way,
+// but the pod end of a veth lives in the pod's namespace, which the node
+// namespace knows only by a netns ID; the netlink library can subscribe in
+// a namespace it has a handle to, not by ID (no NETLINK_LISTEN_ALL_NSID),
+// and a subscription per Apply would cost a socket and a namespace switch
+// each time. The kernel's linkwatch normally marks a veth up within
+// microseconds, so the first or second poll answers; a port whose pod
+// keeps its end down costs some fifty requests until the deadline, where
+// the former fixed 1 ms poll made two thousand.
+func waitUp(ctx context.Context, get func() (netlink.Link, error)) {
+	delay := portUpFirstPoll
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		l, err := get()
+		if err != nil || l.Attrs().OperState == netlink.OperUp {
+			return
+		}
+		t.Reset(delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		delay = min(2*delay, portUpMaxPoll)
 	}
 }
 
