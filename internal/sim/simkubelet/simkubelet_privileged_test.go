@@ -13,11 +13,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -155,6 +158,101 @@ func eventually(t testing.TB, what string, f func() error) {
 	t.Helper()
 	testenv.Eventually(t, 60*time.Second, what, f)
 }
+
+// logRecorder records what a kubelet logs (and forwards it to the test
+// log), so that a test can wait for a decision the kubelet made instead of
+// sleeping and hoping it has made it.
+type logRecorder struct {
+	mu      sync.Mutex
+	entries []logEntry
+}
+
+type logEntry struct {
+	msg string
+	kvs []any
+}
+
+// recordLogs makes the kubelet's logger a recorder's.
+func recordLogs(t *testing.T) (*logRecorder, func(*simkubelet.Config)) {
+	r := &logRecorder{}
+	return r, func(cfg *simkubelet.Config) {
+		cfg.Log = logr.New(recSink{next: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).GetSink(), rec: r})
+	}
+}
+
+// count returns how many entries have message msg and "pod" pod.
+func (r *logRecorder) count(msg, pod string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.entries {
+		if e.msg != msg {
+			continue
+		}
+		for i := 0; i+1 < len(e.kvs); i += 2 {
+			if e.kvs[i] == "pod" && e.kvs[i+1] == pod {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// recSink is a logr.LogSink that records every entry into rec and
+// forwards it to next.
+type recSink struct {
+	next logr.LogSink
+	rec  *logRecorder
+	kvs  []any
+}
+
+func (s recSink) record(msg string, kvs []any) {
+	s.rec.mu.Lock()
+	defer s.rec.mu.Unlock()
+	s.rec.entries = append(s.rec.entries, logEntry{msg: msg, kvs: append(slices.Clone(s.kvs), kvs...)})
+}
+
+func (s recSink) Init(info logr.RuntimeInfo) { info.CallDepth++; s.next.Init(info) }
+func (s recSink) Enabled(int) bool           { return true }
+func (s recSink) Info(level int, msg string, kvs ...any) {
+	s.GetCallStackHelper()()
+	s.record(msg, kvs)
+	if s.next.Enabled(level) {
+		s.next.Info(level, msg, kvs...)
+	}
+}
+func (s recSink) Error(err error, msg string, kvs ...any) {
+	s.GetCallStackHelper()()
+	s.record(msg, kvs)
+	s.next.Error(err, msg, kvs...)
+}
+
+// GetCallStackHelper lets the test log name the kubelet's line, not the
+// sink's.
+func (s recSink) GetCallStackHelper() func() {
+	if h, ok := s.next.(logr.CallStackHelperLogSink); ok {
+		return h.GetCallStackHelper()
+	}
+	return func() {}
+}
+func (s recSink) WithValues(kvs ...any) logr.LogSink {
+	return recSink{next: s.next.WithValues(kvs...), rec: s.rec, kvs: append(slices.Clone(s.kvs), kvs...)}
+}
+func (s recSink) WithName(name string) logr.LogSink {
+	return recSink{next: s.next.WithName(name), rec: s.rec, kvs: s.kvs}
+}
+
+// oneWorker makes a kubelet handle one pod at a time, in queue order: once
+// a pod queued later is Running, everything queued before it has been
+// handled. Tests use that as a barrier instead of a sleep.
+func oneWorker(cfg *simkubelet.Config) { cfg.Workers = 1 }
+
+// The kubelet's log messages the tests wait for: its decisions.
+const (
+	logPermanent = "pod cannot start until it changes"
+	logRetrying  = "pod sync failed; retrying"
+	logAdopted   = "adopting running pod"
+)
 
 // primaryNetwork makes a namespace labelled for a primary network and a
 // primary Layer2 UDN "net" in it, and waits for its NAD.
@@ -312,7 +410,8 @@ func TestBadNetworksAnnotation(t *testing.T) {
 	ctx := context.Background()
 	const ns = "sk-bad"
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	k := startKubelet(t)
+	logs, record := recordLogs(t)
+	k := startKubelet(t, record, oneWorker)
 	testenv.Create(t, c, newPod(ns, "bad", map[string]string{"k8s.v1.cni.cncf.io/networks": "not a valid/name!"}))
 
 	var rv string
@@ -331,16 +430,33 @@ func TestBadNetworksAnnotation(t *testing.T) {
 		rv = p.ResourceVersion
 		return nil
 	})
-	// No retry storm: the pod is left alone until it changes.
-	time.Sleep(3 * time.Second)
-	if p, err := getPod(ns, "bad"); err != nil || p.ResourceVersion != rv {
-		t.Fatalf("bad pod rewritten while unchanged (resourceVersion %s -> %s, err %v)", rv, p.ResourceVersion, err)
+	// No retry storm: the pod is left alone until it changes. A retry
+	// would write nothing new (the same Ready=False), so the API cannot
+	// show one; the kubelet's decision can: the failed sync either gives
+	// up until the pod changes or is queued for a retry.
+	eventually(t, "the kubelet's decision on the bad pod", func() error {
+		if logs.count(logPermanent, ns+"/bad")+logs.count(logRetrying, ns+"/bad") == 0 {
+			return errors.New("neither given up nor queued for a retry yet")
+		}
+		return nil
+	})
+	if n := logs.count(logRetrying, ns+"/bad"); n > 0 {
+		t.Fatalf("bad pod queued for a retry (%d times) though it cannot start until it changes", n)
 	}
 	k.running(t)
 
-	// The kubelet still runs other pods...
+	// The kubelet still runs other pods... With one worker, good is
+	// handled after every event queued before it, among them the bad
+	// pod's own status update: once good runs, a sync of the bad pod that
+	// update triggered (status updates must not trigger any) has happened.
 	testenv.Create(t, c, newPod(ns, "good", nil))
 	waitRunning(t, ns, "good")
+	if n, r := logs.count(logPermanent, ns+"/bad"), logs.count(logRetrying, ns+"/bad"); n != 1 || r != 0 {
+		t.Fatalf("unchanged bad pod set up %d times and queued for a retry %d times, want once and never", n+r, r)
+	}
+	if p, err := getPod(ns, "bad"); err != nil || p.ResourceVersion != rv {
+		t.Fatalf("bad pod rewritten while unchanged (resourceVersion %s -> %s, err %v)", rv, p.ResourceVersion, err)
+	}
 	// ...and the bad one once its annotation is fixed.
 	p, err := getPod(ns, "bad")
 	if err != nil {
@@ -383,6 +499,10 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nsBefore, err := inode(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	k.stop(t)
 
 	// While the kubelet is down: a namespace of no pod (left by a crash),
@@ -404,7 +524,8 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 		t.Fatalf("q's host end gone before the kubelet restarted: %v", err)
 	}
 
-	k = startKubelet(t)
+	logs, record := recordLogs(t)
+	k = startKubelet(t, record, oneWorker)
 	eventually(t, "stray namespace and q's network collected", func() error {
 		if nl.NamedNSExists(stray) {
 			return errors.New("stray namespace still there")
@@ -420,13 +541,26 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(cacheDir, "results", "*"+string(pod2.UID)+"*")); len(m) > 0 {
 		t.Fatalf("q's CNI cache entries left: %v", m)
 	}
-	time.Sleep(2 * time.Second) // give a wrong re-setup of p the time to happen
+	// A barrier instead of a sleep: the collection above runs once the
+	// restarted kubelet has listed the node's pods, so p (listed) is queued
+	// before r (created now); with one worker, once r runs, p has been
+	// handled, rightly (adopted) or wrongly (a new sandbox).
+	testenv.Create(t, c, newPod(ns, "r", nil))
+	waitRunning(t, ns, "r")
+	if n := logs.count(logAdopted, ns+"/p"); n != 1 {
+		t.Errorf("p adopted %d times by the restarted kubelet, want once", n)
+	}
 	after, _, err := podLink(nsPath, simkubelet.PrimaryIfName)
 	if err != nil {
 		t.Fatalf("pod interface after restart: %v", err)
 	}
-	if after.Attrs().Index != before.Attrs().Index {
-		t.Fatalf("pod interface recreated on restart (index %d -> %d)", before.Attrs().Index, after.Attrs().Index)
+	nsAfter, err := inode(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nsAfter != nsBefore || after.Attrs().Index != before.Attrs().Index {
+		t.Fatalf("p's sandbox recreated on restart (namespace inode %d -> %d, interface index %d -> %d)",
+			nsBefore, nsAfter, before.Attrs().Index, after.Attrs().Index)
 	}
 	waitRunning(t, ns, "p")
 
@@ -515,6 +649,16 @@ func TestFailingPluginNamedAndRetried(t *testing.T) {
 		return nil
 	})
 	k.running(t)
+}
+
+// inode returns the inode of a named network namespace: a new namespace
+// under the same name has another.
+func inode(nsPath string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(nsPath, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", nsPath, err)
+	}
+	return st.Ino, nil
 }
 
 // waitTornDown waits until the pod's namespace and the host end of its
