@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -71,6 +72,9 @@ type Agent struct {
 	parsed  AnnotationCache          // owned by the loop
 	gwMemo  map[string]gatewayResult // owned by the loop: see gateways
 
+	started atomic.Bool   // Start was entered
+	stopped chan struct{} // closed when Start has returned, its goroutines joined
+
 	mu            sync.Mutex // guards the fields below
 	ready         bool
 	last          Plan
@@ -123,7 +127,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvnet-node: %w", err)
 	}
-	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), stopped: make(chan struct{})}
 	a.dhcp = newDHCPServers(cfg.Datapath)
 	nsPath := cfg.Datapath.NetNS
 	if a.links, err = nl.NewHandle(nsPath); err != nil {
@@ -149,12 +153,20 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Run starts the agent and blocks until ctx ends. It leaves the datapath
-// in place on exit: pods keep their network while the agent restarts.
+// Run starts the agent and blocks until ctx ends and the agent's loop and
+// its goroutines have returned. It leaves the datapath in place on exit:
+// pods keep their network while the agent restarts.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.links.Close()
 	defer a.dp.Close()
-	return a.mgr.Start(ctx)
+	err := a.mgr.Start(ctx)
+	if a.started.Load() {
+		// The manager stops waiting for its runnables after its
+		// graceful-shutdown timeout; the datapath and the link handle
+		// must outlive the loop that uses them.
+		<-a.stopped
+	}
+	return err
 }
 
 // Ready reports whether the agent has applied a state since it started.
@@ -177,8 +189,18 @@ func (a *Agent) MTU() int { return a.dp.MTU() }
 // NeedLeaderElection: every node runs its own agent.
 func (a *Agent) NeedLeaderElection() bool { return false }
 
-// Start is the agent's loop (a manager runnable).
+// Start is the agent's loop (a manager runnable). It returns only once
+// the goroutines it started have returned. The manager calls it once.
 func (a *Agent) Start(ctx context.Context) error {
+	a.started.Store(true)
+	defer close(a.stopped)
+	// Whatever makes Start return stops its goroutines (cancel), and Start
+	// waits for them (bg.Wait, deferred first so that it runs last).
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
 	logger := log.FromContext(ctx).WithName("kvnet-node").WithValues("node", a.cfg.NodeName)
 	ctx = log.IntoContext(ctx, logger)
 	a.writeStatus(ctx, false, nil)
@@ -186,7 +208,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	defer a.dhcp.stopAll()
 
 	if a.cfg.CNIKubeconfig != "" {
-		go keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg)
+		bg.Go(func() { keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg) })
 	}
 	if err := a.publishVTEP(ctx); err != nil {
 		return err
@@ -197,7 +219,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if !a.mgr.GetCache().WaitForCacheSync(ctx) {
 		return errors.New("kvnet-node: caches did not sync")
 	}
-	if err := a.watchLinks(ctx); err != nil {
+	if err := a.watchLinks(ctx, &bg); err != nil {
 		return err
 	}
 	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU())
@@ -308,8 +330,10 @@ func (a *Agent) watch(ctx context.Context) error {
 // watchLinks kicks the loop when a link appears, goes or changes in the
 // node namespace: kvnet-cni makes pod ports there after the pod's
 // allocation is known, so this is how a new port gets attached at once. A
-// failed subscription is renewed (the resync covers the gap).
-func (a *Agent) watchLinks(ctx context.Context) error {
+// failed subscription is renewed (the resync covers the gap). The
+// goroutine following the updates is added to bg and returns when ctx
+// ends.
+func (a *Agent) watchLinks(ctx context.Context, bg *sync.WaitGroup) error {
 	subscribe := func() (<-chan netlink.LinkUpdate, error) {
 		nsh, err := nl.OpenNS(a.cfg.Datapath.NetNS)
 		if err != nil {
@@ -334,27 +358,46 @@ func (a *Agent) watchLinks(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		for {
-			for u := range updates {
-				if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
-					a.kick()
-				}
+	bg.Go(func() { a.followLinks(ctx, updates, subscribe) })
+	return nil
+}
+
+// Retry delays of followLinks' subscriptions: the first, and the longest
+// (variables for tests).
+var (
+	linkResubscribeFirst = 100 * time.Millisecond
+	linkResubscribeMax   = 30 * time.Second
+)
+
+// followLinks kicks the loop for each update of a kvnet link (pod ports:
+// alias "kvnet:…" or name "kvp…") until ctx ends. The netlink library
+// closes updates when ctx ends or the subscription fails; then, while ctx
+// lives, it subscribes again, retrying with a backoff that stops at once
+// when ctx ends, and kicks the loop for whatever happened meanwhile.
+func (a *Agent) followLinks(ctx context.Context, updates <-chan netlink.LinkUpdate, subscribe func() (<-chan netlink.LinkUpdate, error)) {
+	for {
+		for u := range updates {
+			if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
+				a.kick()
 			}
-			for ctx.Err() == nil {
-				if updates, err = subscribe(); err == nil {
-					break
-				}
-				log.FromContext(ctx).Error(err, "link updates")
-				time.Sleep(time.Second)
-			}
+		}
+		for delay := linkResubscribeFirst; ; delay = min(2*delay, linkResubscribeMax) {
 			if ctx.Err() != nil {
 				return
 			}
-			a.kick() // whatever happened meanwhile
+			var err error
+			if updates, err = subscribe(); err == nil {
+				break
+			}
+			log.FromContext(ctx).Error(err, "link updates; subscribing again", "in", delay.String())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
 		}
-	}()
-	return nil
+		a.kick() // whatever happened meanwhile
+	}
 }
 
 // reconcile computes the plan from the caches and the node's links and
