@@ -31,7 +31,6 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
-	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
 )
@@ -101,7 +100,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 			*addr = "0"
 		}
 	}
-	scheme, err := manager.NewScheme()
+	scheme, err := newScheme()
 	if err != nil {
 		return nil, err
 	}
