@@ -1,6 +1,7 @@
 package simnet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,15 +16,21 @@ import (
 type Forwarder struct {
 	ln     net.Listener
 	target string
-	wg     sync.WaitGroup
+	ctx    context.Context // ends with Close: aborts dials in progress
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // serve, and one per relayed connection
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[net.Conn]struct{} // both ends of every relayed connection
 }
 
-// Forward listens on listenAddr inside the namespace at nsPath and relays
-// every connection to target, dialled from the caller's namespace. The
-// lab and tests use it to give simulated nodes the API server at the
-// same 127.0.0.1 address the host uses, so the kubeconfig of kvnet-cni
-// works unchanged in a node namespace (as on a node that reaches the API
-// server through a local proxy).
+// Forward listens on listenAddr inside the namespace at nsPath ("" is the
+// caller's) and relays every connection to target, dialled from the
+// caller's namespace. The lab and tests use it to give simulated nodes the
+// API server at the same 127.0.0.1 address the host uses, so the
+// kubeconfig of kvnet-cni works unchanged in a node namespace (as on a
+// node that reaches the API server through a local proxy).
 func Forward(nsPath, listenAddr, target string) (*Forwarder, error) {
 	var ln net.Listener
 	err := nl.Do(nsPath, func() error {
@@ -34,10 +41,14 @@ func Forward(nsPath, listenAddr, target string) (*Forwarder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("simnet: listen on %s in %s: %w", listenAddr, nsPath, err)
 	}
-	f := &Forwarder{ln: ln, target: target}
+	f := &Forwarder{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Go(f.serve)
 	return f, nil
 }
+
+// Addr is the address the forwarder listens on (in its namespace).
+func (f *Forwarder) Addr() net.Addr { return f.ln.Addr() }
 
 func (f *Forwarder) serve() {
 	for {
@@ -45,13 +56,17 @@ func (f *Forwarder) serve() {
 		if err != nil {
 			return // closed
 		}
+		if !f.track(in) {
+			return
+		}
 		f.wg.Go(func() {
-			defer in.Close()
-			out, err := net.Dial("tcp", f.target)
-			if err != nil {
+			defer f.untrack(in)
+			var d net.Dialer
+			out, err := d.DialContext(f.ctx, "tcp", f.target)
+			if err != nil || !f.track(out) {
 				return
 			}
-			defer out.Close()
+			defer f.untrack(out)
 			done := make(chan struct{}, 2)
 			relay := func(dst, src net.Conn) {
 				_, _ = io.Copy(dst, src)
@@ -68,10 +83,43 @@ func (f *Forwarder) serve() {
 	}
 }
 
-// Close stops listening. Relayed connections end when either side closes
-// them.
+// track records c as relayed, so that Close ends it; after Close it closes
+// c instead and reports false.
+func (f *Forwarder) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		_ = c.Close()
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+// untrack closes c and forgets it.
+func (f *Forwarder) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+	_ = c.Close()
+}
+
+// Close stops listening, ends the relayed connections and returns once
+// every goroutine of the forwarder has returned. It may be called again.
 func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	conns := make([]net.Conn, 0, len(f.conns))
+	for c := range f.conns {
+		conns = append(conns, c)
+	}
+	f.mu.Unlock()
+	f.cancel()
 	err := f.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	f.wg.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
