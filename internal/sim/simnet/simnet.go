@@ -34,6 +34,9 @@ var (
 // MaxNodes is the largest number of nodes: 192.168.100.1 to .253.
 const MaxNodes = 253
 
+// ErrTooManyNodes is the error of New given more than MaxNodes names.
+var ErrTooManyNodes = errors.New("too many nodes")
+
 const (
 	switchName   = "sw"  // the switch namespace, <Prefix>-sw
 	externalName = "ext" // the external namespace, <Prefix>-ext
@@ -72,7 +75,7 @@ func New(prefix string, names ...string) (*Cluster, error) {
 		return nil, err
 	}
 	if len(names) > MaxNodes {
-		return nil, fmt.Errorf("simnet: %d nodes, at most %d", len(names), MaxNodes)
+		return nil, fmt.Errorf("simnet: %d nodes, at most %d: %w", len(names), MaxNodes, ErrTooManyNodes)
 	}
 	seen := map[string]bool{}
 	for _, name := range names {

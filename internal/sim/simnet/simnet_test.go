@@ -1,7 +1,10 @@
 package simnet
 
 import (
+	"errors"
+	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -44,22 +47,36 @@ func TestCheckName(t *testing.T) {
 	}
 }
 
-// Bad arguments are refused before anything is created (no root needed).
+// Bad arguments are refused, each for its own reason, before anything is
+// created (no root needed).
 func TestNewRejects(t *testing.T) {
+	tooMany := make([]string, MaxNodes+1) // valid names, one too many
+	for i := range tooMany {
+		tooMany[i] = fmt.Sprintf("n%d", i+1)
+	}
 	for _, tt := range []struct {
 		prefix string
 		names  []string
+		want   string // in the error
 	}{
-		{"bad-prefix", []string{"n1"}},
-		{"kvnet", []string{"n1"}},
-		{"ok", []string{"n1", "n1"}},
-		{"ok", []string{"sw"}},
-		{"ok", []string{"a/b"}},
-		{"ok", make([]string, MaxNodes+1)},
+		{"bad-prefix", []string{"n1"}, `invalid prefix "bad-prefix"`},
+		{"kvnet", []string{"n1"}, `invalid prefix "kvnet"`},
+		{"ok", []string{"n1", "n1"}, `node name "n1" given twice`},
+		{"ok", []string{"sw"}, `invalid name "sw"`},
+		{"ok", []string{"a/b"}, `invalid name "a/b"`},
+		{"ok", tooMany, fmt.Sprintf("%d nodes, at most %d", MaxNodes+1, MaxNodes)},
 	} {
-		if c, err := New(tt.prefix, tt.names...); err == nil {
+		c, err := New(tt.prefix, tt.names...)
+		if err == nil {
 			_ = c.Close()
-			t.Errorf("New(%q, %q) succeeded, want error", tt.prefix, tt.names)
+			t.Errorf("New(%q, %d names) succeeded, want error", tt.prefix, len(tt.names))
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("New(%q, %d names) = %v, want an error with %q", tt.prefix, len(tt.names), err, tt.want)
+		}
+		if tooMany := len(tt.names) > MaxNodes; tooMany != errors.Is(err, ErrTooManyNodes) {
+			t.Errorf("New(%q, %d names) = %v: errors.Is ErrTooManyNodes = %v, want %v", tt.prefix, len(tt.names), err, !tooMany, tooMany)
 		}
 	}
 	if err := Cleanup("bad-prefix"); err == nil {
