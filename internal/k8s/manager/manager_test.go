@@ -21,6 +21,9 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
+// timeout bounds every wait for the system to converge.
+const timeout = 30 * time.Second
+
 // TestShippedRBAC runs kvnet-controller as its service account, bound only
 // by config/rbac, with leader election on: every API call the controller
 // makes must be allowed by the manifests we ship.
@@ -66,7 +69,7 @@ func TestShippedRBAC(t *testing.T) {
 	if err := c.Create(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "UDN synced with events", func() error {
+	testenv.Eventually(t, timeout, "UDN synced with events", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
 			return err
 		}
@@ -85,7 +88,7 @@ func TestShippedRBAC(t *testing.T) {
 	if err := c.Delete(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "UDN and NAD deleted", func() error {
+	testenv.Eventually(t, timeout, "UDN and NAD deleted", func() error {
 		err1 := c.Get(ctx, client.ObjectKeyFromObject(u), u)
 		err2 := c.Get(ctx, client.ObjectKey{Namespace: "rbac", Name: "net"}, &nadv1.NetworkAttachmentDefinition{})
 		if !apierrors.IsNotFound(err1) || !apierrors.IsNotFound(err2) {
@@ -93,19 +96,4 @@ func TestShippedRBAC(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-func poll(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

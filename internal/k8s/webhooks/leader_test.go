@@ -21,6 +21,7 @@ import (
 
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // TestMACPoolLeaderOnly runs two replicas with leader election, as the
@@ -97,7 +98,7 @@ func TestMACPoolLeaderOnly(t *testing.T) {
 	stopLeader()
 	stopLeader = func() {}
 	pointWebhooksAt(t, standbyOpts.Webhook.Port)
-	eventually(t, "standby becomes Ready", func() error {
+	testenv.Eventually(t, timeout, "standby becomes Ready", func() error {
 		if code := httpStatus(t, standbyReady); code != http.StatusOK {
 			return fmt.Errorf("readyz %d", code)
 		}

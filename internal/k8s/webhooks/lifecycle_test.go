@@ -17,6 +17,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/kubevirt/launcher"
 	"kvnet.io/kvnet/internal/multus"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // TestVMLifecycleThroughAdmissionAndGC follows one VM through every part
@@ -66,7 +67,7 @@ func TestVMLifecycleThroughAdmissionAndGC(t *testing.T) {
 	}
 	create(t, vmi)
 	wantClaims := []string{"vm1.blue-net", "vm1.podnet"}
-	eventually(t, "claims of vm1", func() error {
+	testenv.Eventually(t, timeout, "claims of vm1", func() error {
 		names, err := claimNames(ctx, ns)
 		if err != nil {
 			return err
@@ -99,7 +100,7 @@ func TestVMLifecycleThroughAdmissionAndGC(t *testing.T) {
 		t.Fatalf("default-network element %q (%v)", pod.Annotations[multus.DefaultNetworkAnnotation], err)
 	}
 	// The IPAM allocates through the claims the webhook named.
-	eventually(t, "claims hold IPs", func() error {
+	testenv.Eventually(t, timeout, "claims hold IPs", func() error {
 		for _, name := range wantClaims {
 			var cl ipamclaimv1alpha1.IPAMClaim
 			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cl); err != nil {
@@ -117,7 +118,7 @@ func TestVMLifecycleThroughAdmissionAndGC(t *testing.T) {
 	if err := c.Delete(ctx, v, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "VMI, launcher pod and claims gone", func() error {
+	testenv.Eventually(t, timeout, "VMI, launcher pod and claims gone", func() error {
 		for _, o := range []client.Object{&kubevirtv1.VirtualMachineInstance{}, &corev1.Pod{}} {
 			name := vmi.Name
 			if _, isPod := o.(*corev1.Pod); isPod {
@@ -137,7 +138,7 @@ func TestVMLifecycleThroughAdmissionAndGC(t *testing.T) {
 		return nil
 	})
 	// The VM's MAC is free again.
-	eventually(t, "MAC "+mac+" free", func() error {
+	testenv.Eventually(t, timeout, "MAC "+mac+" free", func() error {
 		return c.Create(ctx, vm(ns, "reuse", bridge("sec", mac)))
 	})
 }

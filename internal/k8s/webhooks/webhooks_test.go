@@ -40,16 +40,14 @@ var (
 	ctl *testenv.Controller
 )
 
+// timeout bounds every wait for the system to converge.
+const timeout = 30 * time.Second
+
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Main(m, testenv.Options{}, func(e *testenv.Env) (manager.Options, error) {
 		c = e.Client
 		return e.WebhookOptions(context.Background())
 	}, &env, &ctl))
-}
-
-func eventually(t testing.TB, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
 func create(t testing.TB, o client.Object) {
@@ -70,7 +68,7 @@ func mkUDN(t testing.TB, ns, name string, role udnv1.NetworkRole, subnet udnv1.C
 			Role: role, Subnets: udnv1.DualStackCIDRs{subnet}, IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent},
 		}},
 	})
-	eventually(t, "NAD "+ns+"/"+name, func() error {
+	testenv.Eventually(t, timeout, "NAD "+ns+"/"+name, func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nadv1.NetworkAttachmentDefinition{})
 	})
 }
@@ -296,7 +294,7 @@ func TestMACPoolConflictsRestartAndUpdates(t *testing.T) {
 
 	// Restart: the pool is rebuilt from VMs, so the conflict still shows.
 	ctl.Restart(t)
-	eventually(t, "conflict after restart", func() error {
+	testenv.Eventually(t, timeout, "conflict after restart", func() error {
 		err := c.Create(ctx, vm("mac-conf", "vm-c", bridge("sec", keep[0])))
 		if err == nil {
 			return fmt.Errorf("VM with a taken MAC %s admitted after restart", keep[0])
@@ -311,7 +309,7 @@ func TestMACPoolConflictsRestartAndUpdates(t *testing.T) {
 	if err := c.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "MAC released", func() error {
+	testenv.Eventually(t, timeout, "MAC released", func() error {
 		d := vm("mac-conf", fmt.Sprintf("vm-d-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:aa:01"))
 		return c.Create(ctx, d)
 	})
@@ -325,7 +323,7 @@ func TestMACPoolRangeReload(t *testing.T) {
 		Data:       map[string]string{"RANGE_START": "0a:bc:00:00:00:00", "RANGE_END": "0a:bc:00:00:00:ff"},
 	}
 	create(t, cm)
-	eventually(t, "new range used", func() error {
+	testenv.Eventually(t, timeout, "new range used", func() error {
 		v := vm("mac-range", fmt.Sprintf("vm-%d", time.Now().UnixNano()), masq())
 		if err := c.Create(ctx, v); err != nil {
 			return err
@@ -471,7 +469,7 @@ func TestMACPoolAbandonedAdmissionReleased(t *testing.T) {
 	})
 	// Wait until the policy is in force, with VMs that hold no chosen MAC
 	// (one admitted before that is deleted again).
-	eventually(t, "policy denies", func() error {
+	testenv.Eventually(t, timeout, "policy denies", func() error {
 		probe := vm("mac-abandon", fmt.Sprintf("doomed-probe-%d", time.Now().UnixNano()), masq())
 		err := c.Create(ctx, probe)
 		if err == nil {
@@ -488,7 +486,7 @@ func TestMACPoolAbandonedAdmissionReleased(t *testing.T) {
 		t.Fatalf("doomed VM: err = %v, want the policy's denial", err)
 	}
 	// The MAC is held by the doomed VM's admission for a while, then freed.
-	eventually(t, "abandoned MAC released", func() error {
+	testenv.Eventually(t, timeout, "abandoned MAC released", func() error {
 		return c.Create(ctx, vm("mac-abandon", fmt.Sprintf("ok-%d", time.Now().UnixNano()), bridge("sec", "02:00:00:00:dd:01")))
 	})
 }
@@ -504,7 +502,7 @@ func TestMACCollisionReported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "MACCollision events", func() error {
+	testenv.Eventually(t, timeout, "MACCollision events", func() error {
 		var evs corev1.EventList
 		if err := c.List(ctx, &evs, client.InNamespace("mac-collide")); err != nil {
 			return err
@@ -563,7 +561,7 @@ func TestMACPoolGenerateName(t *testing.T) {
 		t.Fatalf("generateName VM got MACs %v", got)
 	}
 	want := "is already used by VM mac-gen/" + v.Name
-	eventually(t, "MAC held in the VM's name", func() error {
+	testenv.Eventually(t, timeout, "MAC held in the VM's name", func() error {
 		err := c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1])))
 		if err == nil {
 			return fmt.Errorf("a second VM got MAC %s", got[1])
@@ -582,7 +580,7 @@ func TestMACPoolGenerateName(t *testing.T) {
 	if err := c.Delete(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "MAC freed with the VM", func() error {
+	testenv.Eventually(t, timeout, "MAC freed with the VM", func() error {
 		return c.Create(ctx, vm("mac-gen", "copy", bridge("sec", got[1])))
 	})
 }
@@ -596,7 +594,7 @@ func TestMACPoolDuplicateReported(t *testing.T) {
 	create(t, vm("mac-dup", "holder", bridge("sec", "02:00:00:00:ee:01")))
 	dup := vm("mac-dup-ignored", "copy", bridge("sec", "02:00:00:00:ee:01"))
 	create(t, dup)
-	eventually(t, "DuplicateMAC event on the copy", func() error {
+	testenv.Eventually(t, timeout, "DuplicateMAC event on the copy", func() error {
 		var evs corev1.EventList
 		if err := c.List(ctx, &evs, client.InNamespace("mac-dup-ignored")); err != nil {
 			return err

@@ -37,11 +37,6 @@ func TestMain(m *testing.M) {
 	}, &env, &ctl))
 }
 
-func eventually(t testing.TB, what string, timeout time.Duration, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, timeout, what, f)
-}
-
 func create(t testing.TB, o client.Object) {
 	t.Helper()
 	testenv.Create(t, c, o)
@@ -68,7 +63,7 @@ func mkUDN(t testing.TB, ns, name string, role udnv1.NetworkRole, persistent boo
 		u.Spec.Layer2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}
 	}
 	create(t, u)
-	eventually(t, "NAD "+ns+"/"+name, 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, "NAD "+ns+"/"+name, func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nadv1.NetworkAttachmentDefinition{})
 	})
 }
@@ -102,7 +97,7 @@ func secondary(nad, claim string) map[string]string {
 func waitAnnotated(t testing.TB, ns, name string) podnetworks.Networks {
 	t.Helper()
 	var nets podnetworks.Networks
-	eventually(t, "pod "+ns+"/"+name+" annotated", 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, "pod "+ns+"/"+name+" annotated", func() error {
 		var p corev1.Pod
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
 			return err
@@ -122,7 +117,7 @@ func waitAnnotated(t testing.TB, ns, name string) podnetworks.Networks {
 // message containing msg.
 func waitEvent(t testing.TB, ns, name, reason, msg string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("event %s on %s/%s", reason, ns, name), 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("event %s on %s/%s", reason, ns, name), func() error {
 		var evs corev1.EventList
 		if err := c.List(context.Background(), &evs, client.InNamespace(ns)); err != nil {
 			return err
@@ -220,7 +215,7 @@ func TestClaimSurvivesPodRecreation(t *testing.T) {
 	if second.IPAddresses[0] != first.IPAddresses[0] || second.MACAddress != first.MACAddress {
 		t.Fatalf("after restart %v/%s, before %v/%s", second.IPAddresses, second.MACAddress, first.IPAddresses, first.MACAddress)
 	}
-	eventually(t, "ownerPod follows", 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, "ownerPod follows", func() error {
 		if st := claimStatus(t, "stopstart", "vm1.blue"); st.OwnerPod == nil || st.OwnerPod.Name != "virt-launcher-vm1-bbbbb" {
 			return fmt.Errorf("ownerPod %+v", st.OwnerPod)
 		}
@@ -250,7 +245,7 @@ func TestMigrationPodsShareIPs(t *testing.T) {
 	if src.IPAddresses[0] != dst.IPAddresses[0] || src.MACAddress != dst.MACAddress {
 		t.Fatalf("source %v %s, target %v %s", src.IPAddresses, src.MACAddress, dst.IPAddresses, dst.MACAddress)
 	}
-	eventually(t, "claim owned by the target", 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, "claim owned by the target", func() error {
 		if st := claimStatus(t, "migrate", "vm-a.pod"); st.OwnerPod == nil || st.OwnerPod.Name != "virt-launcher-vm-a-dst" {
 			return fmt.Errorf("ownerPod %+v", st.OwnerPod)
 		}
@@ -275,7 +270,7 @@ func TestClaimDeletionFreesIPAndExhaustion(t *testing.T) {
 	mkClaim(t, "small", "late.tiny", "small_tiny")
 	create(t, mkPod("small", "late", secondary("tiny", "late.tiny")))
 	waitEvent(t, "small", "late", "IPAllocationFailed", "subnet address pool exhausted")
-	eventually(t, "exhaustion on the claim", 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, "exhaustion on the claim", func() error {
 		cond := meta.FindStatusCondition(claimStatus(t, "small", "late.tiny").Conditions, "IPsAllocated")
 		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != "SubnetExhausted" {
 			return fmt.Errorf("condition %+v", cond)
@@ -292,7 +287,7 @@ func TestClaimDeletionFreesIPAndExhaustion(t *testing.T) {
 	if err := c.Delete(ctx, &ipamclaimv1alpha1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "small", Name: "vm.tiny"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "freed IP handed out", 45*time.Second, func() error {
+	testenv.Eventually(t, 45*time.Second, "freed IP handed out", func() error {
 		var p corev1.Pod
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "small", Name: "late"}, &p); err != nil {
 			return err
@@ -382,7 +377,7 @@ func TestPodDeletionFreesIP(t *testing.T) {
 	if err := c.Delete(ctx, mkPod("churn", "p3", nil)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "p3 gone", 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, "p3 gone", func() error {
 		err := c.Get(ctx, client.ObjectKey{Namespace: "churn", Name: "p3"}, &corev1.Pod{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -390,7 +385,7 @@ func TestPodDeletionFreesIP(t *testing.T) {
 		return fmt.Errorf("still there: %v", err)
 	})
 	// The release is asynchronous; retry creating until a pod gets the IP.
-	eventually(t, "freed IP reused", 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, "freed IP reused", func() error {
 		name := fmt.Sprintf("new-%d", time.Now().UnixNano())
 		create(t, mkPod("churn", name, secondary("n", "")))
 		time.Sleep(300 * time.Millisecond)
@@ -419,7 +414,7 @@ func TestPodDeletionFreesIP(t *testing.T) {
 func allAnnotated(t testing.TB, ns string, want int) map[string]string {
 	t.Helper()
 	ips := map[string]string{}
-	eventually(t, fmt.Sprintf("%d pods annotated in %s", want, ns), 120*time.Second, func() error {
+	testenv.Eventually(t, 120*time.Second, fmt.Sprintf("%d pods annotated in %s", want, ns), func() error {
 		var pods corev1.PodList
 		if err := c.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
 			return err

@@ -36,17 +36,15 @@ var (
 	ctl *testenv.Controller
 )
 
+// timeout bounds every wait for the system to converge.
+const timeout = 30 * time.Second
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	os.Exit(testenv.Main(m, testenv.Options{}, func(e *testenv.Env) (manager.Options, error) {
 		c = e.Client
 		return manager.Options{}, nil
 	}, &env, &ctl))
-}
-
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
 func mkNS(t *testing.T, name string, labels map[string]string) {
@@ -83,7 +81,7 @@ func getNAD(ns, name string) (*nadv1.NetworkAttachmentDefinition, error) {
 func waitNAD(t *testing.T, ns, name string) *nadv1.NetworkAttachmentDefinition {
 	t.Helper()
 	var nad *nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD "+ns+"/"+name, func() (err error) {
+	testenv.Eventually(t, timeout, "NAD "+ns+"/"+name, func() (err error) {
 		nad, err = getNAD(ns, name)
 		return err
 	})
@@ -92,7 +90,7 @@ func waitNAD(t *testing.T, ns, name string) *nadv1.NetworkAttachmentDefinition {
 
 func waitNADGone(t *testing.T, ns, name string) {
 	t.Helper()
-	eventually(t, "NAD "+ns+"/"+name+" gone", func() error {
+	testenv.Eventually(t, timeout, "NAD "+ns+"/"+name+" gone", func() error {
 		if _, err := getNAD(ns, name); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (err=%v)", err)
 		}
@@ -116,7 +114,7 @@ func waitExactCondition(t *testing.T, obj client.Object, status metav1.Condition
 func waitConditionMatching(t *testing.T, obj client.Object, status metav1.ConditionStatus, reason, msg string, match func(got, want string) bool) metav1.Condition {
 	t.Helper()
 	var got metav1.Condition
-	eventually(t, fmt.Sprintf("condition of %s", obj.GetName()), func() error {
+	testenv.Eventually(t, timeout, fmt.Sprintf("condition of %s", obj.GetName()), func() error {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
 			return err
 		}
@@ -375,7 +373,7 @@ func TestDeletionBlockedWhileInUse(t *testing.T) {
 	}
 	waitNADGone(t, "in-use", "blue")
 	waitNADGone(t, "in-use", "main")
-	eventually(t, "UDNs deleted", func() error {
+	testenv.Eventually(t, timeout, "UDNs deleted", func() error {
 		var list udnv1.UserDefinedNetworkList
 		if err := c.List(ctx, &list, client.InNamespace("in-use")); err != nil {
 			return err
@@ -463,7 +461,7 @@ func TestNADEditReverted(t *testing.T) {
 	if err := c.Update(ctx, nad); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "NAD reverted", func() error {
+	testenv.Eventually(t, timeout, "NAD reverted", func() error {
 		got, err := getNAD("revert", "net")
 		if err != nil {
 			return err
@@ -535,7 +533,7 @@ func TestNetworkIDs(t *testing.T) {
 	if err := c.Update(ctx, nad); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "n2 repaired with its ID", func() error {
+	testenv.Eventually(t, timeout, "n2 repaired with its ID", func() error {
 		got, err := getNAD("ids", "n2")
 		if err != nil {
 			return err
@@ -562,7 +560,7 @@ func TestNamespaceDeletion(t *testing.T) {
 	}
 	// kube-controller-manager's namespace controller deletes the UDN; the
 	// finalizers are released by kvnet; then the namespace goes.
-	eventually(t, "namespace gone", func() error {
+	testenv.Eventually(t, timeout, "namespace gone", func() error {
 		var ns corev1.Namespace
 		err := c.Get(ctx, client.ObjectKey{Name: "doomed"}, &ns)
 		if apierrors.IsNotFound(err) {
@@ -597,7 +595,7 @@ func TestHandwrittenNADs(t *testing.T) {
 	idOf := func(ns, name string) int {
 		t.Helper()
 		var id int
-		eventually(t, "network ID of "+ns+"/"+name, func() error {
+		testenv.Eventually(t, timeout, "network ID of "+ns+"/"+name, func() error {
 			nad, err := getNAD(ns, name)
 			if err != nil {
 				return err
@@ -657,7 +655,7 @@ func del(t *testing.T, objs ...client.Object) {
 func waitGone(t *testing.T, objs ...client.Object) {
 	t.Helper()
 	for _, o := range objs {
-		eventually(t, o.GetName()+" gone", func() error {
+		testenv.Eventually(t, timeout, o.GetName()+" gone", func() error {
 			err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o.DeepCopyObject().(client.Object))
 			if apierrors.IsNotFound(err) {
 				return nil
@@ -702,7 +700,7 @@ func TestDeletedNADHeldByPods(t *testing.T) {
 			}
 
 			del(t, user)
-			eventually(t, "NAD recreated", func() error {
+			testenv.Eventually(t, timeout, "NAD recreated", func() error {
 				nad, err := getNAD(ns, name)
 				if err != nil {
 					return err
@@ -814,7 +812,7 @@ func waitEvent(t *testing.T, obj client.Object, eventType, reason string) {
 	}
 	// Events about cluster-scoped objects go to the default namespace.
 	eventNS := cmp.Or(obj.GetNamespace(), metav1.NamespaceDefault)
-	eventually(t, fmt.Sprintf("%s event %s on %s %s", eventType, reason, gvk.Kind, obj.GetName()), func() error {
+	testenv.Eventually(t, timeout, fmt.Sprintf("%s event %s on %s %s", eventType, reason, gvk.Kind, obj.GetName()), func() error {
 		var list eventsv1.EventList
 		if err := c.List(context.Background(), &list, client.InNamespace(eventNS)); err != nil {
 			return err

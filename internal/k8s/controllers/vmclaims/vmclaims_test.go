@@ -28,17 +28,15 @@ var (
 	c   client.Client
 )
 
+// timeout bounds every wait for the system to converge.
+const timeout = 45 * time.Second
+
 func TestMain(m *testing.M) {
 	// kube-controller-manager runs: claims are deleted by its garbage collector.
 	os.Exit(testenv.Main(m, testenv.Options{}, func(e *testenv.Env) (manager.Options, error) {
 		c = e.Client
 		return manager.Options{}, nil
 	}, &env, nil))
-}
-
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 45*time.Second, what, f)
 }
 
 func create(t *testing.T, o client.Object) {
@@ -65,7 +63,7 @@ func setup(t *testing.T, ns string) {
 			obj.Spec.Layer2.IPAM = &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}
 		}
 		create(t, obj)
-		eventually(t, "NAD "+u.name, func() error {
+		testenv.Eventually(t, timeout, "NAD "+u.name, func() error {
 			return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: u.name}, &nadv1.NetworkAttachmentDefinition{})
 		})
 	}
@@ -125,7 +123,7 @@ func claims(t *testing.T, ns, vm string) map[string]ipamclaimv1alpha1.IPAMClaim 
 func waitClaims(t *testing.T, ns, vm string, want ...string) map[string]ipamclaimv1alpha1.IPAMClaim {
 	t.Helper()
 	var got map[string]ipamclaimv1alpha1.IPAMClaim
-	eventually(t, fmt.Sprintf("claims of %s/%s = %v", ns, vm, want), func() error {
+	testenv.Eventually(t, timeout, fmt.Sprintf("claims of %s/%s = %v", ns, vm, want), func() error {
 		got = claims(t, ns, vm)
 		var names []string
 		for n := range got {
@@ -146,7 +144,7 @@ func deleteAndWait(t *testing.T, o client.Object, opts ...client.DeleteOption) {
 	if err := c.Delete(context.Background(), o, opts...); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "gone: "+o.GetName(), func() error {
+	testenv.Eventually(t, timeout, "gone: "+o.GetName(), func() error {
 		err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o)
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -246,7 +244,7 @@ func TestLeakedClaimReported(t *testing.T) {
 	})
 	vm := mkVM(t, "vmc-leak", "vm3", "blue")
 	startVMI(t, vm)
-	eventually(t, "LeakedIPAMClaim event", func() error {
+	testenv.Eventually(t, timeout, "LeakedIPAMClaim event", func() error {
 		var evs corev1.EventList
 		if err := c.List(context.Background(), &evs, client.InNamespace("vmc-leak")); err != nil {
 			return err
@@ -319,7 +317,7 @@ func TestStandaloneVMIWithActivePod(t *testing.T) {
 	})
 
 	setActivePods(t, vmi, nil)
-	eventually(t, "finalizer released once no launcher pod is active", func() error {
+	testenv.Eventually(t, timeout, "finalizer released once no launcher pod is active", func() error {
 		if finalized(t, ns, "busy", "busy.blue-net") == nil {
 			return errors.New("claim still has its finalizer")
 		}
