@@ -3,6 +3,7 @@ package macpool
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -608,24 +609,82 @@ func TestConcurrent(t *testing.T) {
 	checkInvariants(t, p)
 }
 
+// BenchmarkAllocate measures Allocate followed by ReleaseOwner, in a pool
+// where the round-robin scan finds a free MAC at once (plain) and in
+// fragmented pools where most MACs are held and the scan must skip the
+// held ones between the randomly scattered free ones. skipped/op is how
+// many candidates each Allocate passed over, so a fragmented case that
+// stopped exercising the skip would show it.
 func BenchmarkAllocate(b *testing.B) {
-	p, err := New(net.HardwareAddr{2, 0, 0, 0, 0, 0}, net.HardwareAddr{2, 0xff, 0xff, 0xff, 0xff, 0xff})
-	if err != nil {
-		b.Fatal(err)
-	}
-	// A realistic population of held MACs that the scan has to skip.
-	for i := range 10000 {
-		if _, err := p.Allocate(fmt.Sprintf("ns/held-%d", i)); err != nil {
+	b.Run("plain", func(b *testing.B) {
+		p, err := New(net.HardwareAddr{2, 0, 0, 0, 0, 0}, net.HardwareAddr{2, 0xff, 0xff, 0xff, 0xff, 0xff})
+		if err != nil {
 			b.Fatal(err)
 		}
+		// Held MACs behind the cursor: the scan never meets them.
+		for i := range 10000 {
+			if _, err := p.Allocate(fmt.Sprintf("ns/held-%d", i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		benchAllocate(b, p, false)
+	})
+	for _, freeOneIn := range []int{16, 1024} {
+		b.Run(fmt.Sprintf("fragmented/free=1in%d", freeOneIn), func(b *testing.B) {
+			// 65536 addresses, all held, then about one in freeOneIn
+			// released at random (fixed seed): the free MACs are scattered
+			// among held ones, as in a pool after long VM churn.
+			p, err := New(net.HardwareAddr{2, 0, 0, 0, 0, 0}, net.HardwareAddr{2, 0, 0, 0, 0xff, 0xff})
+			if err != nil {
+				b.Fatal(err)
+			}
+			size, _ := p.Stats()
+			for i := range size {
+				if _, err := p.Allocate(fmt.Sprintf("ns/held-%d", i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r := rand.New(rand.NewPCG(1, uint64(freeOneIn)))
+			for i := range size {
+				if r.IntN(freeOneIn) == 0 {
+					p.ReleaseOwner(fmt.Sprintf("ns/held-%d", i))
+				}
+			}
+			if _, used := p.Stats(); used == size {
+				b.Fatal("nothing freed")
+			}
+			benchAllocate(b, p, true)
+		})
 	}
+}
+
+// benchAllocate allocates a MAC and releases it again per iteration, so the
+// pool keeps its shape, and reports the candidates skipped per Allocate.
+// It fails if Allocate handed out a held MAC (the holders shrink when it is
+// released) or, when the pool is fragmented, never had to skip one.
+func benchAllocate(b *testing.B, p *Pool, fragmented bool) {
+	b.Helper()
+	span := p.end - p.start + 1
+	held := len(p.holders)
+	var skipped uint64
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := p.Allocate("ns/vm"); err != nil {
+		from := p.next
+		m, err := p.Allocate("ns/vm")
+		if err != nil {
 			b.Fatal(err)
 		}
+		// Candidates from the cursor to the MAC handed out, across a wrap.
+		skipped += (toUint(m) - p.start + span - (from-p.start)%span) % span
 		p.ReleaseOwner("ns/vm")
 	}
+	if len(p.holders) != held {
+		b.Fatalf("%d MACs held after the run, %d before: Allocate handed out held MACs", len(p.holders), held)
+	}
+	if fragmented && skipped == 0 {
+		b.Fatal("the scan skipped no held MAC in a fragmented pool")
+	}
+	b.ReportMetric(float64(skipped)/float64(b.N), "skipped/op")
 }
 
 func FuzzReserve(f *testing.F) {
