@@ -338,7 +338,27 @@ func TestMACPoolRangeReload(t *testing.T) {
 	if err := c.Update(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// The controller has processed this very update once it reported it:
+	// the event's object reference carries the update's resourceVersion.
+	testenv.Eventually(t, timeout, "InvalidMACRange event for the bad range", func() error {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(cm.Namespace)); err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			o := e.InvolvedObject
+			if e.Reason != "InvalidMACRange" {
+				continue
+			}
+			if e.Type == corev1.EventTypeWarning && o.Kind == "ConfigMap" && o.Namespace == cm.Namespace && o.Name == cm.Name &&
+				o.UID == cm.UID && o.ResourceVersion == cm.ResourceVersion && strings.Contains(e.Message, "is after range end") {
+				return nil
+			}
+			seen = append(seen, fmt.Sprintf("%s %s %s/%s/%s rv %s: %s", e.Type, e.Reason, o.Kind, o.Namespace, o.Name, o.ResourceVersion, e.Message))
+		}
+		return fmt.Errorf("no Warning InvalidMACRange event on ConfigMap %s/%s at resourceVersion %s; seen %v", cm.Namespace, cm.Name, cm.ResourceVersion, seen)
+	})
 	v := vm("mac-range", "after-bad", masq())
 	create(t, v)
 	if m := macs(v)[0]; !strings.HasPrefix(m, "0a:bc:00:00:00:") {
