@@ -7,12 +7,15 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -21,6 +24,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/vmclaims"
 )
 
 var (
@@ -153,6 +157,85 @@ func deleteAndWait(t *testing.T, o client.Object, opts ...client.DeleteOption) {
 	})
 }
 
+// claimsHeld fails the test unless the VM's claims are exactly want, each
+// still with the persistent-IPAM finalizer. It checks now, without
+// waiting: call it after settle.
+func claimsHeld(t *testing.T, ns, vm string, want ...string) {
+	t.Helper()
+	got := claims(t, ns, vm)
+	var names []string
+	for n, cl := range got {
+		names = append(names, n)
+		if !slices.Contains(cl.Finalizers, vmclaims.Finalizer) {
+			t.Errorf("claim %s/%s lost its finalizer %s: released", ns, n, vmclaims.Finalizer)
+		}
+	}
+	slices.Sort(names)
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Fatalf("claims of %s/%s: %v, want %v", ns, vm, names, want)
+	}
+}
+
+var sentinels atomic.Int64
+
+// settle returns once the claims controller has finished a reconcile of
+// the VM key ns/vm that began after everything done so far, and in which
+// the VMI with UID gone (if not empty) no longer existed. It creates
+// sentinel claims labelled for the VM, with the finalizer and a VMI as
+// their controller, which a reconcile of the key releases once that VMI is
+// gone:
+//   - the first names the VMI gone: only a reconcile that no longer sees
+//     it releases the sentinel;
+//   - the second names a VMI that never existed and is created once the
+//     first is released: the workqueue never runs a key twice at once, so
+//     its release means the reconcile that released the first (and made
+//     every other decision about the VM's claims) has returned.
+//
+// The sentinels are deleted before settle returns.
+func settle(t *testing.T, ns, vm string, gone types.UID) {
+	t.Helper()
+	if gone == "" {
+		gone = uuid.NewUUID()
+	}
+	for _, owner := range []types.UID{gone, uuid.NewUUID()} {
+		tr := true
+		cl := &ipamclaimv1alpha1.IPAMClaim{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: ns, Name: fmt.Sprintf("%s.sentinel-%d", vm, sentinels.Add(1)),
+				Labels:     map[string]string{kubevirtv1.VirtualMachineLabel: vm},
+				Finalizers: []string{vmclaims.Finalizer},
+				OwnerReferences: []metav1.OwnerReference{{
+					APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance", Name: vm, UID: owner, Controller: &tr,
+				}},
+			},
+			Spec: ipamclaimv1alpha1.IPAMClaimSpec{Network: ns + "_blue"},
+		}
+		create(t, cl)
+		testenv.Eventually(t, timeout, "sentinel claim "+cl.Name+" released by a reconcile of "+ns+"/"+vm, func() error {
+			var cur ipamclaimv1alpha1.IPAMClaim
+			switch err := c.Get(context.Background(), client.ObjectKeyFromObject(cl), &cur); {
+			case apierrors.IsNotFound(err):
+				return nil // only the controller drops the finalizer
+			case err != nil:
+				return err
+			case slices.Contains(cur.Finalizers, vmclaims.Finalizer):
+				return errors.New("still has its finalizer")
+			}
+			return nil
+		})
+		if err := c.Delete(context.Background(), cl); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, timeout, "sentinel claim "+cl.Name+" gone", func() error {
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(cl), cl); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (err=%v)", err)
+			}
+			return nil
+		})
+	}
+}
+
 func TestClaimsLifecycle(t *testing.T) {
 	setup(t, "vmc")
 	vm := mkVM(t, "vmc", "vm1", "pod", "blue", "plain")
@@ -171,10 +254,11 @@ func TestClaimsLifecycle(t *testing.T) {
 		t.Errorf("spec.network: %q, %q", got["vm1.pod"].Spec.Network, got["vm1.blue-net"].Spec.Network)
 	}
 
-	// Stop: the VMI goes, the claims stay.
+	// Stop: the VMI goes, the claims stay, also after the controller has
+	// reconciled the VM without its VMI.
 	deleteAndWait(t, vmi)
-	time.Sleep(time.Second)
-	waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
+	settle(t, "vmc", "vm1", vmi.UID)
+	claimsHeld(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
 	// Start: same claims (same UIDs).
 	startVMI(t, vm)
 	again := waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net")
@@ -199,8 +283,19 @@ func TestClaimsLifecycle(t *testing.T) {
 	if err := c.Update(context.Background(), &cur); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	waitClaims(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net", "vm1.hot")
+	// Plug another network after the unplug: the controller sees VMI
+	// revisions in order, so once it created that claim it has seen the
+	// unplug; settle then waits for that reconcile to have finished.
+	cur.Spec.Networks = append(cur.Spec.Networks, kubevirtv1.Network{Name: "hot2", Multus: &kubevirtv1.MultusNetwork{NetworkName: "vmc/blue"}})
+	cur.Spec.Domain.Devices.Interfaces = append(cur.Spec.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: "hot2", Bridge: &kubevirtv1.InterfaceBridge{}})
+	if err := c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, timeout, "claim vm1.hot2 of the later plug", func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: "vmc", Name: "vm1.hot2"}, &ipamclaimv1alpha1.IPAMClaim{})
+	})
+	settle(t, "vmc", "vm1", "")
+	claimsHeld(t, "vmc", "vm1", "vm1.pod", "vm1.blue-net", "vm1.hot", "vm1.hot2")
 
 	// Delete the VM (background): VMI and claims go.
 	deleteAndWait(t, vm, client.PropagationPolicy(metav1.DeletePropagationBackground))
@@ -342,7 +437,8 @@ func TestStoppedVMDeletion(t *testing.T) {
 			vmi := startVMI(t, vm)
 			waitClaims(t, ns, "vm4", "vm4.blue-net")
 			deleteAndWait(t, vmi) // stop: the claims stay
-			waitClaims(t, ns, "vm4", "vm4.blue-net")
+			settle(t, ns, "vm4", vmi.UID)
+			claimsHeld(t, ns, "vm4", "vm4.blue-net")
 			deleteAndWait(t, vm, client.PropagationPolicy(p))
 			waitClaims(t, ns, "vm4")
 		})
