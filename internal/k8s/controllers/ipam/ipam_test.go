@@ -2,6 +2,7 @@ package ipam_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -455,23 +456,48 @@ func allAnnotated(t testing.TB, ns string, want int) map[string]string {
 
 func createPods(t testing.TB, ns string, n int, annotations func(i int) map[string]string) {
 	t.Helper()
+	if err := createPodRange(ns, 0, n, annotations); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createPodRange creates pods pod-<from> to pod-<to-1>, 32 at a time, and
+// returns every error. It calls no testing.T method, so it may run on any
+// goroutine.
+func createPodRange(ns string, from, to int, annotations func(i int) map[string]string) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
+	var mu sync.Mutex
+	var errs []error
 	sem := make(chan struct{}, 32)
-	for i := range n {
+	for i := from; i < to; i++ {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			if err := c.Create(context.Background(), mkPod(ns, fmt.Sprintf("pod-%04d", i), annotations(i))); err != nil {
-				errs <- err
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
+	return errors.Join(errs...)
+}
+
+// annotations returns pod name -> kvnet.io/pod-networks of the annotated
+// pods of ns, and how many pods ns has.
+func annotations(ns string) (map[string]string, int, error) {
+	var list corev1.PodList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return nil, 0, err
 	}
+	out := map[string]string{}
+	for _, p := range list.Items {
+		if v, ok := p.Annotations[podnetworks.Annotation]; ok {
+			out[p.Name] = v
+		}
+	}
+	return out, len(list.Items), nil
 }
 
 func TestThousandPodsNoDuplicates(t *testing.T) {
@@ -483,10 +509,17 @@ func TestThousandPodsNoDuplicates(t *testing.T) {
 	}
 }
 
+// TestRestartMidBurst restarts the controller inside a burst of pods,
+// half of them with claims: once restartAt pods are allocated (as the API
+// shows), while the rest are still being created and served. The last
+// late pods of the burst are only created once the new controller runs, so
+// the restart lands inside the burst however fast the old controller is.
+// Nothing handed out before the restart may change, and no IP or MAC may be
+// handed out twice.
 func TestRestartMidBurst(t *testing.T) {
 	mkNS(t, "burst", false)
 	mkUDN(t, "burst", "n", udnv1.NetworkRoleSecondary, true, "10.70.0.0/16")
-	const pods = 400
+	const pods, restartAt, late = 400, 100, 100
 	for i := range pods / 2 {
 		mkClaim(t, "burst", fmt.Sprintf("vm%d.n", i), "burst_n")
 	}
@@ -496,30 +529,57 @@ func TestRestartMidBurst(t *testing.T) {
 		}
 		return secondary("n", "")
 	}
-	done := make(chan struct{})
+	restarted := make(chan struct{})
+	created := make(chan error, 2)
+	go func() { created <- createPodRange("burst", 0, pods-late, ann) }()
 	go func() {
-		defer close(done)
-		createPods(t, "burst", pods, ann)
+		<-restarted
+		created <- createPodRange("burst", pods-late, pods, ann)
 	}()
-	// Restart while the burst is being served, and remember what was
-	// already handed out.
-	time.Sleep(1500 * time.Millisecond)
-	before := map[string]string{} // pod -> IPs
-	var list corev1.PodList
-	if err := c.List(context.Background(), &list, client.InNamespace("burst")); err != nil {
+	// Whatever happens below, let the creators finish before returning.
+	resume := sync.OnceFunc(func() { close(restarted) })
+	waited := 0
+	defer func() {
+		resume()
+		for ; waited < 2; waited++ {
+			<-created
+		}
+	}()
+
+	testenv.Eventually(t, 120*time.Second, fmt.Sprintf("%d pods allocated before the restart", restartAt), func() error {
+		got, _, err := annotations("burst")
+		if err != nil {
+			return err
+		}
+		if len(got) < restartAt {
+			return fmt.Errorf("%d allocated", len(got))
+		}
+		return nil
+	})
+	ctl.Stop()
+	defer ctl.Start(t) // no-op unless the test fails before restarting it
+	// The old controller is stopped: this is all it handed out.
+	before, existing, err := annotations("burst")
+	if err != nil {
 		t.Fatal(err)
 	}
-	ctl.Restart(t)
-	for _, p := range list.Items {
-		if v, ok := p.Annotations[podnetworks.Annotation]; ok {
-			before[p.Name] = v
+	ctl.Start(t)
+	resume()
+	for waited < 2 {
+		err := <-created
+		waited++
+		if err != nil {
+			t.Fatalf("create pods: %v", err)
 		}
 	}
-	<-done
-	allAnnotated(t, "burst", pods)
-	if len(before) == 0 || len(before) == pods {
-		t.Logf("restart happened with %d of %d pods annotated", len(before), pods)
+	// Inside the burst: the old controller served some pods, the new one
+	// the others (at least the late ones, created after the restart).
+	if len(before) < restartAt || len(before) > pods-late {
+		t.Fatalf("restart with %d of %d pods allocated, want %d to %d", len(before), pods, restartAt, pods-late)
 	}
+	t.Logf("restart with %d of %d pods allocated, %d created and waiting", len(before), pods, existing-len(before))
+	allAnnotated(t, "burst", pods)
+	var list corev1.PodList
 	if err := c.List(context.Background(), &list, client.InNamespace("burst")); err != nil {
 		t.Fatal(err)
 	}
