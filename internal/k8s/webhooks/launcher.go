@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -66,14 +67,14 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	var primarySubnets []netip.Prefix
+	var primaryNet *netconf.Served
 	lookup := func(key string) (*netconf.Served, bool, error) {
 		s, found, err := m.lookupNAD(ctx, key)
 		if err != nil && found {
 			return nil, true, fmt.Errorf("%w: NAD %s: %v", vmclaims.ErrDeny, key, err)
 		}
-		if key == primaryKey && s != nil && s.Conf != nil {
-			primarySubnets, _ = netconf.ParsePrefixes("subnets", s.Conf.Subnets)
+		if key == primaryKey {
+			primaryNet = s
 		}
 		return s, found, err
 	}
@@ -83,6 +84,12 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 			return admission.Denied(err.Error())
 		}
 		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	var primarySubnets []netip.Prefix
+	if slices.ContainsFunc(claims, func(c vmclaims.Claim) bool { return c.Primary }) {
+		if primarySubnets, err = claimSubnets(primaryKey, primaryNet); err != nil {
+			return admission.Denied(err.Error())
+		}
 	}
 	ann, err := vmclaims.MutatePod(&pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
 		DefaultNetworkNAD: m.DefaultNetworkNAD,
@@ -95,6 +102,21 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return patchAnnotations(req.Object.Raw, ann)
+}
+
+// claimSubnets returns the subnets of the network a primary claim is on
+// (named key), which the VM's requested IPs must lie in. Such a network
+// has persistent IPs, so it is a Layer2 or localnet one, whose subnets are
+// plain CIDRs.
+func claimSubnets(key string, s *netconf.Served) ([]netip.Prefix, error) {
+	if s == nil || s.Conf == nil {
+		return nil, nil
+	}
+	p, err := netconf.ParsePrefixes("subnets", s.Conf.Subnets)
+	if err != nil {
+		return nil, fmt.Errorf("%w: NAD %s: %v", vmclaims.ErrDeny, key, err)
+	}
+	return p, nil
 }
 
 // primary returns the key of the namespace's primary NAD, from the cache

@@ -176,6 +176,51 @@ func TestLauncherPodPrimary(t *testing.T) {
 	}
 }
 
+// A launcher pod of a VM on a network whose NAD has a subnet kvnet cannot
+// parse is denied, naming the NAD, the field and the value.
+func TestLauncherPodBadSubnetDenied(t *testing.T) {
+	mkNS(t, "lp-bad", nil)
+	create(t, &nadv1.NetworkAttachmentDefinition{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-bad", Name: "broken"},
+		Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"lp-bad_broken",` +
+			`"topology":"layer2","role":"secondary","allowPersistentIPs":true,"subnets":"10.1.0.0/33","netAttachDefName":"lp-bad/broken"}`},
+	})
+	create(t, &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-bad", Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain:   kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{Name: "sec", Bridge: &kubevirtv1.InterfaceBridge{}}}}},
+			Networks: []kubevirtv1.Network{{Name: "sec", Multus: &kubevirtv1.MultusNetwork{NetworkName: "broken"}}},
+		},
+	})
+	err := c.Create(context.Background(), launcherPod("lp-bad", "vm1", nil))
+	for _, want := range []string{"NAD lp-bad/broken", `"subnets" value "10.1.0.0/33"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want a denial naming %s", err, want)
+		}
+	}
+}
+
+// A VM on a Layer3 primary network (subnets "<cidr>/<hostSubnet>", no
+// persistent IPs) gets no claim; its launcher pod is admitted unchanged.
+func TestLauncherPodLayer3Primary(t *testing.T) {
+	mkNS(t, "lp-l3", map[string]string{"k8s.ovn.org/primary-user-defined-network": ""})
+	create(t, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-l3", Name: "tenant"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer3, Layer3: &udnv1.Layer3Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: []udnv1.Layer3Subnet{{CIDR: "10.104.0.0/16", HostSubnet: 24}},
+		}},
+	})
+	testenv.Eventually(t, timeout, "NAD lp-l3/tenant", func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: "lp-l3", Name: "tenant"}, &nadv1.NetworkAttachmentDefinition{})
+	})
+	create(t, primaryVMI("lp-l3", "vm1", "02:bb:00:00:00:05", ""))
+	pod := launcherPod("lp-l3", "vm1", nil)
+	create(t, pod)
+	if len(pod.Annotations) != 1 {
+		t.Fatalf("launcher pod on a Layer3 primary network mutated: %v", pod.Annotations)
+	}
+}
+
 func TestNonVMPodsUntouched(t *testing.T) {
 	mkNS(t, "lp-plain", map[string]string{"k8s.ovn.org/primary-user-defined-network": ""})
 	mkUDN(t, "lp-plain", "tenant", udnv1.NetworkRolePrimary, "10.101.0.0/16")
