@@ -80,7 +80,6 @@ type request struct {
 	served   *netconf.Served
 	opts     Options
 	version  string
-	prev     *current.Result
 	ipamOnly bool
 }
 
@@ -89,7 +88,6 @@ func parse(stdin []byte) (*request, error) {
 		CNIVersion string          `json:"cniVersion"`
 		Type       string          `json:"type"`
 		IPAM       json.RawMessage `json:"ipam"`
-		PrevResult json.RawMessage `json:"prevResult"`
 		Options
 	}
 	if err := json.Unmarshal(stdin, &top); err != nil {
@@ -108,12 +106,6 @@ func parse(stdin []byte) (*request, error) {
 		var o Options
 		if err := json.Unmarshal(top.IPAM, &o); err == nil {
 			r.opts = o
-		}
-	}
-	if len(top.PrevResult) > 0 {
-		res, err := current.NewResult(top.PrevResult)
-		if err == nil {
-			r.prev, _ = current.NewResultFromResult(res)
 		}
 	}
 	return r, nil

@@ -20,7 +20,6 @@ import (
 const (
 	NetworksAnnotation       = "k8s.v1.cni.cncf.io/networks"
 	DefaultNetworkAnnotation = "v1.multus-cni.io/default-network"
-	NetworkStatusAnnotation  = "k8s.v1.cni.cncf.io/network-status"
 )
 
 // ErrInvalidSelection marks an unparsable selection annotation.

@@ -75,7 +75,11 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		// A bad selector is a user error; the API server validated its
 		// syntax, so this is rare.
 		err = &userError{err: fmt.Errorf("invalid namespaceSelector: %w", err)}
-		_, _ = r.setCondition(ctx, &c, &c.Status.Conditions, falseCondition(ReasonCUDNSyncError, err.Error()))
+		if _, serr := r.setCondition(ctx, &c, &c.Status.Conditions, falseCondition(ReasonCUDNSyncError, err.Error())); serr != nil {
+			// The condition did not reach the API server: retry soon
+			// rather than at the user-error pace.
+			return ctrl.Result{}, fmt.Errorf("%w; writing its status: %v", err, serr)
+		}
 		return resultFor(err)
 	}
 	owner := udn.Owner{Object: &c, GVK: udnv1.GroupVersion.WithKind("ClusterUserDefinedNetwork")}
