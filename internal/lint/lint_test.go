@@ -4,6 +4,7 @@ package lint
 import (
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,5 +89,57 @@ func TestCorePackagesImportNoClient(t *testing.T) {
 	}
 	if seen < len(clientFree) {
 		t.Fatalf("checked %d core packages, want %d", seen, len(clientFree))
+	}
+}
+
+// labOnly are the module's packages that exist for the lab and the tests:
+// the simulated nodes, kubelet and KubeVirt, the local control plane and
+// the test helpers.
+var labOnly = []string{
+	"kvnet.io/kvnet/internal/sim",
+	"kvnet.io/kvnet/internal/controlplane",
+	"kvnet.io/kvnet/internal/testenv",
+	"kvnet.io/kvnet/internal/cli/lab",
+	"kvnet.io/kvnet/internal/cli/demo",
+}
+
+// controllerCode is what only kvnet-controller may link.
+var controllerCode = []string{
+	"kvnet.io/kvnet/internal/k8s/manager",
+	"kvnet.io/kvnet/internal/k8s/controllers",
+	"kvnet.io/kvnet/internal/k8s/webhooks",
+}
+
+// shipped maps each binary that runs in a cluster to what it must not link
+// beyond the lab's code: kvnet-node and kvnet-cni run on every node and
+// carry no controller code; kvnet-cni, run once per pod, not even
+// controller-runtime.
+var shipped = map[string][]string{
+	"kvnet.io/kvnet/cmd/kvnet-controller": nil,
+	"kvnet.io/kvnet/cmd/kvnet-node":       controllerCode,
+	"kvnet.io/kvnet/cmd/kvnet-cni":        append(slices.Clone(controllerCode), "sigs.k8s.io/controller-runtime"),
+}
+
+// The binaries a cluster runs link no lab code and, on nodes, no
+// controller code.
+func TestShippedBinariesLinkNoLabCode(t *testing.T) {
+	under := func(pkg, tree string) bool { return pkg == tree || strings.HasPrefix(pkg, tree+"/") }
+	seen := 0
+	for _, p := range listPackages(t) {
+		extra, ok := shipped[p.ImportPath]
+		if !ok {
+			continue
+		}
+		seen++
+		for _, d := range p.Deps {
+			for _, banned := range append(slices.Clone(labOnly), extra...) {
+				if under(d, banned) {
+					t.Errorf("%s links %s", p.ImportPath, d)
+				}
+			}
+		}
+	}
+	if seen != len(shipped) {
+		t.Fatalf("found %d of the %d shipped binaries", seen, len(shipped))
 	}
 }
