@@ -7,11 +7,13 @@ package node_test
 // busybox ping and udhcpc. Needs root.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -38,6 +40,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/sim/simcluster"
 	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/udn"
@@ -54,8 +57,9 @@ var (
 const dnsServer = "192.0.2.53"
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
+	if !testenv.Privileged() {
 		// The unit tests still run; the privileged ones skip (needsRoot).
+		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/node")
 		os.Exit(m.Run())
 	}
 	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}}, func(fx *testenv.Fixture) int {
@@ -69,27 +73,19 @@ func eventually(t testing.TB, what string, f func() error) {
 	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
-// lab is a simulated cluster with an agent per node.
+// lab is the simulated cluster of internal/sim/simcluster (the one the lab
+// runs) with in-process agents, whose plans the tests inspect; the tests
+// run kvnet-cni themselves, as a runtime would.
 type lab struct {
-	t       *testing.T
-	restCfg *rest.Config // the agents' identity
-	cniKC   string       // kubeconfig kvnet-cni uses
-
-	sim    *simnet.Cluster
-	agents map[string]*runningAgent
-}
-
-type runningAgent struct {
-	agent  *node.Agent
-	cancel context.CancelFunc
-	done   chan error
-	status string // status file path
+	t *testing.T
+	*simcluster.Cluster
 }
 
 func needsRoot(t *testing.T) {
 	t.Helper()
+	testenv.NeedsRoot(t)
 	if env == nil {
-		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
+		t.Fatal("no control plane: TestMain did not build the fixture")
 	}
 }
 
@@ -102,91 +98,68 @@ func newLab(t *testing.T, names ...string) *lab {
 // newLabAs runs the agents with restCfg; kvnet-cni uses cniKubeconfig.
 func newLabAs(t *testing.T, restCfg *rest.Config, cniKubeconfig string, names ...string) *lab {
 	t.Helper()
-	sim, err := simnet.New(simnet.RandomPrefix(), names...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &lab{t: t, restCfg: restCfg, cniKC: cniKubeconfig, sim: sim, agents: map[string]*runningAgent{}}
 	api, err := url.Parse(env.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var fwds []*simnet.Forwarder
-	t.Cleanup(func() {
-		for _, f := range fwds {
-			f.Close()
-		}
-		for name := range l.agents {
-			l.stopAgent(name)
-		}
-		if err := sim.Close(); err != nil {
-			t.Error(err)
-		}
+	cl, err := simcluster.Start(context.Background(), simcluster.Config{
+		Nodes:         names,
+		Admin:         env.Config,
+		APIAddr:       api.Host,
+		Agent:         restCfg,
+		DNS:           []netip.Addr{netip.MustParseAddr(dnsServer)},
+		Resync:        5 * time.Second,
+		StateDir:      filepath.Join(tmpDir, t.Name()),
+		CNIBinDir:     filepath.Dir(cniBinary),
+		CNIKubeconfig: cniKubeconfig,
 	})
-	for _, nd := range sim.Nodes {
-		// kvnet-cni runs in the node namespace and reads the API server at
-		// the host's 127.0.0.1 address.
-		f, err := simnet.Forward(nd.NS, api.Host, api.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fwds = append(fwds, f)
-		testenv.Create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: l.nodeName(nd.Name)}})
-		l.startAgent(nd.Name)
+	if cl != nil {
+		t.Cleanup(func() {
+			if err := cl.Close(); err != nil {
+				t.Error(err)
+			}
+		})
 	}
-	return l
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lab{t: t, Cluster: cl}
 }
 
 // nodeName is the Node of simulated node n: unique per test, since Nodes
 // are cluster-scoped and outlive a test.
-func (l *lab) nodeName(n string) string { return l.sim.Prefix + "-" + n }
+func (l *lab) nodeName(n string) string { return l.NodeName(n) }
 
 func (l *lab) node(n string) *simnet.Node {
-	for _, nd := range l.sim.Nodes {
-		if nd.Name == n {
-			return nd
-		}
+	nd, err := l.Node(n)
+	if err != nil {
+		l.t.Fatal(err)
 	}
-	l.t.Fatalf("no node %s", n)
-	return nil
+	return nd
+}
+
+func (l *lab) agent(n string) *node.Agent {
+	a := l.Agent(n)
+	if a == nil {
+		l.t.Fatalf("no agent runs on %s", n)
+	}
+	return a
 }
 
 func (l *lab) startAgent(n string) {
 	l.t.Helper()
-	nd := l.node(n)
-	status := filepath.Join(tmpDir, l.nodeName(n)+".json")
-	a, err := node.New(l.restCfg, node.Config{
-		NodeName:   l.nodeName(n),
-		Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
-		DNS:        []netip.Addr{netip.MustParseAddr(dnsServer)},
-		StatusFile: status,
-		Resync:     5 * time.Second,
-	})
-	if err != nil {
+	if err := l.StartAgent(n); err != nil {
 		l.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ra := &runningAgent{agent: a, cancel: cancel, done: make(chan error, 1), status: status}
-	go func() { ra.done <- a.Run(ctx) }()
-	l.agents[n] = ra
-	eventually(l.t, "agent "+n+" ready", func() error {
-		if !a.Ready() {
-			return errors.New("not ready")
-		}
-		return nil
-	})
+	if err := l.WaitAgentReady(context.Background(), n, 30*time.Second); err != nil {
+		l.t.Fatal(err)
+	}
 }
 
 func (l *lab) stopAgent(n string) {
-	ra := l.agents[n]
-	if ra == nil {
-		return
+	if err := l.StopAgent(n); err != nil {
+		l.t.Error(err)
 	}
-	ra.cancel()
-	if err := <-ra.done; err != nil {
-		l.t.Errorf("agent %s: %v", n, err)
-	}
-	delete(l.agents, n)
 }
 
 // tenant makes a namespace with a primary Layer2 UDN on subnet and returns
@@ -252,7 +225,7 @@ func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mut
 		return nil
 	})
 	var err error
-	if p.netns, err = l.sim.NewNS("p-" + name); err != nil {
+	if p.netns, err = l.Sim.NewNS("p-" + name); err != nil {
 		l.t.Fatal(err)
 	}
 	l.cni("ADD", nad, p)
@@ -267,7 +240,7 @@ func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod
 	cmd.Env = append(os.Environ(),
 		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME=ovn-udn1",
 		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
-		"KVNET_KUBECONFIG="+l.cniKC, "KVNET_STATUS_FILE="+filepath.Join(tmpDir, l.nodeName(p.node)+".json"))
+		l.CNIEnv(p.node)[0], l.CNIEnv(p.node)[1])
 	cmd.Stdin = strings.NewReader(nad.Spec.Config)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -313,6 +286,55 @@ func mustNotReach(t *testing.T, from *pod, ip string) {
 			return
 		}
 	}
+}
+
+// tokenPort is where serveToken answers.
+const tokenPort = 7777
+
+// serveToken answers each TCP connection to tokenPort in p's namespace with
+// p's name, until the test ends.
+func serveToken(t *testing.T, p *pod) {
+	t.Helper()
+	var ln net.Listener
+	if err := nl.Do(p.netns, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", tokenPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(conn, p.name)
+			conn.Close()
+		}
+	}()
+}
+
+// answeredBy connects from p to ip's token server and fails unless want
+// answered.
+func answeredBy(from *pod, ip, want string) error {
+	var conn net.Conn
+	if err := nl.Do(from.netns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", net.JoinHostPort(ip, fmt.Sprint(tokenPort)), 2*time.Second)
+		return err
+	}); err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read token from %s: %w", ip, err)
+	}
+	if got = strings.TrimSpace(got); got != want {
+		return fmt.Errorf("%s answered as %q, want %q", ip, got, want)
+	}
+	return nil
 }
 
 func linkExists(nsPath, name string) bool {
@@ -373,7 +395,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 		mustReach(t, a2, simnet.InternetIP.String())
 	})
 	t.Run("status file says ready", func(t *testing.T) {
-		b, err := os.ReadFile(l.agents["n1"].status)
+		b, err := os.ReadFile(l.StatusFile("n1"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,7 +416,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 
 	t.Run("restart reconciles from scratch", func(t *testing.T) {
 		l.stopAgent("n1")
-		b, _ := os.ReadFile(filepath.Join(tmpDir, l.nodeName("n1")+".json"))
+		b, _ := os.ReadFile(l.StatusFile("n1"))
 		if !strings.Contains(string(b), `"ready":false`) {
 			t.Errorf("status after stop: %s", b)
 		}
@@ -425,7 +447,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 			return nil
 		})
 		eventually(t, "n1 forgets a2", func() error {
-			for _, m := range l.agents["n1"].agent.LastPlan().State.RemoteMACs {
+			for _, m := range l.agent("n1").LastPlan().State.RemoteMACs {
 				if m.MAC.String() == a2.a.MACAddress {
 					return fmt.Errorf("n1 still sends %s to %s", m.MAC, m.VTEP)
 				}
@@ -487,7 +509,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := fmt.Sprintf("ip=%s\nmask=24\nrouter=10.5.0.1\ndns=%s\nmtu=%d\nhostname=vm1\n", src.ip(), dnsServer, l.agents["n1"].agent.MTU())
+		want := fmt.Sprintf("ip=%s\nmask=24\nrouter=10.5.0.1\ndns=%s\nmtu=%d\nhostname=vm1\n", src.ip(), dnsServer, l.agent("n1").MTU())
 		if string(b) != want {
 			t.Errorf("lease:\n%s\nwant:\n%s", b, want)
 		}
@@ -500,13 +522,17 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 			t.Fatalf("target got %s/%s, source %s/%s: the claim must give both the same", dst.a.MACAddress, dst.ip(), src.a.MACAddress, src.ip())
 		}
 		vtepOnN3 := func() string {
-			for _, m := range l.agents["n3"].agent.LastPlan().State.RemoteMACs {
+			for _, m := range l.agent("n3").LastPlan().State.RemoteMACs {
 				if m.MAC.String() == src.a.MACAddress {
 					return m.VTEP.String()
 				}
 			}
 			return "none"
 		}
+		// Source and target pod hold the same IP and MAC; each answers
+		// with its own name, so the peer can tell which one it reached.
+		serveToken(t, src)
+		serveToken(t, dst)
 		// Before the switch-over the source runs the VM.
 		eventually(t, "n3 sends the VM's MAC to n1", func() error {
 			if got := vtepOnN3(); got != l.node("n1").IP.String() {
@@ -514,7 +540,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 			}
 			return nil
 		})
-		mustReach(t, peer, src.ip())
+		eventually(t, "the peer reaches the source pod", func() error { return answeredBy(peer, src.ip(), src.name) })
 		setVMINode("n2")
 		eventually(t, "n3 sends the VM's MAC to n2", func() error {
 			if got := vtepOnN3(); got != l.node("n2").IP.String() {
@@ -522,8 +548,8 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 			}
 			return nil
 		})
-		// The VM now answers from the target pod.
-		mustReach(t, peer, dst.ip())
+		// The VM's address now answers from the target pod, not the source.
+		eventually(t, "the peer reaches the target pod", func() error { return answeredBy(peer, dst.ip(), dst.name) })
 		if err := inNS(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
@@ -586,7 +612,7 @@ func TestAgentReportsExhaustion(t *testing.T) {
 	status := func(nad *nadv1.NetworkAttachmentDefinition) error {
 		cmd := exec.Command("ip", "netns", "exec", filepath.Base(l.node("n1").NS), cniBinary)
 		cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+filepath.Dir(cniBinary),
-			"KVNET_STATUS_FILE="+l.agents["n1"].status)
+			"KVNET_STATUS_FILE="+l.StatusFile("n1"))
 		cmd.Stdin = strings.NewReader(nad.Spec.Config)
 		out, err := cmd.CombinedOutput()
 		if err != nil {

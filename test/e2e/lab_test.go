@@ -2,31 +2,40 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
-func TestLabDemo(t *testing.T) {
+// buildKvnet builds kvnet, kvnet-node and kvnet-cni into one directory, as
+// make build does (the lab runs the shipped kvnet-node and kvnet-cni found
+// next to kvnet), and returns the repository root and a runner of kvnet
+// that fails the test on a non-zero exit.
+func buildKvnet(t *testing.T) (string, func(args ...string) string) {
+	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "kvnet")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kvnet")
+	binDir := t.TempDir()
+	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kvnet: %v\n%s", err, out)
 	}
-	dir := t.TempDir()
 	run := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
+		cmd := exec.Command(filepath.Join(binDir, "kvnet"), args...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), controlplane.BinDirEnv+"="+filepath.Join(root, ".cache", "bin"))
 		var out bytes.Buffer
@@ -36,6 +45,32 @@ func TestLabDemo(t *testing.T) {
 		}
 		return out.String()
 	}
+	return root, run
+}
+
+// showLabLogOnFailure logs the end of the lab's log in dir when the test
+// fails, so that a lab that stopped by itself says why.
+func showLabLogOnFailure(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "lab.log"))
+		if err != nil {
+			t.Logf("no lab log: %v", err)
+			return
+		}
+		if len(b) > 8000 {
+			b = b[len(b)-8000:]
+		}
+		t.Logf("end of the lab's log:\n%s", b)
+	})
+}
+
+func TestLabDemo(t *testing.T) {
+	root, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
 	run("lab", "up", "--dir", dir)
 	defer run("lab", "down", "--dir", dir)
 	if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err != nil {
@@ -86,4 +121,70 @@ func TestLabDemo(t *testing.T) {
 	if m1, m2 := macRE.FindStringSubmatch(out), macRE.FindStringSubmatch(again); m1 == nil || m2 == nil || m1[1] != m2[1] {
 		t.Errorf("vm-a's MAC changed on re-apply: %v -> %v", m1, m2)
 	}
+}
+
+// TestLabReportsNodeFailure kills one simulated node's kvnet-node after the
+// lab is up: the lab must say which component failed and why, stop
+// entirely (no process, no network namespace left) and report the failure
+// again on "lab down".
+func TestLabReportsNodeFailure(t *testing.T) {
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--nodes", "2")
+	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	labPID := readPID(t, filepath.Join(dir, "lab.pid"))
+	nodePID := readPID(t, filepath.Join(dir, "nodes", "node-2", "kvnet-node.pid"))
+	if err := syscall.Kill(nodePID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "lab process exits", func() error {
+		if syscall.Kill(labPID, 0) == nil {
+			return fmt.Errorf("lab (pid %d) still running", labPID)
+		}
+		return nil
+	})
+	log, err := os.ReadFile(filepath.Join(dir, "lab.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "kvnet lab: stopping: kvnet-node on node-2: signal: killed"; !strings.Contains(string(log), want) {
+		t.Errorf("lab log lacks %q:\n%s", want, log)
+	}
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := labNetnsPrefix(t, dir)
+	if strings.Contains(string(out), prefix) {
+		t.Errorf("the stopped lab left network namespaces %s*:\n%s", prefix, out)
+	}
+	if down := run("lab", "down", "--dir", dir); !strings.Contains(down, "stopped by itself after a failure: kvnet-node on node-2") {
+		t.Errorf("lab down does not report the failure:\n%s", down)
+	}
+}
+
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return pid
+}
+
+// labNetnsPrefix is the lab's namespace prefix: every namespace a lab in
+// dir makes starts with it.
+func labNetnsPrefix(t *testing.T, dir string) string {
+	t.Helper()
+	kubelet, err := os.ReadFile(filepath.Join(dir, "netns-prefix"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(kubelet))
 }

@@ -45,6 +45,7 @@ const (
 	pidFile        = "lab.pid"
 	logFile        = "lab.log"
 	readyFile      = "ready"
+	failedFile     = "failed" // why the last lab stopped on its own
 )
 
 // tokenTTL is how long the service-account tokens of kvnet-controller and
@@ -176,6 +177,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	}
 	defer os.Remove(filepath.Join(dir, pidFile))
 	defer os.Remove(filepath.Join(dir, readyFile))
+	_ = os.Remove(filepath.Join(dir, failedFile))
 
 	cfg, err := controlplane.KvnetConfig()
 	if err != nil {
@@ -193,8 +195,16 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	}
 	fmt.Printf("control plane up in %s\n", time.Since(start).Round(time.Millisecond))
 
-	// Webhooks on 127.0.0.1: the API server calls them by URL.
-	const webhookPort = 19443
+	// Webhooks, metrics and probes on free ports of 127.0.0.1 (the API
+	// server calls the webhooks by URL), so that labs in two directories
+	// and the tests run side by side.
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	webhookPort := ports[0]
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
+	probeAddr := fmt.Sprintf("127.0.0.1:%d", ports[2])
 	scheme, err := manager.NewScheme()
 	if err != nil {
 		return err
@@ -214,23 +224,37 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		return err
 	}
 	mgr, err := manager.New(ctrlCfg, manager.Options{
-		MetricsAddr: "127.0.0.1:18080", ProbeAddr: "127.0.0.1:18081",
+		MetricsAddr: metricsAddr, ProbeAddr: probeAddr,
 		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
 	})
 	if err != nil {
 		return err
 	}
+	// The controller stops before the control plane does (defers run in
+	// reverse): an API server with clients still watching takes its full
+	// stop timeout to go.
+	mgrCtx, stopMgr := context.WithCancel(ctx)
 	errc := make(chan error, 1)
-	go func() { errc <- mgr.Start(ctx) }()
+	mgrDone := make(chan struct{})
+	go func() {
+		defer close(mgrDone)
+		errc <- mgr.Start(mgrCtx)
+	}()
+	defer func() {
+		stopMgr()
+		<-mgrDone
+	}()
 	select {
 	case <-mgr.Elected():
 	case err := <-errc:
 		return fmt.Errorf("kvnet-controller: %w", err)
 	}
 	// Ready means the webhooks and allocators serve: /readyz passes.
-	if err := waitReadyz(ctx, "http://127.0.0.1:18081/readyz", errc); err != nil {
+	if err := waitReadyz(ctx, "http://"+probeAddr+"/readyz", errc); err != nil {
 		return err
 	}
+	var nodeFailed <-chan struct{} // nil without simulated nodes: never ready
+	var nodeErr func() error
 	switch {
 	case flags.nodes > simnet.MaxNodes:
 		return fmt.Errorf("--nodes %d: at most %d", flags.nodes, simnet.MaxNodes)
@@ -238,25 +262,66 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
 	case flags.nodes > 0:
 		start := time.Now()
-		stopNodes, err := startNodes(ctx, dir, cp, flags.nodes)
+		cl, err := startNodes(ctx, dir, cp, c, flags.nodes)
 		if err != nil {
 			return fmt.Errorf("simulated nodes: %w", err)
 		}
-		defer stopNodes()
+		defer func() {
+			// A failure that stopped the lab was reported already.
+			if err := cl.Close(); err != nil && cl.Err() == nil {
+				fmt.Println("kvnet lab: simulated nodes:", err)
+			}
+		}()
+		nodeFailed = cl.Failed()
+		nodeErr = cl.Err
 		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each)\n", flags.nodes, time.Since(start).Round(time.Millisecond))
 	}
 	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
 		return err
 	}
-	fmt.Println("kvnet-controller running; metrics on http://127.0.0.1:18080/metrics")
-	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-		return err
+	fmt.Printf("kvnet-controller running; metrics on http://%s/metrics\n", metricsAddr)
+	select {
+	case err := <-errc:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("kvnet-controller: %w", err)
+		}
+	case <-nodeFailed:
+		// A component of a simulated node stopped: report it and stop the
+		// whole lab (the deferred calls), rather than run on half broken.
+		err := nodeErr()
+		fmt.Println("kvnet lab: stopping:", err)
+		_ = os.WriteFile(filepath.Join(dir, failedFile), []byte(err.Error()+"\n"), 0o644)
+		return fmt.Errorf("simulated node failed: %w", err)
 	}
 	fmt.Println("kvnet lab stopped")
 	return nil
 }
 
+// freePorts returns n distinct free TCP ports of 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
 func stop(dir string) error {
+	if why, err := os.ReadFile(filepath.Join(dir, failedFile)); err == nil {
+		fmt.Printf("kvnet lab stopped by itself after a failure: %s", why)
+		_ = os.Remove(filepath.Join(dir, failedFile))
+	}
 	b, err := os.ReadFile(filepath.Join(dir, pidFile))
 	if err != nil {
 		fmt.Println("kvnet lab is not running")

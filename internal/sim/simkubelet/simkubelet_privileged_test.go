@@ -59,9 +59,9 @@ func needRoot(t *testing.T) {
 const nodeName = "sim-node-1"
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
+	if !testenv.Privileged() {
 		// The unprivileged unit tests still run; the others skip.
-		fmt.Println("skipping privileged simkubelet tests: need root (network namespaces, ip netns exec)")
+		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/sim/simkubelet")
 		os.Exit(m.Run())
 	}
 	privileged = true

@@ -28,12 +28,9 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/ipam"
-	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/sim/simkubelet"
-	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/sim/simcluster"
 	"kvnet.io/kvnet/internal/sim/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -48,9 +45,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
+	if !testenv.Privileged() {
 		// The unit tests still run; the privileged one skips.
-		fmt.Println("skipping privileged simvirt tests: need root (network namespaces, nftables)")
+		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/sim/simvirt")
 		os.Exit(m.Run())
 	}
 	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Webhooks: true, Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}}, func(fx *testenv.Fixture) int {
@@ -64,91 +61,47 @@ func eventually(t testing.TB, what string, f func() error) {
 	testenv.Eventually(t, 60*time.Second, what, f)
 }
 
-// lab is three simulated nodes, each with kvnet-node and a simkubelet, and
-// simvirt over them.
-type lab struct {
-	sim      *simnet.Cluster
-	kubelets map[string]simkubelet.Config // by node name
-}
-
-func (l *lab) nodeName(n string) string { return l.sim.Prefix + "-" + n }
-
-// background runs f until the test ends; cleanup cancels it and waits.
-func background(t *testing.T, what string, f func(ctx context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s: %v", what, err)
-			}
-		case <-time.After(time.Minute):
-			t.Errorf("%s did not stop within 1m", what)
-		}
-	})
-}
+// lab is the simulated cluster of internal/sim/simcluster, the one the
+// lab runs: kvnet-node and a simulated kubelet on each node, and simvirt.
+type lab struct{ *simcluster.Cluster }
 
 func newLab(t *testing.T, names ...string) *lab {
 	t.Helper()
-	sim, err := simnet.New(simnet.RandomPrefix(), names...)
+	cl, err := simcluster.Start(context.Background(), simcluster.Config{
+		Nodes:         names,
+		Admin:         env.Config,
+		APIAddr:       apiAddr,
+		Agent:         env.Config,
+		Resync:        5 * time.Second,
+		StateDir:      filepath.Join(tmpDir, t.Name()),
+		CNIBinDir:     filepath.Join(tmpDir, t.Name(), "cni-bin"),
+		CNIBinary:     filepath.Join(binDir, "kvnet-cni"),
+		CNIKubeconfig: kubeconfig,
+		Kubelets:      true,
+		Virt:          true,
+		Log:           testr.New(t),
+	})
+	if cl != nil {
+		t.Cleanup(func() {
+			if err := cl.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := sim.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	l := &lab{sim: sim, kubelets: map[string]simkubelet.Config{}}
-	var agents []*node.Agent
-	for _, nd := range sim.Nodes {
-		name := l.nodeName(nd.Name)
-		testenv.Create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
-		a, err := node.New(env.Config, node.Config{
-			NodeName:   name,
-			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
-			StatusFile: filepath.Join(tmpDir, name+"-status.json"),
-			Resync:     5 * time.Second,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		agents = append(agents, a)
-		background(t, "kvnet-node "+name, a.Run)
-	}
-	for _, a := range agents {
-		eventually(t, "kvnet-node ready", func() error {
-			if !a.Ready() {
-				return errors.New("not ready")
-			}
-			return nil
-		})
-	}
-	for _, nd := range sim.Nodes {
-		name := l.nodeName(nd.Name)
-		kc := simkubelet.Config{
-			NodeName:         name,
-			NodeNetNS:        nd.NS,
-			RESTConfig:       env.Config,
-			CNIBinDir:        binDir,
-			CNICacheDir:      filepath.Join(tmpDir, name, "cni-cache"),
-			Env:              []string{"KVNET_KUBECONFIG=" + kubeconfig},
-			PodNetNSPrefix:   name + "-p-",
-			LoopbackForwards: []string{apiAddr},
-			Log:              testr.New(t).WithName("simkubelet"),
-		}
-		l.kubelets[name] = kc
-		background(t, "simkubelet "+name, func(ctx context.Context) error { return simkubelet.Run(ctx, kc) })
-	}
-	return l
+	return &lab{cl}
 }
 
 // podNetNS returns the name of the pod's network namespace.
-func (l *lab) podNetNS(pod *corev1.Pod) string {
-	return filepath.Base(simkubelet.PodNetNS(l.kubelets[pod.Spec.NodeName], pod))
+func (l *lab) podNetNS(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	ns, err := l.PodNetNS(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Base(ns)
 }
 
 func ping(nsName, ip string) error {
@@ -225,10 +178,7 @@ func TestVMLifecycle(t *testing.T) {
 		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
 	}
 	l := newLab(t, "n1", "n2", "n3")
-	n1, n2, n3 := l.nodeName("n1"), l.nodeName("n2"), l.nodeName("n3")
-	background(t, "simvirt", func(ctx context.Context) error {
-		return simvirt.Run(ctx, simvirt.Config{RESTConfig: env.Config, Nodes: []string{n1, n2, n3}, Log: testr.New(t).WithName("simvirt")})
-	})
+	n1, n2, n3 := l.NodeName("n1"), l.NodeName("n2"), l.NodeName("n3")
 
 	// KubeVirt's registration of the l2bridge binding, which VMs on a
 	// primary UDN use; without it virt-controller templates no pod.
@@ -266,7 +216,7 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		return nil
 	})
-	peerNS := l.podNetNS(&peer)
+	peerNS := l.podNetNS(t, &peer)
 
 	always := simvirt.RunStrategyAlways
 	testenv.Create(t, c, &kubevirtv1.VirtualMachine{
