@@ -11,18 +11,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
 )
 
 // Condition type, reasons and messages shared with OVN-Kubernetes.
 const (
 	ConditionNetworkCreated = "NetworkCreated"
 
-	ReasonNADCreated     = "NetworkAttachmentDefinitionCreated"
-	ReasonNADDeleted     = "NetworkAttachmentDefinitionDeleted"
-	ReasonSyncError      = "SyncError"
-	ReasonCUDNSyncError  = "NetworkAttachmentDefinitionSyncError"
-	messageNADCreated    = "NetworkAttachmentDefinition has been created"
-	messageNADIsDeleting = "NetworkAttachmentDefinition is being deleted"
+	ReasonNADCreated    = "NetworkAttachmentDefinitionCreated"
+	ReasonNADDeleted    = "NetworkAttachmentDefinitionDeleted"
+	ReasonSyncError     = "SyncError"
+	ReasonCUDNSyncError = "NetworkAttachmentDefinitionSyncError"
+
+	// ReasonTopologyNotServed is kvnet's own: the NADs exist, but kvnet's
+	// nodes do not program the network's topology, so nothing can attach.
+	ReasonTopologyNotServed = "TopologyNotServed"
+	messageNADCreated       = "NetworkAttachmentDefinition has been created"
+	messageNADIsDeleting    = "NetworkAttachmentDefinition is being deleted"
 )
 
 // networkCreated is a UDN's NetworkCreated condition after a sync that
@@ -59,6 +64,18 @@ func clusterNetworkCreated(nads []*nadv1.NetworkAttachmentDefinition, syncErr er
 		Type: ConditionNetworkCreated, Status: metav1.ConditionTrue, Reason: ReasonNADCreated,
 		Message: fmt.Sprintf("%s in following namespaces: [%s]", messageNADCreated, strings.Join(namespaces, ", ")),
 	}
+}
+
+// servedTopology turns a True condition False when kvnet-node does not
+// serve the network's topology (only Layer2 is programmed on nodes today):
+// a network nothing serves must not read as created.
+func servedTopology(cond metav1.Condition, topology udnv1.NetworkTopology) metav1.Condition {
+	if cond.Status != metav1.ConditionTrue || topology == udnv1.NetworkTopologyLayer2 {
+		return cond
+	}
+	return falseCondition(ReasonTopologyNotServed, fmt.Sprintf(
+		"%s, but kvnet nodes do not serve the %s topology yet: pods and VMs attached to this network fail to start",
+		cond.Message, topology))
 }
 
 func falseCondition(reason, message string) metav1.Condition {

@@ -239,8 +239,14 @@ func TestRenderedNADs(t *testing.T) {
 	checkGolden(t, waitNAD(t, "golden-secondary", "golden-localnet"), "cudn-localnet.yaml")
 
 	waitCondition(t, docs, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
-	waitCondition(t, localnet, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated",
-		"NetworkAttachmentDefinition has been created in following namespaces: [golden-secondary]")
+	// kvnet-node serves Layer2 only: the other topologies' NADs exist, but
+	// their networks do not read as created.
+	waitExactCondition(t, localnet, metav1.ConditionFalse, "TopologyNotServed",
+		"NetworkAttachmentDefinition has been created in following namespaces: [golden-secondary], "+
+			"but kvnet nodes do not serve the Localnet topology yet: pods and VMs attached to this network fail to start")
+	waitExactCondition(t, l3, metav1.ConditionFalse, "TopologyNotServed",
+		"NetworkAttachmentDefinition has been created, but kvnet nodes do not serve the Layer3 topology yet: "+
+			"pods and VMs attached to this network fail to start")
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(docs), docs); err != nil {
 		t.Fatal(err)
 	}

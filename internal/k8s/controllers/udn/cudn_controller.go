@@ -103,7 +103,7 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 	}
 	err = errors.Join(errs...)
-	cond := clusterNetworkCreated(nads, err)
+	cond := servedTopology(clusterNetworkCreated(nads, err), spec.Topology)
 	if serr := r.reportSync(ctx, &c, &c.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}

@@ -66,7 +66,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 	}
 	nad, err := r.ensureNAD(ctx, owner, spec, netName, u.Namespace)
-	cond := networkCreated(nad, err)
+	cond := servedTopology(networkCreated(nad, err), spec.Topology)
 	if serr := r.reportSync(ctx, &u, &u.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}
