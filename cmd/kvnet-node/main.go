@@ -24,7 +24,7 @@ func main() {
 	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	flag.StringVar(&cfg.Datapath.UnderlayDev, "underlay-interface", "", "interface carrying the overlay and egress (default: the one holding --underlay-ip, else the default route's)")
 	underlayIP := flag.String("underlay-ip", os.Getenv("NODE_IP"), "VTEP address of this node (default $NODE_IP, else the first address of --underlay-interface)")
-	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "network namespace of the node's datapath (simulated nodes only; default: this process's)")
+	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "LAB ONLY: network namespace of a simulated node's datapath, used by kvnet lab; on a real node leave it unset (default: this process's namespace)")
 	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
 	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP (default: the nameservers of /etc/resolv.conf)")
 	flag.StringVar(&cfg.StatusFile, "status-file", "", "status file read by kvnet-cni STATUS (default /run/kvnet/cni-status.json)")
