@@ -10,6 +10,10 @@ LAB_DIR ?= .local
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+.PHONY: deps
+deps: ## Install the system packages the lab and tests use, when missing (apt)
+	hack/install-deps.sh
+
 .PHONY: tools
 tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin (cached)
 	hack/build-tools.sh
@@ -27,15 +31,15 @@ verify: ## Fail if generated files are stale or code is unformatted
 	hack/verify.sh
 
 .PHONY: test
-test: tools ## Run the whole test suite (real apiserver; datapath tests need root)
-	$(GO) test -race -count=1 ./...
+test: deps tools ## Run the whole test suite (real apiserver; datapath tests need root)
+	GO=$(GO) hack/test.sh -race -count=1
 
 .PHONY: bench
 bench: tools ## Run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 .PHONY: local-up
-local-up: tools build ## Start the lab (control plane + kvnet) in the background
+local-up: deps tools build ## Start the lab (control plane + kvnet) in the background
 	$(BIN)/kvnet lab up --dir $(LAB_DIR)
 
 .PHONY: local-down

@@ -14,7 +14,15 @@ command -v make >/dev/null || need+=(make)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
+  if [ "$(id -u)" != 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      # Without root the lab has no nodes and the privileged tests do not
+      # run, so these are not needed; say what is missing and go on.
+      echo "install-deps: not root and no sudo: not installing ${need[*]} (the lab's nodes and the privileged tests need root and them)" >&2
+      exit 0
+    fi
+    sudo=sudo
+  fi
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
 fi
