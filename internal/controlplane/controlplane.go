@@ -50,6 +50,9 @@ type Config struct {
 	NoControllerManager bool
 	// LogDir receives kube-controller-manager's log; empty discards it.
 	LogDir string
+	// EtcdDataDir keeps etcd's data across runs (the lab's objects survive
+	// a restart); empty is a temporary directory removed on Stop.
+	EtcdDataDir string
 }
 
 // ControlPlane is a running control plane.
@@ -80,6 +83,12 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	if len(cfg.WebhookDirs) > 0 {
 		env.WebhookInstallOptions.Paths = cfg.WebhookDirs
+	}
+	if cfg.EtcdDataDir != "" {
+		if err := os.MkdirAll(cfg.EtcdDataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("etcd data directory: %w", err)
+		}
+		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: cfg.EtcdDataDir}
 	}
 	restCfg, err := env.Start()
 	if err != nil {

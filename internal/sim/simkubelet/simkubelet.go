@@ -70,9 +70,33 @@ type Config struct {
 	// Workers bounds how many pods are set up or torn down at once
 	// (default 8).
 	Workers int
+	// Runtime runs what a pod's containers would, once its network is up;
+	// nil runs nothing (a pod is only its network namespace).
+	Runtime Runtime
 	// Log receives what happens; the zero value discards.
 	Log logr.Logger
 }
+
+// Runtime stands in for the container runtime of a node: what runs in a
+// pod once its network is set up. The lab's virt-launcher stand-in (QEMU
+// guests) is one.
+type Runtime interface {
+	// Start starts pod's containers in its network namespace netns (a
+	// path). It is called after every attachment was added and before the
+	// pod is reported Running, and again for a Running pod adopted after a
+	// restart of the kubelet, whose containers must then be (re)started
+	// as needed. An error fails the pod for good: phase Failed, reason
+	// ReasonContainerFailed, the error as the message, as kubelet reports
+	// a container that cannot run (restartPolicy Never).
+	Start(ctx context.Context, pod *corev1.Pod, netns string) error
+	// Stop stops the containers of the pod with uid, if any, and waits for
+	// them; it is called before the pod's network is torn down.
+	Stop(uid types.UID)
+}
+
+// ReasonContainerFailed is the reason of a pod that failed because
+// Runtime.Start failed.
+const ReasonContainerFailed = "ContainerFailed"
 
 // ReasonNetworkSetupFailed is the reason of a pod's Ready=False condition
 // when its network could not be set up; the message names the attachment.
@@ -350,7 +374,8 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		// The "runtime" survived a restart of the kubelet.
 		k.log.Info("adopting running pod", "pod", key, "netns", nl.NSPath(name))
 		k.setState(key, &podState{uid: pod.UID, ready: true, reported: true})
-		return nil
+		_, err := k.startContainers(ctx, key, pod, nl.NSPath(name))
+		return err
 	}
 	return k.setup(ctx, key, pod)
 }
@@ -399,8 +424,31 @@ func (k *kubelet) setup(ctx context.Context, key string, pod *corev1.Pod) error 
 		k.log.V(1).Info("attachment added", "pod", key, "attachment", a.String())
 	}
 	st.ready, st.ips = true, podIPs(chosen)
+	if started, err := k.startContainers(ctx, key, pod, path); !started {
+		return err
+	}
 	k.log.Info("pod running", "pod", key, "netns", path, "attachments", len(atts), "ips", st.ips)
 	return k.reportRunning(ctx, key, pod, st)
+}
+
+// startContainers runs cfg.Runtime's Start for pod and reports whether the
+// containers run. When Start fails the pod is reported Failed and torn
+// down, as a completed pod is.
+func (k *kubelet) startContainers(ctx context.Context, key string, pod *corev1.Pod, netns string) (bool, error) {
+	if k.cfg.Runtime == nil {
+		return true, nil
+	}
+	err := k.cfg.Runtime.Start(ctx, pod, netns)
+	if err == nil {
+		return true, nil
+	}
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	k.log.Error(err, "pod containers failed to start; pod failed", "pod", key)
+	k.teardown(ctx, key, pod.UID)
+	k.setState(key, nil)
+	return false, k.setFailed(ctx, key, pod, err.Error())
 }
 
 // add runs CNI ADD for one attachment.
@@ -457,6 +505,9 @@ func podIPs(res *current.Result) []string {
 // and deletes its namespace. Errors are logged: a pod going away must not
 // stay because of them.
 func (k *kubelet) teardown(ctx context.Context, key string, uid types.UID) {
+	if k.cfg.Runtime != nil {
+		k.cfg.Runtime.Stop(uid)
+	}
 	atts, err := k.cni.GetCachedAttachments(string(uid))
 	if err != nil {
 		k.log.Error(err, "read CNI cache", "pod", key, "uid", uid)

@@ -114,6 +114,25 @@ func (k *kubelet) setNotReady(ctx context.Context, key string, pod *corev1.Pod, 
 	}
 }
 
+// setFailed reports the pod Failed because its containers could not start
+// (msg says why).
+func (k *kubelet) setFailed(ctx context.Context, key string, pod *corev1.Pod, msg string) error {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage] + "..."
+	}
+	err := k.updateStatus(ctx, pod, func(_ *corev1.Pod, s *corev1.PodStatus) {
+		s.Phase = corev1.PodFailed
+		s.Reason, s.Message = ReasonContainerFailed, msg
+		for _, t := range []corev1.PodConditionType{corev1.ContainersReady, corev1.PodReady} {
+			setCondition(s, corev1.PodCondition{Type: t, Status: corev1.ConditionFalse, Reason: ReasonContainerFailed, Message: msg})
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("pod %s: report Failed: %w", key, err)
+	}
+	return nil
+}
+
 // setCondition sets c in s, keeping the transition time when the status
 // does not change.
 func setCondition(s *corev1.PodStatus, c corev1.PodCondition) {
