@@ -259,14 +259,6 @@ func TestExpectedPodsAndRequirePods(t *testing.T) {
 	}
 }
 
-// ip -j addr show dev ovn-udn1 in a launcher pod, as seen in the lab.
-const ipAddrJSON = `[{"ifindex":2,"link_index":16,"ifname":"ovn-udn1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1450,` +
-	`"qdisc":"noqueue","operstate":"UP","group":"default","link_type":"ether","address":"0a:58:0a:00:00:05","broadcast":"ff:ff:ff:ff:ff:ff",` +
-	`"link_netnsid":0,"addr_info":[{"family":"inet","local":"10.0.0.5","prefixlen":24,"broadcast":"10.0.0.255","scope":"global","label":"ovn-udn1",` +
-	`"valid_life_time":4294967295,"preferred_life_time":4294967295},{"family":"inet6","local":"2001:db8::5","prefixlen":60,"scope":"global",` +
-	`"nodad":true,"valid_life_time":4294967295,"preferred_life_time":4294967295},{"family":"inet6","local":"fe80::858:aff:fe00:5","prefixlen":64,` +
-	`"scope":"link","valid_life_time":4294967295,"preferred_life_time":4294967295}]}]`
-
 func pfx(ss ...string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range ss {
@@ -275,19 +267,20 @@ func pfx(ss ...string) []netip.Prefix {
 	return out
 }
 
-func TestParseIPAddr(t *testing.T) {
-	mac, addrs, err := parseIPAddr([]byte(ipAddrJSON), "ovn-udn1")
+func TestParseGuestIface(t *testing.T) {
+	out := "52:54:00:12:34:56\n2: eth0    inet 10.0.0.5/16 brd 10.0.255.255 scope global eth0\\       valid_lft forever preferred_lft forever\n"
+	mac, addrs, err := parseGuestIface(out, "eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mac != "0a:58:0a:00:00:05" || !samePrefixes(addrs, pfx("10.0.0.5/24", "2001:db8::5/60")) {
+	if mac != "52:54:00:12:34:56" || !samePrefixes(addrs, pfx("10.0.0.5/16")) {
 		t.Errorf("MAC %s addresses %v", mac, addrs)
 	}
-	if _, _, err := parseIPAddr([]byte(ipAddrJSON), "net1"); err == nil {
-		t.Error("another interface's addresses accepted")
+	if _, addrs, err := parseGuestIface("52:54:00:12:34:56\n", "eth1"); err != nil || len(addrs) != 0 {
+		t.Errorf("no address: %v %v", addrs, err)
 	}
-	if _, _, err := parseIPAddr([]byte("Device \"x\" does not exist."), "x"); err == nil {
-		t.Error("non-JSON accepted")
+	if _, _, err := parseGuestIface("cat: can't open '/sys/class/net/eth3/address'", "eth3"); err == nil {
+		t.Error("a missing NIC accepted")
 	}
 }
 

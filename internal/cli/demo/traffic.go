@@ -282,11 +282,7 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	if len(unchecked) > 0 {
 		fmt.Fprintf(out, "  note: %d isolation check(s) NOT CHECKED, their pods share an address: %s\n", len(unchecked), strings.Join(unchecked, "; "))
 	}
-	peer, ok := byName[demoVMPeer]
-	if !ok {
-		return fmt.Errorf("pod %s, which pings the VM, is not running on a simulated node", demoVMPeer)
-	}
-	return printVMMigration(ctx, out, c, labDir, peer, timeout, pr, tl)
+	return printVMMigration(ctx, out, c, labDir, byName, timeout)
 }
 
 // waitPods waits until every pod bound to a node runs and has its

@@ -1,16 +1,13 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
-	"path/filepath"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -24,7 +21,9 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/kubevirt/launcher"
+	"kvnet.io/kvnet/internal/sim/guest"
 	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simlauncher"
 	"kvnet.io/kvnet/internal/sim/simvirt"
 	"kvnet.io/kvnet/internal/vmclaims"
 )
@@ -87,8 +86,8 @@ type vmState struct {
 func (s vmState) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "on %s in pod %s", s.node, s.pod)
-	for _, f := range s.ifaces {
-		fmt.Fprintf(&b, "\n    %-10s IPAMClaim %s: %s; %s in the pod: %s MAC %s", f.network, f.claim, prefixes(f.claimed), f.podIface, prefixes(f.addrs), f.mac)
+	for i, f := range s.ifaces {
+		fmt.Fprintf(&b, "\n    %-10s IPAMClaim %s: %s; guest eth%d (pod interface %s): %s MAC %s", f.network, f.claim, prefixes(f.claimed), i, f.podIface, prefixes(f.addrs), f.mac)
 	}
 	return b.String()
 }
@@ -172,69 +171,86 @@ func compareMigration(before, after vmState) error {
 	return nil
 }
 
-// ipLink is the part of `ip -j addr show` the demo reads.
-type ipLink struct {
-	IfName   string `json:"ifname"`
-	Address  string `json:"address"`
-	AddrInfo []struct {
-		Local     string `json:"local"`
-		PrefixLen int    `json:"prefixlen"`
-		Scope     string `json:"scope"`
-	} `json:"addr_info"`
+// guestIfaceCmd prints a guest NIC's MAC, then its IPv4 addresses (one
+// "ip -o -4 addr" line each), with the guest's busybox.
+func guestIfaceCmd(iface string) string {
+	return fmt.Sprintf("cat /sys/class/net/%s/address && ip -o -4 addr show dev %s", iface, iface)
 }
 
-// parseIPAddr reads iface's MAC and global addresses from the output of
-// `ip -j addr show dev <iface>`.
-func parseIPAddr(out []byte, iface string) (string, []netip.Prefix, error) {
-	var links []ipLink
-	if err := json.Unmarshal(out, &links); err != nil {
-		return "", nil, fmt.Errorf("parse ip -j addr output: %w", err)
+// parseGuestIface reads what guestIfaceCmd printed for iface: its MAC and
+// global IPv4 addresses.
+func parseGuestIface(out, iface string) (string, []netip.Prefix, error) {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	mac := strings.TrimSpace(lines[0])
+	if _, err := net.ParseMAC(mac); err != nil {
+		return "", nil, fmt.Errorf("guest interface %s: MAC %q: %w", iface, mac, err)
 	}
-	for _, l := range links {
-		if l.IfName != iface {
+	var addrs []netip.Prefix
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		i := slices.Index(f, "inet")
+		if i < 0 || i+1 >= len(f) || !slices.Contains(f, "global") {
 			continue
 		}
-		if _, err := net.ParseMAC(l.Address); err != nil {
-			return "", nil, fmt.Errorf("interface %s: MAC %q: %w", iface, l.Address, err)
+		p, err := netip.ParsePrefix(f[i+1])
+		if err != nil {
+			return "", nil, fmt.Errorf("guest interface %s: address %q: %w", iface, f[i+1], err)
 		}
-		var addrs []netip.Prefix
-		for _, a := range l.AddrInfo {
-			if a.Scope != "global" {
-				continue
-			}
-			ip, err := netip.ParseAddr(a.Local)
-			if err != nil {
-				return "", nil, fmt.Errorf("interface %s: address %q: %w", iface, a.Local, err)
-			}
-			addrs = append(addrs, netip.PrefixFrom(ip, a.PrefixLen))
-		}
-		return l.Address, addrs, nil
+		addrs = append(addrs, p)
 	}
-	return "", nil, fmt.Errorf("no interface %s in the ip -j addr output", iface)
+	return mac, addrs, nil
 }
 
-// readIface reads iface's MAC and global addresses in the network
-// namespace from the kernel.
-func readIface(ctx context.Context, tl tools, netns, iface string) (string, []netip.Prefix, error) {
-	cmd := exec.CommandContext(ctx, tl.ip, "-j", "-n", filepath.Base(netns), "addr", "show", "dev", iface)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", nil, fmt.Errorf("read interface %s in %s: %w: %s", iface, filepath.Base(netns), err, strings.TrimSpace(stderr.String()))
+// readGuest reads the guest's NICs from its own kernel, through its
+// lab-only exec service at addr, connecting from netns (a pod on the same
+// network): it waits until the guest answers (it may still be booting).
+func readGuest(ctx context.Context, netns string, addr netip.Addr, n int, timeout time.Duration) ([]string, [][]netip.Prefix, error) {
+	var cmds []string
+	for i := range n {
+		cmds = append(cmds, guestIfaceCmd(fmt.Sprintf("eth%d", i)))
 	}
-	return parseIPAddr(out, iface)
+	deadline := time.Now().Add(timeout)
+	for {
+		var macs []string
+		var addrs [][]netip.Prefix
+		var err error
+		for i, cmd := range cmds {
+			var out string
+			ectx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			out, err = guest.Exec(ectx, netns, addr, cmd)
+			cancel()
+			if err != nil {
+				break
+			}
+			mac, a, perr := parseGuestIface(out, fmt.Sprintf("eth%d", i))
+			if perr != nil {
+				return nil, nil, perr
+			}
+			macs, addrs = append(macs, mac), append(addrs, a)
+		}
+		if err == nil {
+			return macs, addrs, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("the guest at %s does not answer after %s: %w", addr, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // vmSnapshot waits until the VMI runs (no migration under way) in a
-// running launcher pod, then reads each network's IPAMClaim and the
-// launcher pod's interface from the kernel, and checks they agree.
-func vmSnapshot(ctx context.Context, c client.Client, labDir string, tl tools, timeout time.Duration) (vmState, error) {
+// running launcher pod, then reads each network's IPAMClaim and what the
+// guest's own kernel has on the matching NIC (through its exec service,
+// from peer), and checks they agree.
+func vmSnapshot(ctx context.Context, c client.Client, peer labPod, timeout time.Duration) (vmState, error) {
 	vmi, pod, err := runningVMI(ctx, c, timeout)
 	if err != nil {
 		return vmState{}, err
 	}
-	netns := simkubelet.PodNetNS(lab.KubeletConfig(labDir, pod.Spec.NodeName), pod)
 	st := vmState{node: pod.Spec.NodeName, pod: pod.Name}
 	ifaces := vmIfaces(vmi, demoVM)
 	if len(ifaces) == 0 {
@@ -251,17 +267,43 @@ func vmSnapshot(ctx context.Context, c client.Client, labDir string, tl tools, t
 			if err != nil {
 				return vmState{}, fmt.Errorf("IPAMClaim %s/%s status.ips %q: %w", demoVMNamespace, f.claim, s, err)
 			}
-			is.claimed = append(is.claimed, p)
+			if p.Addr().Is4() { // DHCPv4 gives the guest its IPv4 only
+				is.claimed = append(is.claimed, p)
+			}
 		}
-		if is.mac, is.addrs, err = readIface(ctx, tl, netns, f.podIface); err != nil {
-			return vmState{}, fmt.Errorf("launcher pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		if err := checkPlumbed(is); err != nil {
-			return vmState{}, fmt.Errorf("VM %s/%s on %s: %w", demoVMNamespace, demoVM, st.node, err)
+		for _, si := range vmi.Status.Interfaces {
+			if si.Name == f.network && f.specMAC == "" {
+				is.specMAC = si.MAC
+			}
 		}
 		st.ifaces = append(st.ifaces, is)
 	}
+	ip := st.ipv4(st.primaryNetwork())
+	if ip == "" {
+		return vmState{}, errors.New("the VM has no IPv4 address on its pod network")
+	}
+	macs, addrs, err := readGuest(ctx, peer.netns, netip.MustParseAddr(ip), len(st.ifaces), timeout)
+	if err != nil {
+		return vmState{}, fmt.Errorf("VM %s/%s on %s: %w", demoVMNamespace, demoVM, st.node, err)
+	}
+	for i := range st.ifaces {
+		st.ifaces[i].mac, st.ifaces[i].addrs = macs[i], addrs[i]
+		if err := checkPlumbed(st.ifaces[i]); err != nil {
+			return vmState{}, fmt.Errorf("VM %s/%s on %s: %w", demoVMNamespace, demoVM, st.node, err)
+		}
+	}
 	return st, nil
+}
+
+// primaryNetwork is the VM network on the launcher pod's primary
+// interface.
+func (s vmState) primaryNetwork() string {
+	for _, f := range s.ifaces {
+		if f.podIface == simkubelet.PrimaryIfName {
+			return f.network
+		}
+	}
+	return ""
 }
 
 // runningVMI waits until the VMI runs with no migration under way, and
@@ -314,27 +356,69 @@ func launcherPod(ctx context.Context, c client.Client, vmi *kubevirtv1.VirtualMa
 	return nil, fmt.Errorf("no running launcher pod on %q among %d pod(s) of the VMI", vmi.Status.NodeName, len(pods.Items))
 }
 
-// printVMMigration shows the lab's VM running on a simulated node, reached
-// from a pod, then live-migrates it and shows that it kept its IPs and
-// MACs and is still reached. It fails if any of that does not hold, and
-// if the VM is missing.
-func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDir string, peer labPod, timeout time.Duration, pr prober, tl tools) error {
+// Pods the demo's VM checks use besides the peer.
+const (
+	demoVMOther  = "udn-demo/web-2" // the guest reaches it
+	demoVMTenant = "tenant-b/db-1"  // another tenant: must not reach the guest
+	demoEgress   = "198.51.100.1"   // the lab's "internet"
+)
+
+// printVMMigration shows the lab's VM, a QEMU guest, running on a
+// simulated node: the DHCP lease the guest got equals its IPAMClaim, a pod
+// on the network reaches the guest's TCP service, the guest reaches
+// another pod and the egress address, another tenant does not reach it.
+// Then it live-migrates the guest with an open TCP connection to it and
+// shows that the guest kept its IPs, MACs and that connection. It fails if
+// any of that does not hold.
+func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDir string, pods map[string]labPod, timeout time.Duration) error {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: demoVM}, &kubevirtv1.VirtualMachine{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("VirtualMachine %s/%s, which the demo migrates, does not exist (examples/ creates it)", demoVMNamespace, demoVM)
 		}
 		return err
 	}
-	fmt.Fprintf(out, "\n== VirtualMachine %s/%s (run by the lab's virt-controller stand-in)\n", demoVMNamespace, demoVM)
-	fmt.Fprintf(out, "  (IPs from its IPAMClaims; what the launcher pod has, from the kernel: ip -j addr in its namespace)\n")
-	before, err := vmSnapshot(ctx, c, labDir, tl, timeout)
+	peer, ok := pods[demoVMPeer]
+	if !ok {
+		return fmt.Errorf("pod %s, which talks to the VM, is not running on a simulated node", demoVMPeer)
+	}
+	fmt.Fprintf(out, "\n== VirtualMachine %s/%s: a QEMU guest in its launcher pod (console: kvnet lab console -n %s %s)\n", demoVMNamespace, demoVM, demoVMNamespace, demoVM)
+	fmt.Fprintf(out, "  (IPs from its IPAMClaims; the guest's NICs read from the guest's own kernel)\n")
+	before, err := vmSnapshot(ctx, c, peer, timeout)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "  running %s\n", before)
-	if err := pingVM(ctx, out, pr, peer, before); err != nil {
+	leases, err := consoleLeases(simlauncher.ConsoleLog(lab.VMsDir(labDir), demoVMNamespace, demoVM))
+	if err != nil {
 		return err
 	}
+	for i, f := range before.ifaces {
+		l, ok := leases[fmt.Sprintf("eth%d", i)]
+		if !ok {
+			return fmt.Errorf("the guest's console shows no DHCP lease on eth%d (network %s)", i, f.network)
+		}
+		if !samePrefixes([]netip.Prefix{l.Addr}, f.claimed) || !strings.EqualFold(l.MAC.String(), f.mac) {
+			return fmt.Errorf("network %s: the guest's DHCP lease on eth%d is %s for MAC %s, but IPAMClaim %s holds %s for MAC %s",
+				f.network, i, l.Addr, l.MAC, f.claim, prefixes(f.claimed), f.mac)
+		}
+		router := "none"
+		if l.Router.IsValid() {
+			router = l.Router.String()
+		}
+		fmt.Fprintf(out, "  guest DHCP lease eth%d %s router %s mtu %d (MAC %s) = IPAMClaim %s\n", i, l.Addr, router, l.MTU, l.MAC, f.claim)
+	}
+	ip := netip.MustParseAddr(before.ipv4(before.primaryNetwork()))
+	if err := vmTraffic(ctx, out, pods, peer, ip, before.node); err != nil {
+		return err
+	}
+
+	// An open connection to the guest, used during the migration.
+	conn, err := openEcho(ctx, peer.netns, ip)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pinger := startEchoPinger(conn)
 	mig := &kubevirtv1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: demoVMNamespace, GenerateName: demoVM + "-migration-"},
 		Spec:       kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: demoVM},
@@ -355,7 +439,7 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 			return err
 		}
 	}
-	after, err := vmSnapshot(ctx, c, labDir, tl, timeout)
+	after, err := vmSnapshot(ctx, c, peer, timeout)
 	if err != nil {
 		return err
 	}
@@ -365,32 +449,70 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 		return err
 	}
 	fmt.Fprintf(out, "  kept its IPs and MACs on every network, on another node\n")
-	return pingVM(ctx, out, pr, peer, after)
+	// The connection opened before the migration still echoes.
+	time.Sleep(time.Second)
+	pause, echoes, err := pinger.stop()
+	if err != nil {
+		return fmt.Errorf("the TCP connection %s -> %s:%d opened before the migration broke: %w", peer, ip, guest.EchoPort, err)
+	}
+	fmt.Fprintf(out, "  kept its open TCP connection from %s (%d echoes; longest wait for one: %s)\n", peer, echoes, pause.Round(time.Millisecond))
+	return vmTraffic(ctx, out, pods, peer, ip, after.node)
 }
 
-// pingVM pings the VM's pod-network IPv4 address, as its claim holds it,
-// from peer.
-func pingVM(ctx context.Context, out io.Writer, pr prober, peer labPod, vm vmState) error {
-	var network string
-	for _, f := range vm.ifaces {
-		if f.podIface == simkubelet.PrimaryIfName {
-			network = f.network
+// vmTraffic checks the guest at ip on node: peer reaches its TCP echo
+// service, the guest reaches another pod and the egress address, and
+// another tenant's pod does not reach it (after the peer did, the positive
+// control).
+func vmTraffic(ctx context.Context, out io.Writer, pods map[string]labPod, peer labPod, ip netip.Addr, node string) error {
+	if err := echo(ctx, peer.netns, ip); err != nil {
+		fmt.Fprintf(out, "  blocked %s (%s) -> %s %s:%d (%s)   <-- WRONG\n", peer, peer.pod.Spec.NodeName, demoVM, ip, guest.EchoPort, node)
+		return fmt.Errorf("%s cannot reach the guest of VM %s at %s:%d: %w", peer, demoVM, ip, guest.EchoPort, err)
+	}
+	fmt.Fprintf(out, "  reached %s (%s) -> %s %s:%d (%s; TCP echo in the guest)\n", peer, peer.pod.Spec.NodeName, demoVM, ip, guest.EchoPort, node)
+	other, ok := pods[demoVMOther]
+	if !ok {
+		return fmt.Errorf("pod %s, which the guest pings, is not running", demoVMOther)
+	}
+	targets := []string{other.a.IPAddresses[0], demoEgress}
+	for _, t := range targets {
+		dst, _, _ := strings.Cut(t, "/")
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := guest.Exec(ectx, peer.netns, ip, "ping -c 1 -W 2 "+dst)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(out, "  blocked %s (guest) -> %s   <-- WRONG\n", demoVM, dst)
+			return fmt.Errorf("the guest of VM %s cannot reach %s: %w", demoVM, dst, err)
+		}
+		fmt.Fprintf(out, "  reached %s (guest) -> %s\n", demoVM, dst)
+	}
+	tenant, ok := pods[demoVMTenant]
+	if !ok {
+		return fmt.Errorf("pod %s, another tenant, is not running", demoVMTenant)
+	}
+	if err := echo(ctx, tenant.netns, ip); err == nil {
+		fmt.Fprintf(out, "  reached %s (%s) -> %s %s:%d   <-- WRONG: another tenant\n", tenant, tenant.pod.Spec.NodeName, demoVM, ip, guest.EchoPort)
+		return fmt.Errorf("%s, another tenant, reaches the guest of VM %s", tenant, demoVM)
+	}
+	fmt.Fprintf(out, "  blocked %s (%s) -> %s %s:%d (another tenant; control: %s reached it)\n", tenant, tenant.pod.Spec.NodeName, demoVM, ip, guest.EchoPort, peer)
+	return nil
+}
+
+// consoleLeases returns the last DHCP lease the guest reported per NIC on
+// its console (KVNET-LEASE lines).
+func consoleLeases(path string) (map[string]guest.Lease, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("the guest's console log: %w", err)
+	}
+	leases := map[string]guest.Lease{}
+	for _, line := range strings.Split(string(b), "\n") {
+		i := strings.Index(line, guest.LeasePrefix)
+		if i < 0 {
+			continue
+		}
+		if l, err := guest.ParseLease(line[i:]); err == nil {
+			leases[l.Iface] = l
 		}
 	}
-	ip := vm.ipv4(network)
-	if ip == "" {
-		return errors.New("the VM has no IPv4 address on its pod network to ping")
-	}
-	r := expectAnswer(ctx, pr, probe{netns: peer.netns, addr: ip})
-	switch r.outcome {
-	case answered:
-		fmt.Fprintf(out, "  reached %s (%s) -> %s %s (%s)\n", peer, peer.pod.Spec.NodeName, demoVM, ip, vm.node)
-		return nil
-	case noAnswer:
-		fmt.Fprintf(out, "  blocked %s (%s) -> %s %s (%s)   <-- WRONG\n", peer, peer.pod.Spec.NodeName, demoVM, ip, vm.node)
-		return fmt.Errorf("%s cannot reach VM %s at %s on %s", peer, demoVM, ip, vm.node)
-	default:
-		fmt.Fprintf(out, "  ERROR %s (%s) -> %s %s (%s)   <-- %v\n", peer, peer.pod.Spec.NodeName, demoVM, ip, vm.node, r.err)
-		return fmt.Errorf("%s -> VM %s at %s: %w", peer, demoVM, ip, r.err)
-	}
+	return leases, nil
 }

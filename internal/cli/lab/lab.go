@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -36,6 +37,7 @@ import (
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/sim/simlauncher"
 	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
@@ -89,7 +91,17 @@ func NewCommand() *cobra.Command {
 			return stop(flags.dir)
 		},
 	}
-	cmd.AddCommand(up, down)
+	var namespace string
+	console := &cobra.Command{
+		Use:   "console <vmi>",
+		Short: "Print the serial console log of a VMI's guests",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return printConsole(cmd.OutOrStdout(), flags.dir, namespace, args[0])
+		},
+	}
+	console.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the VMI")
+	cmd.AddCommand(up, down, console)
 	return cmd
 }
 
@@ -184,6 +196,8 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		return err
 	}
 	cfg.LogDir = abs
+	// The lab's objects (networks, VMs, their claims) survive lab down/up.
+	cfg.EtcdDataDir = filepath.Join(abs, "etcd")
 	start := time.Now()
 	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
@@ -262,11 +276,13 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
 	case flags.nodes > 0:
 		start := time.Now()
-		cl, err := startNodes(ctx, dir, cp, c, flags.nodes)
+		cl, launcher, err := startNodes(ctx, dir, cp, c, flags.nodes)
 		if err != nil {
 			return fmt.Errorf("simulated nodes: %w", err)
 		}
 		defer func() {
+			// The guests go first: they live in the pods' namespaces.
+			launcher.Close()
 			// A failure that stopped the lab was reported already.
 			if err := cl.Close(); err != nil && cl.Err() == nil {
 				fmt.Println("kvnet lab: simulated nodes:", err)
@@ -274,7 +290,8 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		}()
 		nodeFailed = cl.Failed()
 		nodeErr = cl.Err
-		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each)\n", flags.nodes, time.Since(start).Round(time.Millisecond))
+		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each); VM consoles in %s\n",
+			flags.nodes, time.Since(start).Round(time.Millisecond), VMsDir(dir))
 	}
 	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
 		return err
@@ -368,4 +385,20 @@ func waitReadyz(ctx context.Context, url string, errc <-chan error) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// printConsole copies the console log of VMI namespace/name in the lab in
+// dir to w.
+func printConsole(w io.Writer, dir, namespace, name string) error {
+	path := simlauncher.ConsoleLog(VMsDir(dir), namespace, name)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no console log for VMI %s/%s in the lab in %s (%s): has it run?", namespace, name, dir, path)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(w, f)
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,7 +19,9 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/sim/guest"
 	"kvnet.io/kvnet/internal/sim/simcluster"
+	"kvnet.io/kvnet/internal/sim/simlauncher"
 	"kvnet.io/kvnet/internal/sim/simkubelet"
 )
 
@@ -83,31 +86,31 @@ func shippedBinary(name string) (string, error) {
 // kvnet-node runs as the kvnet-node service account and installs kvnet-cni
 // as the DaemonSet does; the simulated kubelet and virt-controller, which
 // stand in for components that are not kvnet's, are admins.
-func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int) (*simcluster.Cluster, error) {
+func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int) (*simcluster.Cluster, *simlauncher.Launcher, error) {
 	nodeBin, err := shippedBinary("kvnet-node")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cniBin, err := shippedBinary("kvnet-cni")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	agentCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.NodeServiceAccount, tokenTTL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg := clusterConfig(dir, n)
 	// Tools find the lab's namespaces by this prefix.
 	if err := os.WriteFile(filepath.Join(cfg.StateDir, "netns-prefix"), []byte(cfg.Prefix+"\n"), 0o644); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg.AgentKubeconfig = filepath.Join(cfg.StateDir, "kvnet-node.kubeconfig")
 	if _, err := node.WriteCNIKubeconfig(cfg.AgentKubeconfig, agentCfg); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	api, err := url.Parse(cp.Config.Host)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg.Admin, cfg.APIAddr = cp.Config, api.Host
 	cfg.AgentBinary, cfg.CNIBinary = nodeBin, cniBin
@@ -115,11 +118,51 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 	cfg.Log = ctrl.Log
 	// KubeVirt's part: the KubeVirt CR (registering the l2bridge binding
 	// the docs use on primary UDNs); simcluster runs the virt-controller
-	// stand-in.
+	// stand-in, and the launcher stand-in runs a QEMU guest per running
+	// VMI in its launcher pod.
 	if err := installKubeVirtCR(ctx, c); err != nil {
+		return nil, nil, err
+	}
+	launcher, err := newLauncher(ctx, dir, cp)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Runtime = launcher
+	cl, err := simcluster.Start(ctx, cfg)
+	if err != nil {
+		launcher.Close()
+		return nil, nil, err
+	}
+	return cl, launcher, nil
+}
+
+// VMsDir is where the lab in dir keeps its guests' console logs
+// (<namespace>_<vmi>.log) and QEMU sockets.
+func VMsDir(dir string) string { return filepath.Join(dir, "vms") }
+
+// newLauncher checks QEMU, builds the guest image when it is missing or
+// stale (hack/guest/build.sh: Debian's cloud kernel and busybox-static,
+// downloaded with apt-get, about a minute the first time) and returns the
+// virt-launcher stand-in.
+func newLauncher(ctx context.Context, dir string, cp *controlplane.ControlPlane) (*simlauncher.Launcher, error) {
+	if err := guest.CheckQEMU(); err != nil {
+		return nil, fmt.Errorf("the lab runs VMs as QEMU guests: %w", err)
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return nil, fmt.Errorf("guest image: %w", err)
+	}
+	start := time.Now()
+	img, err := guest.EnsureImageContext(ctx, root)
+	if err != nil {
 		return nil, err
 	}
-	return simcluster.Start(ctx, cfg)
+	fmt.Printf("guest image %s ready in %s\n", filepath.Dir(img.Kernel), time.Since(start).Round(time.Millisecond))
+	abs, _ := filepath.Abs(dir)
+	return simlauncher.New(simlauncher.Config{
+		RESTConfig: cp.Config, Image: img, StateDir: VMsDir(abs),
+		Log: ctrl.Log.WithName("virt-launcher"),
+	})
 }
 
 // installKubeVirtCR creates kubevirt/kubevirt, as installing KubeVirt

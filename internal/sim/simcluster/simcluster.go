@@ -93,6 +93,9 @@ type Config struct {
 
 	// Kubelets runs a simulated kubelet on each node.
 	Kubelets bool
+	// Runtime runs the pods' "containers" on every node's kubelet (the
+	// lab's QEMU guests: simlauncher.Launcher); nil runs none.
+	Runtime simkubelet.Runtime
 	// Virt runs the virt-controller stand-in over all nodes.
 	Virt bool
 
@@ -330,6 +333,7 @@ func (cfg Config) KubeletConfig(n string) simkubelet.Config {
 		CNICacheDir:    filepath.Join(cfg.nodeDir(n), "cni-cache"),
 		PodNetNSPrefix: cfg.Prefix + "-" + n + "-pod-",
 		Env:            cfg.CNIEnv(n),
+		Runtime:        cfg.Runtime,
 		Log:            cfg.Log.WithName("simkubelet").WithValues("node", name),
 	}
 }
