@@ -22,6 +22,14 @@ meta=${KVNET_GUEST_KERNEL_META:-linux-image-cloud-amd64}
 # modules.dep and orders them so each loads after what it needs.
 want_modules=(virtio_pci virtio_net)
 
+mkdir -p "$out"
+# One build at a time per output directory: the lab and test packages
+# running in parallel may all ask for the image.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$out/.lock"
+  flock 9
+fi
+
 log() { echo "guest: $*" >&2; }
 die() { echo "guest: error: $*" >&2; exit 1; }
 
