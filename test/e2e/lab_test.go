@@ -102,6 +102,11 @@ func TestLabDemo(t *testing.T) {
 			`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
 			`live migration vm-a-migration-\w+: node-\d -> node-\d`,
 			`reached udn-demo/web-1 \(node-1\) -> vm-a 10\.0\.0\.\d+`,
+			// The guest itself: its lease, and a connection across the
+			// live migration.
+			`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
+			`kept its open TCP connection from udn-demo/web-1`,
+			`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
 		} {
 			if !regexp.MustCompile(re).MatchString(out) {
 				t.Errorf("demo output lacks /%s/:\n%s", re, out)
