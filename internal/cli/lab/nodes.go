@@ -21,8 +21,8 @@ import (
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/sim/guest"
 	"kvnet.io/kvnet/internal/sim/simcluster"
-	"kvnet.io/kvnet/internal/sim/simlauncher"
 	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simlauncher"
 )
 
 // NodeName is the name of simulated node i (1-based).
