@@ -28,7 +28,8 @@
 //     of the template plus kubevirt.io/vm=<vm>, the template's
 //     annotations, the template's spec defaulted as below, controller
 //     owner reference to the VM, finalizer foregroundDeleteVirtualMachine);
-//     a Failed or Succeeded VMI is deleted and, once gone, created anew.
+//     a Failed or Succeeded VMI is deleted and, once gone, created anew
+//     (but see "Bindings the lab cannot run" below).
 //   - RerunOnFailure: the same, but a Succeeded VMI is left alone.
 //   - Once: a VMI is created when there is none; a finished one is left.
 //   - Halted: an existing VMI is deleted.
@@ -39,7 +40,8 @@
 // finalizer and the garbage collector do that; simvirt does not add the VM
 // finalizer, so VMs of clusters without simvirt are never blocked).
 // status.created, status.ready (VMI Running) and status.printableStatus
-// (Stopped, Starting, Running, Migrating, Stopping) are kept.
+// (Stopped, Starting, Running, Migrating, Stopping, CrashLoopBackOff) are
+// kept.
 //
 // VMI defaulting, which virt-api does at admission, is reduced to one rule:
 // a template without interfaces and networks (and without
@@ -61,20 +63,22 @@
 // launcher pods (ties: the order of Config.Nodes) instead of going through
 // a scheduler. The pod is created through the API server, so kvnet's
 // launcher-pod webhook adds the IPAMClaim references when kvnet-controller
-// serves it. A pod that cannot be created (an unregistered binding plugin,
-// a webhook denial) leaves the VMI Pending with the reason in the
+// serves it. Before that, the VMI's bindings are checked (see below): a
+// VMI the lab cannot run fails without a pod. A pod that cannot be created
+// (a webhook denial) leaves the VMI Pending with the reason in the
 // annotation simvirt.kvnet.io/failure-reason; creation is retried with
 // backoff.
 //
 // Phases: Pending (no pod yet), Scheduling (pod created, not Running yet),
 // Running (the pod is Running: status.nodeName, status.activePods
-// {uid: node} and status.interfaces are set), Failed (the pod failed,
-// vanished or was deleted while the VMI wanted it; the reason is in the
-// annotation simvirt.kvnet.io/failure-reason). KubeVirt's Scheduled phase
-// (pod running, domain starting) is skipped, and VMIs never reach
-// Succeeded by themselves (there is no guest to shut down). status
-// conditions, guestOSInfo, launcher container images and the like are not
-// written.
+// {uid: node} and status.interfaces are set), Failed (a binding the lab
+// cannot run, or the pod failed, vanished or was deleted while the VMI
+// wanted it; the reason is in the annotation
+// simvirt.kvnet.io/failure-reason). KubeVirt's Scheduled phase (pod
+// running, domain starting) is skipped, and VMIs never reach Succeeded by
+// themselves (there is no guest to shut down). status.conditions holds
+// only the condition of a binding failure (below); guestOSInfo, launcher
+// container images and the like are not written, and there are no Events.
 //
 // status.interfaces has one entry per VMI network with an interface that
 // is not absent, in spec.networks order: name, mac, ipAddress and
@@ -85,6 +89,41 @@
 // attachment of the NAD spec.networks[].multus.networkName names (a bare
 // name is in the VMI's namespace) for Multus networks. A network without
 // an attachment is listed by name with infoSource "domain".
+//
+// # Bindings the lab cannot run
+//
+// The lab runs a VMI's interfaces (those not state: absent) with these
+// bindings only: bridge, masquerade on the pod network, and binding
+// plugins (binding: {name: X}) the KubeVirt CR registers with
+// domainAttachmentType managedTap (l2bridge). A VMI with any other
+// interface fails before its first launcher pod is made, and gets none:
+// sriov, passtBinding, the removed slirp, macvtap and passt, a plugin
+// registered with domainAttachmentType tap or none (a sidecar plugin), a
+// plugin the KubeVirt CR does not register, masquerade on another network,
+// an interface with no binding method or with several. The VMI goes
+// straight to Failed (from Pending); the failure reason annotation gets
+// one sentence per such interface, joined by "; ", for example
+//
+//	interface "default": binding "passtBinding": the lab cannot run this binding (it runs bridge, masquerade and managedTap binding plugins)
+//	interface "net1": binding plugin "foo" is not registered in the KubeVirt CR (spec.configuration.network.binding)
+//
+// and status.conditions a condition as KubeVirt writes for a VMI it cannot
+// synchronize: type Synchronized, status False, reason UnsupportedBinding
+// (KubeVirt says FailedCreate), the same message. The API types do not
+// declare status.conditions: simvirt writes it through the status's
+// unknown members, keeping other conditions.
+//
+// A VM whose run strategy would start such a VMI anew (Always,
+// RerunOnFailure) does not while a new VMI would fail the same way (the
+// VM's template, defaulted, still has a binding the lab cannot run with
+// the KubeVirt CR's plugins): the failed VMI is kept, so no VMI is made
+// and failed in a loop; the VM's printableStatus is CrashLoopBackOff and
+// its failure reason annotation says why. A change of the VM is looked at
+// at once; a change of the KubeVirt CR (registering a plugin), which
+// triggers no reconcile, within 30 s (the longest retry backoff), when the
+// VM is looked at again. Then the failed VMI is deleted and a new one
+// created. KubeVirt's crash-loop backoff of other failures
+// (status.startFailure) is not done.
 //
 // A VMI being deleted has its launcher pods deleted; its finalizer is
 // removed once they are gone (kubelet, or simkubelet, confirms a pod's

@@ -40,6 +40,9 @@ type unit struct {
 	pods  []*corev1.Pod                                 // launcher pods made for a VMI of this name, oldest first
 	// foreignVMI: the VMI of the VM's name is not the VM's; both are left alone.
 	foreignVMI bool
+	// requeue, when set, is how soon the unit is reconciled again (a VM
+	// holding a VMI failed for its bindings: see holdFailedVMI).
+	requeue time.Duration
 }
 
 // conflictRetry is how soon a reconcile that met a concurrent change (a
@@ -51,6 +54,10 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err == nil {
 		err = r.sync(ctx, u)
 	}
+	var res reconcile.Result
+	if err == nil {
+		res.RequeueAfter = u.requeue
+	}
 	if err != nil && ctx.Err() != nil {
 		return reconcile.Result{}, nil // stopping
 	}
@@ -58,7 +65,7 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		log.FromContext(ctx).V(1).Info("concurrent change; reconciling again", "error", err.Error())
 		return reconcile.Result{RequeueAfter: conflictRetry}, nil
 	}
-	return reconcile.Result{}, err
+	return res, err
 }
 
 // load reads the unit of key from the API server.
@@ -165,9 +172,16 @@ func (r *reconciler) syncVM(ctx context.Context, u *unit) error {
 			return r.createVMI(ctx, u)
 		}
 		phase := vmi.Status.Phase
-		if rs == RunStrategyAlways && finalPhase(phase) || rs == RunStrategyRerunOnFailure && phase == PhaseFailed {
-			return r.deleteVMI(ctx, u, fmt.Sprintf("it is %s and the VM's run strategy is %s: it is started anew", phase, rs))
+		if !restarts(rs, phase) {
+			return nil
 		}
+		if failedForBindings(vmi) {
+			held, err := r.holdFailedVMI(ctx, u)
+			if held || err != nil {
+				return err
+			}
+		}
+		return r.deleteVMI(ctx, u, fmt.Sprintf("it is %s and the VM's run strategy is %s: it is started anew", phase, rs))
 	case RunStrategyHalted:
 		return r.deleteVMI(ctx, u, "the VM's run strategy is Halted")
 	case RunStrategyManual:
@@ -175,6 +189,34 @@ func (r *reconciler) syncVM(ctx context.Context, u *unit) error {
 		logger.Info("unknown spec.runStrategy; the VM is neither started nor stopped", "vm", u.key.String(), "runStrategy", rs)
 	}
 	return nil
+}
+
+// holdFailedVMI decides about a VMI failed for its bindings whose VM would
+// start it anew: a new VMI would fail the same way as long as the VM's
+// template, defaulted, has a binding the lab cannot run with the KubeVirt
+// CR's binding plugins, so the failed VMI is kept (no VMI is created and
+// failed in a loop), the VM says why (its failure reason annotation, and
+// printableStatus CrashLoopBackOff), and the unit is looked at again after
+// retryMax, since a change of the KubeVirt CR (registering a plugin)
+// triggers no reconcile; a change of the VM does. It returns true when it
+// keeps the VMI.
+func (r *reconciler) holdFailedVMI(ctx context.Context, u *unit) (bool, error) {
+	vm := u.vm
+	if vm.Spec.Template == nil {
+		return false, nil // createVMI says what is wrong
+	}
+	nc, err := r.kubeVirtNetwork(ctx)
+	if err != nil {
+		return false, fmt.Errorf("VirtualMachine %s: %w", u.key, err)
+	}
+	next := newVMI(vm, nc.NetworkInterface)
+	err = checkBindings(&next.Spec, nc.Binding)
+	if err == nil {
+		log.FromContext(ctx).Info("the VM's bindings can run now; starting its failed VMI anew", "vm", u.key.String())
+		return false, nil
+	}
+	u.requeue = retryMax
+	return true, r.setReason(ctx, vm, "its VirtualMachineInstance failed and would fail again: "+err.Error())
 }
 
 // createVMI creates the VM's VMI.
@@ -412,6 +454,19 @@ func (r *reconciler) syncVMI(ctx context.Context, u *unit) error {
 		case first == nil && phase == PhaseScheduling:
 			p.failVMI("its launcher pod vanished before it ran")
 		case first == nil:
+			nc, err := r.kubeVirtNetwork(ctx)
+			if err != nil {
+				return err
+			}
+			if err := checkBindings(&vmi.Spec, nc.Binding); err != nil {
+				// No pod: a guest of these bindings cannot run in the lab,
+				// and retrying cannot change that.
+				p.failVMI(err.Error())
+				if err := setCondition(p.st, unsupportedBindingCondition(err.Error())); err != nil {
+					return fmt.Errorf("VirtualMachineInstance %s: %w", u.key, err)
+				}
+				break
+			}
 			load, err := r.nodeLoad(ctx)
 			if err != nil {
 				return err

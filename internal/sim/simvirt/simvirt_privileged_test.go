@@ -8,6 +8,7 @@ package simvirt_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -173,6 +174,26 @@ func waitVMStatus(t *testing.T, ns, name string, want kubevirtv1.VirtualMachineS
 	})
 }
 
+// registerL2Bridge creates KubeVirt's CR, registering the l2bridge binding
+// (managedTap), which VMs on a primary UDN use; without it virt-controller
+// templates no pod. It is left for the tests that follow.
+func registerL2Bridge(t *testing.T) {
+	t.Helper()
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubevirt"}},
+		&kubevirtv1.KubeVirt{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "kubevirt"},
+			Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{NetworkConfiguration: &kubevirtv1.NetworkConfiguration{
+				Binding: map[string]kubevirtv1.InterfaceBindingPlugin{"l2bridge": {DomainAttachmentType: "managedTap"}},
+			}}},
+		},
+	} {
+		if err := c.Create(context.Background(), o); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
 func TestVMLifecycle(t *testing.T) {
 	if env == nil {
 		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
@@ -180,15 +201,7 @@ func TestVMLifecycle(t *testing.T) {
 	l := newLab(t, "n1", "n2", "n3")
 	n1, n2, n3 := l.NodeName("n1"), l.NodeName("n2"), l.NodeName("n3")
 
-	// KubeVirt's registration of the l2bridge binding, which VMs on a
-	// primary UDN use; without it virt-controller templates no pod.
-	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubevirt"}})
-	testenv.Create(t, c, &kubevirtv1.KubeVirt{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "kubevirt"},
-		Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{NetworkConfiguration: &kubevirtv1.NetworkConfiguration{
-			Binding: map[string]kubevirtv1.InterfaceBindingPlugin{"l2bridge": {DomainAttachmentType: "managedTap"}},
-		}}},
-	})
+	registerL2Bridge(t)
 	const ns = "sv"
 	subnet := netip.MustParsePrefix("10.50.0.0/24")
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
@@ -355,4 +368,89 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		eventually(t, "peer pings the VM on "+target, func() error { return ping(peerNS, addr.IP) })
 	})
+}
+
+// VMIs with bindings the lab cannot run fail with the reason, and get no
+// launcher pod; a VM (Always) of one keeps its failed VMI instead of
+// starting VMIs in a loop.
+func TestUnsupportedBindings(t *testing.T) {
+	if env == nil {
+		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
+	}
+	newLab(t, "n1")
+	registerL2Bridge(t)
+	const ns = "svbind"
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	spec := func(iface kubevirtv1.Interface) kubevirtv1.VirtualMachineInstanceSpec {
+		iface.Name = "default"
+		return kubevirtv1.VirtualMachineInstanceSpec{
+			Domain:   kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{iface}}},
+			Networks: []kubevirtv1.Network{{Name: "default", Pod: &kubevirtv1.PodNetwork{}}},
+		}
+	}
+	always := simvirt.RunStrategyAlways
+	testenv.Create(t, c, &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "passt"},
+		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &always, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: spec(kubevirtv1.Interface{PasstBinding: &kubevirtv1.InterfacePasstBinding{}}),
+		}},
+	})
+	testenv.Create(t, c, &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "foo"},
+		Spec:       spec(kubevirtv1.Interface{Binding: &kubevirtv1.PluginBinding{Name: "foo"}}),
+	})
+
+	failed := func(name, want string) *kubevirtv1.VirtualMachineInstance {
+		t.Helper()
+		var vmi kubevirtv1.VirtualMachineInstance
+		eventually(t, "VMI "+ns+"/"+name+" Failed", func() error {
+			if err := get(&vmi, ns, name); err != nil {
+				return err
+			}
+			if vmi.Status.Phase != simvirt.PhaseFailed {
+				return fmt.Errorf("phase %q, reason %q", vmi.Status.Phase, vmi.Annotations[simvirt.FailureReasonAnnotation])
+			}
+			return nil
+		})
+		if got := vmi.Annotations[simvirt.FailureReasonAnnotation]; got != want {
+			t.Errorf("VMI %s reason\n %q\nwant %q", name, got, want)
+		}
+		// The condition, as the API server keeps it (status.conditions is
+		// not a typed field).
+		var conds struct {
+			Status struct {
+				Conditions []map[string]any `json:"conditions"`
+			} `json:"status"`
+		}
+		raw, err := json.Marshal(&vmi)
+		if err == nil {
+			err = json.Unmarshal(raw, &conds)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cs := conds.Status.Conditions; len(cs) != 1 || cs[0]["type"] != simvirt.ConditionSynchronized || cs[0]["status"] != "False" ||
+			cs[0]["reason"] != simvirt.ReasonUnsupportedBinding || cs[0]["message"] != want || cs[0]["lastTransitionTime"] == nil {
+			t.Errorf("VMI %s conditions %v", name, cs)
+		}
+		return &vmi
+	}
+	const runs = "(it runs bridge, masquerade and managedTap binding plugins)"
+	passt := failed("passt", `interface "default": binding "passtBinding": the lab cannot run this binding `+runs)
+	failed("foo", `interface "default": binding plugin "foo" is not registered in the KubeVirt CR (spec.configuration.network.binding)`)
+	waitVMStatus(t, ns, "passt", kubevirtv1.VirtualMachineStatus{PrintableStatus: "CrashLoopBackOff", Created: true})
+
+	// A while later: still the same failed VMI, and never a launcher pod.
+	time.Sleep(3 * time.Second)
+	var again kubevirtv1.VirtualMachineInstance
+	if err := get(&again, ns, "passt"); err != nil || again.UID != passt.UID || again.DeletionTimestamp != nil {
+		t.Fatalf("the VM's failed VMI was replaced or is being deleted (err %v)", err)
+	}
+	if pods := launcherPods(t, ns); len(pods) != 0 {
+		t.Fatalf("%d launcher pods, want none (first %s)", len(pods), pods[0].Name)
+	}
+	var vm kubevirtv1.VirtualMachine
+	if err := get(&vm, ns, "passt"); err != nil || !strings.Contains(vm.Annotations[simvirt.FailureReasonAnnotation], `binding "passtBinding"`) {
+		t.Fatalf("VM reason %q (err %v)", vm.Annotations[simvirt.FailureReasonAnnotation], err)
+	}
 }

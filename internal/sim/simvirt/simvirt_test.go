@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -129,6 +130,10 @@ func TestVMStatus(t *testing.T) {
 	deleting := running.DeepCopy()
 	deleting.DeletionTimestamp = &metav1.Time{}
 	failed := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: PhaseFailed}}
+	failedBindings := failed.DeepCopy()
+	if err := setCondition(&failedBindings.Status, unsupportedBindingCondition("why")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		rs   string
 		vmi  *kubevirtv1.VirtualMachineInstance
@@ -141,6 +146,9 @@ func TestVMStatus(t *testing.T) {
 		{RunStrategyAlways, migrating, kubevirtv1.VirtualMachineStatus{PrintableStatus: "Migrating", Ready: true, Created: true}},
 		{RunStrategyHalted, deleting, kubevirtv1.VirtualMachineStatus{PrintableStatus: "Stopping", Created: true}},
 		{RunStrategyOnce, failed, kubevirtv1.VirtualMachineStatus{PrintableStatus: "Stopped", Created: true}},
+		{RunStrategyAlways, failedBindings, kubevirtv1.VirtualMachineStatus{PrintableStatus: "CrashLoopBackOff", Created: true}},
+		{RunStrategyRerunOnFailure, failedBindings, kubevirtv1.VirtualMachineStatus{PrintableStatus: "CrashLoopBackOff", Created: true}},
+		{RunStrategyOnce, failedBindings, kubevirtv1.VirtualMachineStatus{PrintableStatus: "Stopped", Created: true}},
 	} {
 		if got := vmStatus(tc.rs, tc.vmi); got != tc.want {
 			t.Errorf("vmStatus(%s, %+v) = %+v, want %+v", tc.rs, tc.vmi, got, tc.want)
@@ -448,25 +456,194 @@ func TestPodLossRestarts(t *testing.T) {
 	}
 }
 
-// Without the binding plugin registered, the VMI waits in Pending and says
-// why.
+// Without the binding plugin registered, the VMI fails and says why, no
+// pod is made, and the VM (Always) keeps the failed VMI rather than
+// starting it anew in a loop, until the plugin is registered.
 func TestUnregisteredBinding(t *testing.T) {
+	ctx := context.Background()
 	e := newFake(t, []string{"n1"}, testVM(RunStrategyAlways))
-	_, err := e.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "vm1"}})
-	if err == nil || !strings.Contains(err.Error(), "l2bridge") {
-		t.Fatalf("err = %v, want the unregistered binding", err)
-	}
+	const want = `interface "default": binding plugin "l2bridge" is not registered in the KubeVirt CR (spec.configuration.network.binding)`
+	e.reconcile("vm1")
 	vmi := e.vmi("vm1")
-	if vmi.Status.Phase != PhasePending || !strings.Contains(vmi.Annotations[FailureReasonAnnotation], "l2bridge") || len(e.pods()) != 0 {
+	if vmi.Status.Phase != PhaseFailed || vmi.Annotations[FailureReasonAnnotation] != want || len(e.pods()) != 0 {
 		t.Fatalf("phase %q reason %q pods %d", vmi.Status.Phase, vmi.Annotations[FailureReasonAnnotation], len(e.pods()))
 	}
-	// Registering it lets the VMI start, and the reason goes.
-	if err := e.c.Create(context.Background(), kubeVirtCR()); err != nil {
+	c, ok := condition(&vmi.Status, ConditionSynchronized)
+	if !ok || c.Status != corev1.ConditionFalse || c.Reason != ReasonUnsupportedBinding || c.Message != want || c.LastTransitionTime.IsZero() {
+		t.Fatalf("condition %+v (found %v), status %s", c, ok, vmi.Status.Unknown)
+	}
+	first := vmi.UID
+	for range 3 {
+		res, err := e.r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "vm1"}})
+		if err != nil || res.RequeueAfter != retryMax {
+			t.Fatalf("reconcile of a held VM: %+v, %v", res, err)
+		}
+	}
+	if vmi = e.vmi("vm1"); vmi.UID != first || vmi.DeletionTimestamp != nil || len(e.pods()) != 0 {
+		t.Fatalf("failed VMI started anew or deleted (uid %s, first %s)", vmi.UID, first)
+	}
+	var vm kubevirtv1.VirtualMachine
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "vm1"}, &vm); err != nil {
 		t.Fatal(err)
 	}
-	e.reconcile("vm1")
-	if vmi = e.vmi("vm1"); vmi.Status.Phase != PhaseScheduling || vmi.Annotations[FailureReasonAnnotation] != "" || len(e.pods()) != 1 {
-		t.Fatalf("after registering: phase %q reason %q", vmi.Status.Phase, vmi.Annotations[FailureReasonAnnotation])
+	if vm.Status.PrintableStatus != "CrashLoopBackOff" || !strings.Contains(vm.Annotations[FailureReasonAnnotation], want) {
+		t.Fatalf("VM status %+v reason %q", vm.Status, vm.Annotations[FailureReasonAnnotation])
+	}
+	// Registering it lets the VM start a new VMI, and the reasons go.
+	if err := e.c.Create(ctx, kubeVirtCR()); err != nil {
+		t.Fatal(err)
+	}
+	e.reconcile("vm1") // deletes the failed VMI
+	e.reconcile("vm1") // releases it
+	e.reconcile("vm1") // creates a new one
+	if vmi = e.vmi("vm1"); vmi.UID == first || vmi.Status.Phase != PhaseScheduling || vmi.Annotations[FailureReasonAnnotation] != "" || len(e.pods()) != 1 {
+		t.Fatalf("after registering: uid %s (first %s) phase %q reason %q", vmi.UID, first, vmi.Status.Phase, vmi.Annotations[FailureReasonAnnotation])
+	}
+	if _, ok := condition(&vmi.Status, ConditionSynchronized); ok {
+		t.Fatalf("new VMI has the old condition: %s", vmi.Status.Unknown)
+	}
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "vm1"}, &vm); err != nil {
+		t.Fatal(err)
+	}
+	if vm.Status.PrintableStatus != "Starting" || vm.Annotations[FailureReasonAnnotation] != "" {
+		t.Fatalf("VM after registering: status %+v reason %q", vm.Status, vm.Annotations[FailureReasonAnnotation])
+	}
+}
+
+// A standalone VMI with passtBinding fails at once; its other conditions
+// and status members are kept.
+func TestUnsupportedBindingStandalone(t *testing.T) {
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+				{Name: "default", PasstBinding: &kubevirtv1.InterfacePasstBinding{}},
+			}}},
+			Networks: []kubevirtv1.Network{{Name: "default", Pod: &kubevirtv1.PodNetwork{}}},
+		},
+		Status: kubevirtv1.VirtualMachineInstanceStatus{
+			Unknown: `{"conditions":[{"status":"True","type":"Other"}],"guestOSInfo":{"id":"x"}}`,
+		},
+	}
+	e := newFake(t, []string{"n1"}, vmi, kubeVirtCR())
+	e.reconcile("vm")
+	e.reconcile("vm")
+	got := e.vmi("vm")
+	const want = `interface "default": binding "passtBinding": the lab cannot run this binding (it runs bridge, masquerade and managedTap binding plugins)`
+	if got.Status.Phase != PhaseFailed || got.Annotations[FailureReasonAnnotation] != want || len(e.pods()) != 0 {
+		t.Fatalf("phase %q reason %q pods %d", got.Status.Phase, got.Annotations[FailureReasonAnnotation], len(e.pods()))
+	}
+	if c, ok := condition(&got.Status, ConditionSynchronized); !ok || c.Message != want {
+		t.Fatalf("condition %+v: %s", c, got.Status.Unknown)
+	}
+	if _, ok := condition(&got.Status, "Other"); !ok || !strings.Contains(string(got.Status.Unknown), "guestOSInfo") {
+		t.Fatalf("other status members lost: %s", got.Status.Unknown)
+	}
+}
+
+func TestCheckBindings(t *testing.T) {
+	const runs = "(it runs bridge, masquerade and managedTap binding plugins)"
+	plugins := map[string]kubevirtv1.InterfaceBindingPlugin{
+		"l2bridge": {DomainAttachmentType: "managedTap"},
+		"macvtap":  {DomainAttachmentType: "tap"},
+		"sidecar":  {SidecarImage: "quay.io/x/sidecar"},
+		"odd":      {DomainAttachmentType: "Tap"},
+	}
+	pod := kubevirtv1.Network{Name: "default", Pod: &kubevirtv1.PodNetwork{}}
+	blue := kubevirtv1.Network{Name: "blue", Multus: &kubevirtv1.MultusNetwork{NetworkName: "bluenad"}}
+	plugin := func(name string) *kubevirtv1.PluginBinding { return &kubevirtv1.PluginBinding{Name: name} }
+	for _, tc := range []struct {
+		name    string
+		ifaces  []kubevirtv1.Interface
+		plugins map[string]kubevirtv1.InterfaceBindingPlugin
+		want    string // "" is ok
+	}{
+		{name: "none"},
+		{name: "bridge", ifaces: []kubevirtv1.Interface{{Name: "default", Bridge: &kubevirtv1.InterfaceBridge{}}, {Name: "blue", Bridge: &kubevirtv1.InterfaceBridge{}}}},
+		{name: "masquerade", ifaces: []kubevirtv1.Interface{{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}}}},
+		{name: "managedTap", ifaces: []kubevirtv1.Interface{{Name: "default", Binding: plugin("l2bridge")}}, plugins: plugins},
+		{name: "absent is not looked at", ifaces: []kubevirtv1.Interface{{Name: "blue", SRIOV: &kubevirtv1.InterfaceSRIOV{}, State: kubevirtv1.InterfaceStateAbsent}}},
+		{name: "down is", ifaces: []kubevirtv1.Interface{{Name: "blue", SRIOV: &kubevirtv1.InterfaceSRIOV{}, State: kubevirtv1.InterfaceStateDown}},
+			want: `interface "blue": binding "sriov": the lab cannot run this binding ` + runs},
+		{name: "passtBinding", ifaces: []kubevirtv1.Interface{{Name: "default", PasstBinding: &kubevirtv1.InterfacePasstBinding{}}},
+			want: `interface "default": binding "passtBinding": the lab cannot run this binding ` + runs},
+		{name: "deprecated", ifaces: []kubevirtv1.Interface{
+			{Name: "default", DeprecatedPasst: &kubevirtv1.DeprecatedInterfacePasst{}},
+			{Name: "blue", DeprecatedMacvtap: &kubevirtv1.DeprecatedInterfaceMacvtap{}},
+			{Name: "red", DeprecatedSlirp: &kubevirtv1.DeprecatedInterfaceSlirp{}},
+		}, want: `interface "default": binding "passt": the lab cannot run this binding ` + runs +
+			`; interface "blue": binding "macvtap": the lab cannot run this binding ` + runs +
+			`; interface "red": binding "slirp": the lab cannot run this binding ` + runs},
+		{name: "unregistered", ifaces: []kubevirtv1.Interface{{Name: "net1", Binding: plugin("foo")}}, plugins: plugins,
+			want: `interface "net1": binding plugin "foo" is not registered in the KubeVirt CR (spec.configuration.network.binding)`},
+		{name: "no KubeVirt CR", ifaces: []kubevirtv1.Interface{{Name: "default", Binding: plugin("l2bridge")}},
+			want: `interface "default": binding plugin "l2bridge" is not registered in the KubeVirt CR (spec.configuration.network.binding)`},
+		{name: "tap plugin", ifaces: []kubevirtv1.Interface{{Name: "blue", Binding: plugin("macvtap")}}, plugins: plugins,
+			want: `interface "blue": binding plugin "macvtap" has domainAttachmentType "tap": the lab cannot run this binding ` + runs},
+		{name: "case matters", ifaces: []kubevirtv1.Interface{{Name: "blue", Binding: plugin("odd")}}, plugins: plugins,
+			want: `interface "blue": binding plugin "odd" has domainAttachmentType "Tap": the lab cannot run this binding ` + runs},
+		{name: "sidecar plugin", ifaces: []kubevirtv1.Interface{{Name: "default", Binding: plugin("sidecar")}}, plugins: plugins,
+			want: `interface "default": binding plugin "sidecar" has no domainAttachmentType (a sidecar plugin): the lab cannot run this binding ` + runs},
+		{name: "unnamed plugin", ifaces: []kubevirtv1.Interface{{Name: "default", Binding: plugin("")}}, plugins: plugins,
+			want: `interface "default": binding.name is empty: it must name a binding plugin registered in the KubeVirt CR (spec.configuration.network.binding)`},
+		{name: "no binding", ifaces: []kubevirtv1.Interface{{Name: "default"}},
+			want: `interface "default": no binding method: the lab cannot run it ` + runs},
+		{name: "two bindings", ifaces: []kubevirtv1.Interface{{Name: "default", Bridge: &kubevirtv1.InterfaceBridge{}, Masquerade: &kubevirtv1.InterfaceMasquerade{}}},
+			want: `interface "default": bindings bridge, masquerade are mutually exclusive: set exactly one`},
+		{name: "masquerade on multus", ifaces: []kubevirtv1.Interface{{Name: "blue", Masquerade: &kubevirtv1.InterfaceMasquerade{}}},
+			want: `interface "blue": binding "masquerade": network "blue" is not the pod network (masquerade runs on the pod network only)`},
+		{name: "masquerade without network", ifaces: []kubevirtv1.Interface{{Name: "green", Masquerade: &kubevirtv1.InterfaceMasquerade{}}},
+			want: `interface "green": binding "masquerade": spec.networks has no network "green" (masquerade runs on the pod network only)`},
+		{name: "one of several", ifaces: []kubevirtv1.Interface{
+			{Name: "default", Binding: plugin("l2bridge")},
+			{Name: "blue", SRIOV: &kubevirtv1.InterfaceSRIOV{}},
+		}, plugins: plugins, want: `interface "blue": binding "sriov": the lab cannot run this binding ` + runs},
+	} {
+		spec := &kubevirtv1.VirtualMachineInstanceSpec{
+			Domain:   kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: tc.ifaces}},
+			Networks: []kubevirtv1.Network{pod, blue, {Name: "red", Multus: &kubevirtv1.MultusNetwork{NetworkName: "rednad"}}},
+		}
+		got := ""
+		if err := checkBindings(spec, tc.plugins); err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSetCondition(t *testing.T) {
+	st := &kubevirtv1.VirtualMachineInstanceStatus{Unknown: `{"conditions":[{"status":"True","type":"Ready"},{"status":"True","type":"Synchronized"}],"qosClass":"Burstable"}`}
+	c := unsupportedBindingCondition("why")
+	if err := setCondition(st, c); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := condition(st, ConditionSynchronized); !ok || got.Status != corev1.ConditionFalse || got.Message != "why" || got.Reason != ReasonUnsupportedBinding {
+		t.Fatalf("condition %+v: %s", got, st.Unknown)
+	}
+	if _, ok := condition(st, "Ready"); !ok || strings.Count(string(st.Unknown), `"type":"Synchronized"`) != 1 || !strings.Contains(string(st.Unknown), `"qosClass":"Burstable"`) {
+		t.Fatalf("others lost or condition doubled: %s", st.Unknown)
+	}
+	var members map[string][]map[string]any
+	if err := json.Unmarshal([]byte(strings.Replace(string(st.Unknown), `,"qosClass":"Burstable"`, "", 1)), &members); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"type", "status", "reason", "message", "lastProbeTime", "lastTransitionTime"} {
+		if _, ok := members["conditions"][1][k]; !ok {
+			t.Errorf("condition lacks %s (KubeVirt's VirtualMachineInstanceCondition has it): %v", k, members["conditions"][1])
+		}
+	}
+	// The same condition again changes nothing (not even the time).
+	before := st.Unknown
+	c.LastTransitionTime = metav1.NewTime(c.LastTransitionTime.Add(time.Hour))
+	if err := setCondition(st, c); err != nil || st.Unknown != before {
+		t.Fatalf("set again: %v\n%s\n%s", err, before, st.Unknown)
+	}
+	// On an empty status.
+	empty := &kubevirtv1.VirtualMachineInstanceStatus{}
+	if err := setCondition(empty, c); err != nil || !failedForBindings(&kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: PhaseFailed, Unknown: empty.Unknown}}) {
+		t.Fatalf("empty status: %v %s", err, empty.Unknown)
 	}
 }
 

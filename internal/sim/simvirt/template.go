@@ -47,6 +47,12 @@ func wantsRunning(rs string) bool {
 
 func finalPhase(phase string) bool { return phase == PhaseFailed || phase == PhaseSucceeded }
 
+// restarts reports whether a VM with run strategy rs starts its VMI anew
+// when the VMI is in phase.
+func restarts(rs, phase string) bool {
+	return rs == RunStrategyAlways && finalPhase(phase) || rs == RunStrategyRerunOnFailure && phase == PhaseFailed
+}
+
 // controlledBy reports whether o's controller is the object with uid.
 func controlledBy(o metav1.Object, uid string) bool {
 	ref := metav1.GetControllerOf(o)
@@ -287,6 +293,10 @@ func vmStatus(rs string, vmi *kubevirtv1.VirtualMachineInstance) kubevirtv1.Virt
 		s.PrintableStatus = "Stopped"
 	case vmi.DeletionTimestamp != nil:
 		s.PrintableStatus = "Stopping"
+	case restarts(rs, vmi.Status.Phase) && failedForBindings(vmi):
+		// Kept failed rather than started anew (see holdFailedVMI):
+		// KubeVirt's word for a VM whose start keeps failing.
+		s.PrintableStatus = "CrashLoopBackOff"
 	case finalPhase(vmi.Status.Phase):
 		s.PrintableStatus = "Stopped"
 	case vmi.Status.Phase == PhaseRunning:
