@@ -107,11 +107,18 @@ func TestLabDemo(t *testing.T) {
 			`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
 			`kept its open TCP connection from udn-demo/web-1`,
 			`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
+			// The masquerade VM: the forwarded port through the pod address.
+			`the guest answered "vm-m"`,
+			`guest DHCP lease eth0 10\.0\.2\.2/24 router 10\.0\.2\.1`,
+			`blocked udn-demo/web-1 -> 10\.0\.0\.\d+:7 \(not in ports`,
 		} {
 			if !regexp.MustCompile(re).MatchString(out) {
 				t.Errorf("demo output lacks /%s/:\n%s", re, out)
 			}
 		}
+	}
+	if strings.Contains(out, "NOT CHECKED") {
+		t.Errorf("the demo left isolation checks unchecked:\n%s", out)
 	}
 	if !regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+02:[0-9a-f:]{14}`).MatchString(out) {
 		t.Errorf("demo output lacks a pool MAC for vm-a's secondary interface:\n%s", out)

@@ -282,7 +282,10 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	if len(unchecked) > 0 {
 		fmt.Fprintf(out, "  note: %d isolation check(s) NOT CHECKED, their pods share an address: %s\n", len(unchecked), strings.Join(unchecked, "; "))
 	}
-	return printVMMigration(ctx, out, c, labDir, byName, timeout)
+	if err := printVMMigration(ctx, out, c, labDir, byName, timeout); err != nil {
+		return err
+	}
+	return printMasqueradeVM(ctx, out, c, labDir, byName, timeout)
 }
 
 // waitPods waits until every pod bound to a node runs and has its

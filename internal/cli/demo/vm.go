@@ -247,7 +247,7 @@ func readGuest(ctx context.Context, netns string, addr netip.Addr, n int, timeou
 // guest's own kernel has on the matching NIC (through its exec service,
 // from peer), and checks they agree.
 func vmSnapshot(ctx context.Context, c client.Client, peer labPod, timeout time.Duration) (vmState, error) {
-	vmi, pod, err := runningVMI(ctx, c, timeout)
+	vmi, pod, err := runningVMI(ctx, c, demoVM, timeout)
 	if err != nil {
 		return vmState{}, err
 	}
@@ -309,11 +309,11 @@ func (s vmState) primaryNetwork() string {
 // runningVMI waits until the VMI runs with no migration under way, and
 // returns it with its launcher pod: the running pod of status.activePods
 // on status.nodeName.
-func runningVMI(ctx context.Context, c client.Client, timeout time.Duration) (*kubevirtv1.VirtualMachineInstance, *corev1.Pod, error) {
+func runningVMI(ctx context.Context, c client.Client, name string, timeout time.Duration) (*kubevirtv1.VirtualMachineInstance, *corev1.Pod, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		var vmi kubevirtv1.VirtualMachineInstance
-		err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: demoVM}, &vmi)
+		err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: name}, &vmi)
 		why := ""
 		switch {
 		case err != nil:
@@ -330,7 +330,7 @@ func runningVMI(ctx context.Context, c client.Client, timeout time.Duration) (*k
 			why = perr.Error()
 		}
 		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("VirtualMachineInstance %s/%s not running after %s: %s", demoVMNamespace, demoVM, timeout, why)
+			return nil, nil, fmt.Errorf("VirtualMachineInstance %s/%s not running after %s: %s", demoVMNamespace, name, timeout, why)
 		}
 		select {
 		case <-ctx.Done():
