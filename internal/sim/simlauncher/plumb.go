@@ -190,12 +190,17 @@ func plumbBridge(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 			return nil, err
 		}
 	} else {
-		l, err2 := link(ns, nic)
+		// `ip addr` does not show the alias; `ip link` does.
+		out, err2 := ipOut(ns, "-j", "link", "show", "dev", nic)
 		if err2 != nil {
 			return nil, fmt.Errorf("neither %s nor %s in the pod: %v", ifc.PodIface, nic, err)
 		}
-		if err := json.Unmarshal([]byte(l.IfAlias), &sv); err != nil {
-			return nil, fmt.Errorf("%s: alias %q: %w", nic, l.IfAlias, err)
+		var ls []ipLink
+		if err := json.Unmarshal(out, &ls); err != nil || len(ls) != 1 {
+			return nil, fmt.Errorf("ip link show dev %s: unexpected output %q", nic, out)
+		}
+		if err := json.Unmarshal([]byte(ls[0].IfAlias), &sv); err != nil {
+			return nil, fmt.Errorf("%s: alias %q (what plumbing saved of %s): %w", nic, ls[0].IfAlias, ifc.PodIface, err)
 		}
 	}
 	mtu := fmt.Sprint(sv.MTU)

@@ -1,0 +1,299 @@
+package simlauncher
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/sim/guest"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/sim/simlauncher")
+	os.Exit(m.Run())
+}
+
+var (
+	imageOnce sync.Once
+	image     guest.Image
+	imageErr  error
+)
+
+// testImage builds the guest image once per test binary.
+func testImage(t *testing.T) guest.Image {
+	t.Helper()
+	imageOnce.Do(func() {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			imageErr = err
+			return
+		}
+		image, imageErr = guest.EnsureImage(root)
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
+	return image
+}
+
+const (
+	podMAC  = "0a:58:c0:a8:32:05"
+	podIP   = "192.168.50.5/24"
+	peerIP  = "192.168.50.9/24"
+	podLink = "podabc1234567"
+)
+
+// pair makes a "pod" and a "peer" network namespace joined by a veth:
+// podLink in the pod (MAC podMAC, podIP unless noIP), peer0 with peerIP
+// in the peer. The pod's default route goes through the peer.
+func pair(t *testing.T, noIP bool) (pod, peer string) {
+	t.Helper()
+	testenv.NeedsRoot(t)
+	if err := guest.CheckQEMU(); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("sl%d", time.Now().UnixNano()%1e8)
+	pod, peer = id+"-pod", id+"-peer"
+	for _, n := range []string{pod, peer} {
+		if _, err := nl.CreateNamedNS(n); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nl.DeleteNamedNS(n) })
+	}
+	cmds := [][]string{
+		{"-n", pod, "link", "add", podLink, "address", podMAC, "type", "veth", "peer", "name", "peer0", "netns", peer},
+		{"-n", pod, "link", "set", podLink, "up"},
+		{"-n", peer, "addr", "add", peerIP, "dev", "peer0"},
+		{"-n", peer, "link", "set", "peer0", "up"},
+	}
+	if !noIP {
+		cmds = append(cmds,
+			[]string{"-n", pod, "addr", "add", podIP, "dev", podLink},
+			[]string{"-n", pod, "route", "add", "default", "via", "192.168.50.9"})
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", c, err, out)
+		}
+	}
+	return nl.NSPath(pod), nl.NSPath(peer)
+}
+
+// boot starts a guest on p's tap in the pod namespace and waits for its
+// lease on eth0.
+func boot(t *testing.T, name, pod string, p *Plumbed) (*guest.VM, guest.Lease) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	vm, err := guest.Start(ctx, guest.Config{Name: name, Image: testImage(t), NetNS: pod,
+		NICs: []guest.NIC{{Tap: p.Tap, MAC: p.GuestMAC}}, ConsoleLog: t.TempDir() + "/console.log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Stop() })
+	l, err := vm.WaitLease(ctx, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.WaitReady(ctx); err != nil { // its services listen
+		t.Fatal(err)
+	}
+	return vm, l
+}
+
+func echoFrom(ns string, addr netip.AddrPort) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := guest.DialContext(ctx, ns, "tcp", addr.String())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintln(conn, "hello")
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if got != "hello\n" {
+		return fmt.Errorf("echo %q", got)
+	}
+	return nil
+}
+
+// bridge binding: the guest takes the pod interface's MAC and, from the
+// launcher's DHCP server, its IP; the pod interface keeps none; the peer
+// reaches the guest. Plumbing again (a restarted lab) gives the same.
+func TestBridgeBinding(t *testing.T) {
+	pod, peer := pair(t, false)
+	ifc := Iface{Name: "net1", PodIface: podLink, Binding: BindingBridge, Index: 1}
+	p, err := Plumb(context.Background(), pod, ifc, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GuestMAC != podMAC || p.GuestIPv4 != netip.MustParsePrefix(podIP) || p.Tap != "tapabc1234567" {
+		t.Fatalf("plumbed %+v, want guest MAC %s IP %s on tapabc1234567", p, podMAC, podIP)
+	}
+	p.Close()
+	again, err := Plumb(context.Background(), pod, ifc, logr.Discard())
+	if err != nil {
+		t.Fatalf("plumbing again: %v", err)
+	}
+	t.Cleanup(func() { again.Close() })
+	if again.GuestMAC != p.GuestMAC || again.GuestIPv4 != p.GuestIPv4 || again.Tap != p.Tap {
+		t.Fatalf("plumbing again gave %+v, first %+v", again, p)
+	}
+	l, addrs, err := linkAddrs(pod, nicName(ifc))
+	if err != nil || len(addrs) != 0 || l == podMAC {
+		t.Fatalf("%s: MAC %s addresses %v (%v); want another MAC and no address", nicName(ifc), l, addrs, err)
+	}
+	_, lease := boot(t, "vm-bridge", pod, again)
+	if lease.Addr != netip.MustParsePrefix(podIP) || lease.MAC.String() != podMAC || lease.Router != netip.MustParseAddr("192.168.50.9") {
+		t.Fatalf("guest lease %+v, want %s for %s via 192.168.50.9", lease, podIP, podMAC)
+	}
+	if err := echoFrom(peer, netip.MustParseAddrPort("192.168.50.5:7")); err != nil {
+		t.Fatalf("peer -> guest echo: %v", err)
+	}
+}
+
+// managedTap: no DHCP server of the launcher's; the network's (here one in
+// the peer, standing in for kvnet-node's) answers the guest.
+func TestManagedTapBinding(t *testing.T) {
+	pod, peer := pair(t, true)
+	ifc := Iface{Name: "podnet", PodIface: podLink, Binding: BindingManagedTap}
+	p, err := Plumb(context.Background(), pod, ifc, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if p.GuestIPv4.IsValid() || p.srv != nil || p.Tap != "tap0" {
+		t.Fatalf("plumbed %+v: a managedTap interface has no launcher DHCP and tap0", p)
+	}
+	leases := dhcp.NewStaticLeases()
+	leases.Set(mustMAC(podMAC), dhcp.Lease{IP: netip.MustParsePrefix("192.168.50.77/24"), Router: netip.MustParseAddr("192.168.50.9"), MTU: 1400})
+	srv, err := dhcp.New(dhcp.Config{NetNS: peer, Interface: "peer0", ServerIP: netip.MustParseAddr("192.168.50.9"), Leases: leases})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv.Serve(ctx)
+	_, lease := boot(t, "vm-managedtap", pod, p)
+	if lease.Addr != netip.MustParsePrefix("192.168.50.77/24") || lease.MTU != 1400 {
+		t.Fatalf("guest lease %+v, want the network server's 192.168.50.77/24 mtu 1400", lease)
+	}
+}
+
+// masquerade: the guest has 10.0.2.2 behind NAT; only the listed ports
+// reach it through the pod address; its own traffic leaves as the pod's.
+func TestMasqueradeBinding(t *testing.T) {
+	pod, peer := pair(t, false)
+	ifc := Iface{Name: "default", PodIface: podLink, Binding: BindingMasquerade,
+		Ports: []Port{{Port: int32(guest.HTTPPort)}, {Protocol: "TCP", Port: guest.ExecPort}}}
+	p, err := Plumb(context.Background(), pod, ifc, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	_, lease := boot(t, "vm-masq", pod, p)
+	if lease.Addr != netip.MustParsePrefix("10.0.2.2/24") || lease.Router != netip.MustParseAddr("10.0.2.1") {
+		t.Fatalf("guest lease %+v, want 10.0.2.2/24 via 10.0.2.1", lease)
+	}
+	// A forwarded port: the guest's HTTP answers its name.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var page string
+	testenv.Eventually(t, 30*time.Second, "HTTP through the pod address", func() error {
+		conn, err := guest.DialContext(ctx, peer, "tcp", "192.168.50.5:80")
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
+		b, _ := io.ReadAll(conn)
+		page = string(b)
+		if !strings.Contains(page, "vm-masq") {
+			return fmt.Errorf("answer %q", page)
+		}
+		return nil
+	})
+	// Not forwarded (control: port 80 just answered).
+	if err := echoFrom(peer, netip.MustParseAddrPort("192.168.50.5:7")); err == nil {
+		t.Fatal("port 7 reached the guest though only 80 and 2323 are forwarded")
+	}
+	// The guest's own connection leaves as the pod's address.
+	ln, err := listenIn(peer, "192.168.50.9:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	from := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			from <- err.Error()
+			return
+		}
+		from <- c.RemoteAddr().String()
+		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
+		c.Close()
+	}()
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -qO- http://192.168.50.9:8080/"); err != nil {
+		t.Fatalf("guest -> peer: %v: %s", err, out)
+	}
+	if got := <-from; !strings.HasPrefix(got, "192.168.50.5:") {
+		t.Fatalf("the peer saw the guest's connection from %s, want the pod address 192.168.50.5", got)
+	}
+}
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// linkAddrs is a link's MAC and IPv4 addresses in ns.
+func linkAddrs(ns, name string) (string, []string, error) {
+	l, err := link(nsName(ns), name)
+	if err != nil {
+		return "", nil, err
+	}
+	var addrs []string
+	for _, a := range l.AddrInfo {
+		if a.Family == "inet" {
+			addrs = append(addrs, a.Local)
+		}
+	}
+	return l.Address, addrs, nil
+}
+
+func nsName(path string) string { return path[strings.LastIndexByte(path, '/')+1:] }
+
+// listenIn listens on TCP addr inside netns ns.
+func listenIn(ns, addr string) (net.Listener, error) {
+	var ln net.Listener
+	err := nl.Do(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	return ln, err
+}
