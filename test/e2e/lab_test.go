@@ -21,7 +21,7 @@ import (
 // make build does (the lab runs the shipped kvnet-node and kvnet-cni found
 // next to kvnet), and returns the repository root and a runner of kvnet
 // that fails the test on a non-zero exit.
-func buildKvnet(t *testing.T) (string, func(args ...string) string) {
+func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
