@@ -8,9 +8,11 @@
 // the VMI over to it: the objects kvnet reacts to (IPAMClaims, the
 // launcher-pod webhook, the pod-networks annotation, the VMI's
 // status.nodeName that kvnet-node follows) appear and change as KubeVirt
-// would make them. There is no VM: a launcher pod is its network namespace
-// (see package simkubelet), so "the VM's address" is what kvnet-cni
-// configured on the pod's interface.
+// would make them. simvirt runs no guest itself: in the lab, the simulated
+// kubelet's runtime (package simlauncher) boots a QEMU guest in each
+// running launcher pod, and moves it to a migration's target pod before
+// that pod reports Running; without it, a launcher pod is only its
+// network namespace (see package simkubelet).
 //
 // [Run] reconciles per VM name: a VM, the VMI of the same name, the
 // migrations naming that VMI (spec.vmiName) and the launcher pods whose
@@ -76,7 +78,7 @@
 // wanted it; the reason is in the annotation
 // simvirt.kvnet.io/failure-reason). KubeVirt's Scheduled phase (pod
 // running, domain starting) is skipped, and VMIs never reach Succeeded by
-// themselves (there is no guest to shut down). status.conditions holds
+// themselves (a guest powering off is not noticed). status.conditions holds
 // only the condition of a binding failure (below); guestOSInfo, launcher
 // container images and the like are not written, and there are no Events.
 //
@@ -156,9 +158,11 @@
 // no other node is available, when its target pod cannot be created (a
 // template error, an admission denial; other errors are retried), or when
 // the target pod fails or disappears before the switch-over; its target
-// pod is deleted and the VMI stays on the source. A migration deleted before the switch-over is aborted the
-// same way. There is no memory transfer, no migration policy, bandwidth or
-// timeout, no migration finalizer; neither status.migrationState of the
+// pod is deleted and the VMI stays on the source. A migration deleted
+// before the switch-over is aborted the same way. The guest's memory moves
+// only where simlauncher runs the guests (the target pod then reports
+// Running after the migration completed); there is no migration policy,
+// bandwidth or timeout, no migration finalizer; neither status.migrationState of the
 // migration object itself (KubeVirt ≥ 1.4; the VMI's is written) nor the
 // target pod's kubevirt.io/migration-target-ready-timestamp annotation is
 // written.
