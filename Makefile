@@ -14,6 +14,10 @@ help: ## Show this help
 deps: ## Install the system packages the lab and tests use, when missing (apt)
 	hack/install-deps.sh
 
+.PHONY: guest-image
+guest-image: deps ## Build the lab's QEMU guest image into .cache/guest (Debian kernel + busybox; cached)
+	hack/guest/build.sh
+
 .PHONY: tools
 tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin (cached)
 	hack/build-tools.sh
@@ -31,7 +35,7 @@ verify: ## Fail if generated files are stale or code is unformatted
 	hack/verify.sh
 
 .PHONY: test
-test: deps tools ## Run the whole test suite (real apiserver; datapath tests need root)
+test: deps tools guest-image ## Run the whole test suite (real apiserver; datapath tests need root)
 	GO=$(GO) hack/test.sh -race -count=1
 
 .PHONY: bench
@@ -39,7 +43,7 @@ bench: tools ## Run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 .PHONY: local-up
-local-up: deps tools build ## Start the lab (control plane + kvnet) in the background
+local-up: deps tools guest-image build ## Start the lab (control plane + kvnet) in the background
 	$(BIN)/kvnet lab up --dir $(LAB_DIR)
 
 .PHONY: local-down
