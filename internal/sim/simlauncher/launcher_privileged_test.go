@@ -297,3 +297,49 @@ func listenIn(ns, addr string) (net.Listener, error) {
 	})
 	return ln, err
 }
+
+// masquerade with IPv6 on the pod: NAT66 to fd10:0:2::2 behind
+// fd10:0:2::1, for forwarded ports too. The lab's guest has no DHCPv6
+// client, so the test sets the guest's address as KubeVirt's DHCPv6 would.
+func TestMasqueradeIPv6(t *testing.T) {
+	pod, peer := pair(t, false)
+	for _, c := range [][]string{
+		{"-n", nsName(pod), "-6", "addr", "add", "fd00:50::5/64", "dev", podLink, "nodad"},
+		{"-n", nsName(peer), "-6", "addr", "add", "fd00:50::9/64", "dev", "peer0", "nodad"},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", c, err, out)
+		}
+	}
+	ifc := Iface{Name: "default", PodIface: podLink, Binding: BindingMasquerade,
+		Ports: []Port{{Port: int32(guest.HTTPPort)}, {Port: guest.ExecPort}}}
+	p, err := Plumb(context.Background(), pod, ifc, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	boot(t, "vm-masq6", pod, p)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"),
+		"echo 0 >/proc/sys/net/ipv6/conf/eth0/accept_dad; ip -6 addr add fd10:0:2::2/120 dev eth0 && ip -6 route add default via fd10:0:2::1"); err != nil {
+		t.Fatalf("configure the guest's IPv6: %v: %s", err, out)
+	}
+	testenv.Eventually(t, 30*time.Second, "HTTP through the pod's IPv6 address", func() error {
+		conn, err := guest.DialContext(ctx, peer, "tcp", "[fd00:50::5]:80")
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
+		b, _ := io.ReadAll(conn)
+		if !strings.Contains(string(b), "vm-masq6") {
+			return fmt.Errorf("answer %q", b)
+		}
+		return nil
+	})
+	if err := echoFrom(peer, netip.MustParseAddrPort("[fd00:50::5]:7")); err == nil {
+		t.Fatal("port 7 reached the guest over IPv6 though it is not forwarded")
+	}
+}

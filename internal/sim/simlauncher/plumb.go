@@ -32,6 +32,9 @@ const (
 var (
 	masqGateway = netip.MustParsePrefix("10.0.2.1/24")
 	masqGuest   = netip.MustParsePrefix("10.0.2.2/24")
+	// IPv6 (vmIPv6NetworkCIDR fd10:0:2::/120), where the pod has IPv6.
+	masqGateway6 = netip.MustParsePrefix("fd10:0:2::1/120")
+	masqGuest6   = netip.MustParsePrefix("fd10:0:2::2/120")
 )
 
 // masqBridgeMAC is the MAC of a masquerade bridge, as KubeVirt sets it.
@@ -270,12 +273,25 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 	); err != nil {
 		return nil, err
 	}
-	for _, kv := range [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv4/conf/" + br + "/route_localnet", "1"}} {
+	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv4/conf/" + br + "/route_localnet", "1"}}
+	script := masqueradeRules("ip", ifc.PodIface, br, masqGuest.Addr(), masqGateway.Addr(), ifc.Ports)
+	if hasGlobalIPv6(l) {
+		// As KubeVirt: the bridge gets fd10:0:2::1/120 and NAT66 forwards to
+		// fd10:0:2::2. KubeVirt hands that address out by DHCPv6; the lab's
+		// guest (busybox-static) has no DHCPv6 client, so it must be set in
+		// the guest.
+		if err := ipCmds(ns, []string{"-6", "addr", "replace", masqGateway6.String(), "dev", br, "nodad"}); err != nil {
+			return nil, err
+		}
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
+		script += masqueradeRules("ip6", ifc.PodIface, br, masqGuest6.Addr(), masqGateway6.Addr(), ifc.Ports)
+	}
+	for _, kv := range sysctls {
 		if err := nl.SetSysctl(nsPath, kv[0], kv[1]); err != nil {
 			return nil, err
 		}
 	}
-	if err := nft(ns, masqueradeRules(ifc.PodIface, br, ifc.Ports)); err != nil {
+	if err := nft(ns, script); err != nil {
 		return nil, err
 	}
 	p := &Plumbed{Tap: tap, GuestMAC: ifc.MAC, GuestIPv4: masqGuest}
@@ -287,23 +303,27 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 	return p, nil
 }
 
-// masqueradeRules is KubeVirt's masquerade NAT for the IPv4 family, as an
-// nft script that replaces the table (so that it is idempotent).
-func masqueradeRules(podIface, br string, ports []Port) string {
-	g, gw := masqGuest.Addr(), masqGateway.Addr()
+// masqueradeRules is KubeVirt's masquerade NAT for one family ("ip" or
+// "ip6"), the guest at g behind gateway gw, as an nft script that
+// replaces the family's nat table (so that it is idempotent).
+func masqueradeRules(family, podIface, br string, g, gw netip.Addr, ports []Port) string {
+	lo := "127.0.0.1"
+	if family == "ip6" {
+		lo = "::1"
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "table ip nat\ndelete table ip nat\ntable ip nat {\n")
+	fmt.Fprintf(&b, "table %s nat\ndelete table %s nat\ntable %s nat {\n", family, family, family)
 	fmt.Fprintf(&b, "  chain prerouting { type nat hook prerouting priority -100; iifname %q counter jump KUBEVIRT_PREINBOUND; }\n", podIface)
 	fmt.Fprintf(&b, "  chain input { type nat hook input priority 100; }\n")
 	b.WriteString("  chain output { type nat hook output priority -100;")
 	if len(ports) == 0 {
-		fmt.Fprintf(&b, " ip daddr { 127.0.0.1 } counter dnat to %s;", g)
+		fmt.Fprintf(&b, " %s daddr { %s } counter dnat to %s;", family, lo, g)
 	}
 	for _, p := range ports {
-		fmt.Fprintf(&b, " ip daddr { 127.0.0.1 } %s dport %d counter dnat to %s;", proto(p), p.Port, g)
+		fmt.Fprintf(&b, " %s daddr { %s } %s dport %d counter dnat to %s;", family, lo, proto(p), p.Port, g)
 	}
 	b.WriteString(" }\n")
-	fmt.Fprintf(&b, "  chain postrouting { type nat hook postrouting priority 100; ip saddr %s counter masquerade; oifname %q counter jump KUBEVIRT_POSTINBOUND; }\n", g, br)
+	fmt.Fprintf(&b, "  chain postrouting { type nat hook postrouting priority 100; %s saddr %s counter masquerade; oifname %q counter jump KUBEVIRT_POSTINBOUND; }\n", family, g, br)
 	b.WriteString("  chain KUBEVIRT_PREINBOUND {")
 	if len(ports) == 0 {
 		fmt.Fprintf(&b, " counter dnat to %s;", g)
@@ -313,13 +333,23 @@ func masqueradeRules(podIface, br string, ports []Port) string {
 	}
 	b.WriteString(" }\n  chain KUBEVIRT_POSTINBOUND {")
 	if len(ports) == 0 {
-		fmt.Fprintf(&b, " ip saddr { 127.0.0.1 } counter snat to %s;", gw)
+		fmt.Fprintf(&b, " %s saddr { %s } counter snat to %s;", family, lo, gw)
 	}
 	for _, p := range ports {
-		fmt.Fprintf(&b, " %s dport %d ip saddr { 127.0.0.1 } counter snat to %s;", proto(p), p.Port, gw)
+		fmt.Fprintf(&b, " %s dport %d %s saddr { %s } counter snat to %s;", proto(p), p.Port, family, lo, gw)
 	}
 	b.WriteString(" }\n}\n")
 	return b.String()
+}
+
+// hasGlobalIPv6 reports whether l has a global IPv6 address.
+func hasGlobalIPv6(l *ipLink) bool {
+	for _, a := range l.AddrInfo {
+		if a.Family == "inet6" && a.Scope == "global" {
+			return true
+		}
+	}
+	return false
 }
 
 func proto(p Port) string {
