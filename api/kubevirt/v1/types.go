@@ -2,6 +2,7 @@ package v1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -380,6 +381,16 @@ type VirtualMachineInstanceMigrationState struct {
 	Failed bool `json:"failed,omitempty"`
 	// +optional
 	MigrationNetworkType string `json:"migrationNetworkType,omitempty"`
+	// MigrationUID is the UID of the VirtualMachineInstanceMigration.
+	// +optional
+	MigrationUID string `json:"migrationUid,omitempty"`
+	// +optional
+	StartTimestamp *metav1.Time `json:"startTimestamp,omitempty"`
+	// +optional
+	EndTimestamp *metav1.Time `json:"endTimestamp,omitempty"`
+	// FailureReason says why the migration failed.
+	// +optional
+	FailureReason string `json:"failureReason,omitempty"`
 	// TargetState is managed by the target virt-handler (decentralized live
 	// migration).
 	// +optional
@@ -547,6 +558,10 @@ type MigrationConfiguration struct {
 	// migration traffic.
 	// +optional
 	Network *string `json:"network,omitempty"`
+	// BandwidthPerMigration limits each migration's stream (e.g. "64Mi",
+	// bytes per second); unset is unlimited.
+	// +optional
+	BandwidthPerMigration *resource.Quantity `json:"bandwidthPerMigration,omitempty"`
 	// Unknown keeps the members not declared here.
 	Unknown UnknownFields `json:"-"`
 }

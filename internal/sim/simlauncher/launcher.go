@@ -255,6 +255,14 @@ func (l *Launcher) sourceOf(vmi types.NamespacedName, uid types.UID) *running {
 // migrate streams the source guest's state to the target QEMU waiting on
 // uri and waits for the migration to complete.
 func (l *Launcher) migrate(ctx context.Context, source, target *running, uri string) error {
+	// KubeVirt's migrations.bandwidthPerMigration caps the stream.
+	bw, err := l.bandwidth(ctx)
+	if err != nil {
+		return fmt.Errorf("virt-launcher: migrate %s: %w", source.vmi, err)
+	}
+	if _, err := source.vm.QMP().Execute("migrate-set-parameters", map[string]any{"max-bandwidth": bw}); err != nil {
+		return fmt.Errorf("virt-launcher: migrate %s: set bandwidth %d: %w", source.vmi, bw, err)
+	}
 	if err := source.vm.QMP().Migrate(uri); err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s from pod %s: %w", source.vmi, source.pod, err)
 	}
@@ -270,6 +278,27 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	l.cfg.Log.Info("guest migrated", "vmi", source.vmi.String(), "from", source.pod, "to", target.pod,
 		"totalMs", info.TotalTimeMS, "downtimeMs", info.DowntimeMS)
 	return nil
+}
+
+// unlimitedBandwidth is QEMU's max-bandwidth for "no limit" (bytes/s).
+const unlimitedBandwidth = int64(1) << 62
+
+// bandwidth is the KubeVirt CR's spec.configuration.migrations
+// .bandwidthPerMigration in bytes per second (the first CR by name, in any
+// namespace), unlimited when unset or without a CR.
+func (l *Launcher) bandwidth(ctx context.Context) (int64, error) {
+	var kvs kubevirtv1.KubeVirtList
+	if err := l.reader.List(ctx, &kvs); err != nil {
+		return 0, fmt.Errorf("read the KubeVirt CR: %w", err)
+	}
+	for _, kv := range kvs.Items {
+		if mc := kv.Spec.Configuration.MigrationConfiguration; mc != nil && mc.BandwidthPerMigration != nil {
+			if v := mc.BandwidthPerMigration.Value(); v > 0 {
+				return v, nil
+			}
+		}
+	}
+	return unlimitedBandwidth, nil
 }
 
 // Stop stops the guest of launcher pod uid, if any, and its DHCP servers.

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -555,7 +556,9 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 	ms := p.st.MigrationState
 	if len(active) == 0 {
 		if ms != nil && !ms.Completed && !ms.Failed {
-			ms.Failed = true // its migration is gone: aborted
+			// Its migration is gone: aborted.
+			end := metav1.Now()
+			ms.Failed, ms.FailureReason, ms.EndTimestamp = true, "the migration was deleted before it completed", &end
 		}
 		return nil
 	}
@@ -571,16 +574,22 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 		}
 	}
 	mine := ms != nil && target != nil && ms.TargetPod == target.Name
+	now := metav1.Now()
 	fail := func(reason string) {
 		p.setPhase(m, PhaseFailed, reason)
 		if ms != nil && !ms.Completed {
-			ms.Failed = true
+			ms.Failed, ms.FailureReason, ms.EndTimestamp = true, reason, &now
 		}
 	}
 	state := func(target *corev1.Pod) *kubevirtv1.VirtualMachineInstanceMigrationState {
+		start := now
+		if ms != nil && ms.MigrationUID == string(m.UID) && ms.StartTimestamp != nil {
+			start = *ms.StartTimestamp
+		}
 		return &kubevirtv1.VirtualMachineInstanceMigrationState{
 			SourceNode: cur.Spec.NodeName, SourcePod: cur.Name,
 			TargetNode: target.Spec.NodeName, TargetPod: target.Name,
+			MigrationUID: string(m.UID), StartTimestamp: &start,
 		}
 	}
 	addActive := func(pod *corev1.Pod) {
@@ -636,6 +645,7 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 			p.st.NodeName = target.Spec.NodeName
 			p.st.MigrationState.Completed = true
 			p.st.MigrationState.Failed = false
+			p.st.MigrationState.EndTimestamp = &now
 			p.st.Interfaces = interfaces(u.vmi, target)
 			delete(keep, cur.UID)
 			p.setPhase(m, PhaseSucceeded, "")

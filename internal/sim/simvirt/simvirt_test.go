@@ -339,6 +339,10 @@ func TestLifecycleFake(t *testing.T) {
 	if m = e.migration("mig1"); m.Status.Phase != PhaseSucceeded || vmi.Status.NodeName != "n2" || !vmi.Status.MigrationState.Completed {
 		t.Fatalf("after switch-over: migration %q, VMI node %q, state %+v", m.Status.Phase, vmi.Status.NodeName, vmi.Status.MigrationState)
 	}
+	if ms := vmi.Status.MigrationState; ms.MigrationUID != string(m.UID) || ms.StartTimestamp == nil || ms.EndTimestamp == nil ||
+		ms.EndTimestamp.Before(ms.StartTimestamp) || ms.FailureReason != "" {
+		t.Fatalf("migrationState uid %q (migration %q) start %v end %v reason %q", ms.MigrationUID, m.UID, ms.StartTimestamp, ms.EndTimestamp, ms.FailureReason)
+	}
 	if err := e.c.Get(ctx, client.ObjectKeyFromObject(&src), &corev1.Pod{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("source pod not deleted: %v", err)
 	}
@@ -372,6 +376,9 @@ func TestLifecycleFake(t *testing.T) {
 		t.Fatalf("failed migration: phase %q reason %q", m.Status.Phase, m.Annotations[FailureReasonAnnotation])
 	}
 	vmi = e.vmi("vm1")
+	if ms := vmi.Status.MigrationState; ms.FailureReason != m.Annotations[FailureReasonAnnotation] || ms.EndTimestamp == nil {
+		t.Fatalf("failed migrationState: reason %q (migration's %q), end %v", ms.FailureReason, m.Annotations[FailureReasonAnnotation], ms.EndTimestamp)
+	}
 	if vmi.Status.Phase != PhaseRunning || vmi.Status.NodeName != "n2" || !vmi.Status.MigrationState.Failed {
 		t.Fatalf("VMI after a failed migration: %+v", vmi.Status)
 	}

@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/cli/lab"
+	"kvnet.io/kvnet/internal/sim/guest"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simvirt"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// echoLoop keeps one echo exchange at a time going on conn until stop is
+// closed; it returns the number of echoes and the first error.
+func echoLoop(conn net.Conn, stop <-chan struct{}) (int, error) {
+	r := bufio.NewReader(conn)
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return i, nil
+		case <-time.After(10 * time.Millisecond):
+		}
+		msg := fmt.Sprintf("e2e-%d", i)
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintln(conn, msg); err != nil {
+			return i, err
+		}
+		got, err := r.ReadString('\n')
+		if err != nil {
+			return i, err
+		}
+		if got != msg+"\n" {
+			return i, fmt.Errorf("echo %q, sent %q (lost or reordered bytes)", got, msg)
+		}
+	}
+}
+
+// incomingQEMU returns the PIDs of QEMU processes of the lab in dir
+// waiting for a migration (-incoming).
+func incomingQEMU(dir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		cmd := string(b)
+		if err != nil || !strings.Contains(cmd, guest.QEMUBinary) || !strings.Contains(cmd, dir) || !strings.Contains(cmd, "-incoming") {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// A migration whose target QEMU dies mid-stream fails with its reason; the
+// guest keeps running on the source, and an open TCP connection to it
+// keeps working throughout.
+func TestLabMigrationFailureKeepsSource(t *testing.T) {
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	c := labClient(t, dir)
+	ctx := context.Background()
+	const ns = "e2e-mig"
+	primaryUDN(t, c, ns, "10.70.0.0/24")
+
+	// A slow stream, so that the target can be killed in the middle of it.
+	var kv kubevirtv1.KubeVirt
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: "kubevirt"}, &kv); err != nil {
+		t.Fatal(err)
+	}
+	bw := resource.MustParse("4Mi")
+	kv.Spec.Configuration.MigrationConfiguration = &kubevirtv1.MigrationConfiguration{BandwidthPerMigration: &bw}
+	if err := c.Update(ctx, &kv); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := c.Create(ctx, l2bridgeVM(ns, "vm-1")); err != nil {
+		t.Fatal(err)
+	}
+	lease := waitBoot(t, dir, ns, "vm-1", 1)
+	var vmi kubevirtv1.VirtualMachineInstance
+	testenv.Eventually(t, time.Minute, "VMI running", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-1"}, &vmi); err != nil {
+			return err
+		}
+		if vmi.Status.Phase != simvirt.PhaseRunning {
+			return fmt.Errorf("phase %q", vmi.Status.Phase)
+		}
+		return nil
+	})
+	source := vmi.Status.NodeName
+	peerNode := lab.NodeName(1)
+	if peerNode == source {
+		peerNode = lab.NodeName(2)
+	}
+	peer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "peer"},
+		Spec: corev1.PodSpec{NodeName: peerNode, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	if err := c.Create(ctx, peer); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "peer Running", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(peer), peer); err != nil {
+			return err
+		}
+		if peer.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("phase %q", peer.Status.Phase)
+		}
+		return nil
+	})
+	peerNS := simkubelet.PodNetNS(lab.KubeletConfig(dir, peerNode), peer)
+	var conn net.Conn
+	testenv.Eventually(t, time.Minute, "connect to the guest's echo service", func() error {
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		conn, err = guest.DialContext(dctx, peerNS, "tcp", netip.AddrPortFrom(lease.IP(), guest.EchoPort).String())
+		return err
+	})
+	defer conn.Close()
+	stop := make(chan struct{})
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := echoLoop(conn, stop)
+		done <- result{n, err}
+	}()
+
+	mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-1"},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
+	if err := c.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	var killed int
+	testenv.Eventually(t, time.Minute, "the target QEMU is receiving", func() error {
+		pids := incomingQEMU(dir)
+		if len(pids) == 0 {
+			return fmt.Errorf("no QEMU with -incoming yet")
+		}
+		// Let the stream start, then kill the target in the middle of it.
+		time.Sleep(time.Second)
+		killed = pids[0]
+		return syscall.Kill(killed, syscall.SIGKILL)
+	})
+	testenv.Eventually(t, time.Minute, "migration Failed", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+			return err
+		}
+		if mig.Status.Phase != simvirt.PhaseFailed {
+			return fmt.Errorf("phase %q", mig.Status.Phase)
+		}
+		return nil
+	})
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&vmi), &vmi); err != nil {
+		t.Fatal(err)
+	}
+	ms := vmi.Status.MigrationState
+	if vmi.Status.Phase != simvirt.PhaseRunning || vmi.Status.NodeName != source || ms == nil || !ms.Failed || ms.Completed || ms.FailureReason == "" {
+		t.Fatalf("after the failed migration: VMI %s on %s (source %s), migrationState %+v", vmi.Status.Phase, vmi.Status.NodeName, source, ms)
+	}
+	t.Logf("migration failed as it should: %s", ms.FailureReason)
+	// The connection kept working, and still does.
+	time.Sleep(time.Second)
+	close(stop)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("the TCP connection to the guest broke after %d echoes: %v", r.n, r.err)
+	}
+	if err := func() error { _, err := fmt.Fprintln(conn, "after"); return err }(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bufio.NewReader(conn).ReadString('\n'); err != nil || got != "after\n" {
+		t.Fatalf("echo after the failed migration: %q, %v", got, err)
+	}
+	t.Logf("%d echoes during the failed migration (target QEMU %d killed), none lost", r.n, killed)
+}
