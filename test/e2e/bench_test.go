@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,8 +20,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/sim/guest"
+	"kvnet.io/kvnet/internal/sim/simkubelet"
+	"kvnet.io/kvnet/internal/sim/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -125,4 +133,185 @@ func qemuRSS(b *testing.B, dir string) float64 {
 		b.Fatalf("no QEMU process of the lab in %s found", dir)
 	}
 	return total / float64(n)
+}
+
+// benchMigrations is how many live migrations BenchmarkMigrationBlackout
+// makes.
+const benchMigrations = 10
+
+// BenchmarkMigrationBlackout live-migrates one VM (l2bridge, primary UDN)
+// benchMigrations times in a three-node lab while a pod on another node
+// keeps one TCP echo exchange at a time going with the guest. Per
+// migration, the blackout is the longest exchange during it; QEMU's own
+// downtime for the same migration comes from the launcher's log. It
+// reports both p50/p99 and the connections lost. Run with -benchtime 1x.
+func BenchmarkMigrationBlackout(b *testing.B) {
+	testenv.NeedsRoot(b)
+	_, run := buildKvnet(b)
+	for range b.N {
+		dir := b.TempDir()
+		run("lab", "up", "--dir", dir, "--nodes", "3")
+		c := labClient(b, dir)
+		ctx := context.Background()
+		const ns = "bench-mig"
+		primaryUDN(b, c, ns, "10.80.0.0/24")
+		if err := c.Create(ctx, l2bridgeVM(ns, "vm-1")); err != nil {
+			b.Fatal(err)
+		}
+		lease := waitBoot(b, dir, ns, "vm-1", 1)
+		peer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "peer"},
+			Spec: corev1.PodSpec{NodeName: lab.NodeName(3), Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+		if err := c.Create(ctx, peer); err != nil {
+			b.Fatal(err)
+		}
+		testenv.Eventually(b, time.Minute, "peer Running", func() error {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(peer), peer); err != nil {
+				return err
+			}
+			if peer.Status.Phase != corev1.PodRunning {
+				return fmt.Errorf("phase %q", peer.Status.Phase)
+			}
+			return nil
+		})
+		peerNS := simkubelet.PodNetNS(lab.KubeletConfig(dir, lab.NodeName(3)), peer)
+		var conn net.Conn
+		testenv.Eventually(b, time.Minute, "connect to the guest", func() error {
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			var err error
+			conn, err = guest.DialContext(dctx, peerNS, "tcp", netip.AddrPortFrom(lease.IP(), guest.EchoPort).String())
+			return err
+		})
+		mon := newExchangeMonitor(conn)
+
+		var blackouts []time.Duration
+		lost := 0
+		for i := range benchMigrations {
+			mon.reset()
+			mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("mig-%d", i)},
+				Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
+			if err := c.Create(ctx, mig); err != nil {
+				b.Fatal(err)
+			}
+			testenv.Eventually(b, 2*time.Minute, "migration "+mig.Name+" Succeeded", func() error {
+				if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+					return err
+				}
+				if mig.Status.Phase == simvirt.PhaseFailed {
+					b.Fatalf("migration %s failed: %s", mig.Name, mig.Annotations[simvirt.FailureReasonAnnotation])
+				}
+				if mig.Status.Phase != simvirt.PhaseSucceeded {
+					return fmt.Errorf("phase %q", mig.Status.Phase)
+				}
+				return nil
+			})
+			// Let the switch-over settle before the next migration.
+			time.Sleep(2 * time.Second)
+			longest, err := mon.longest()
+			if err != nil {
+				lost++
+				b.Errorf("migration %s: the TCP connection broke: %v", mig.Name, err)
+				break
+			}
+			blackouts = append(blackouts, longest)
+		}
+		mon.stop()
+		run("lab", "down", "--dir", dir)
+
+		downtimes := migrationDowntimes(b, dir)
+		if len(blackouts) == 0 || len(downtimes) == 0 {
+			b.Fatalf("%d blackouts, %d QEMU downtimes measured", len(blackouts), len(downtimes))
+		}
+		b.ReportMetric(pct(blackouts, 50).Seconds()*1000, "blackout-p50-ms")
+		b.ReportMetric(pct(blackouts, 99).Seconds()*1000, "blackout-p99-ms")
+		b.ReportMetric(pct(downtimes, 50).Seconds()*1000, "qemu-downtime-p50-ms")
+		b.ReportMetric(pct(downtimes, 99).Seconds()*1000, "qemu-downtime-p99-ms")
+		b.ReportMetric(float64(lost), "connections-lost")
+		b.Logf("%d migrations: TCP blackout p50 %s p99 %s; QEMU downtime p50 %s p99 %s; connections lost %d",
+			len(blackouts), pct(blackouts, 50), pct(blackouts, 99), pct(downtimes, 50), pct(downtimes, 99), lost)
+	}
+}
+
+// exchangeMonitor keeps one echo exchange at a time going on a connection
+// and records the longest since the last reset.
+type exchangeMonitor struct {
+	mu   sync.Mutex
+	max  time.Duration
+	err  error
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newExchangeMonitor(conn net.Conn) *exchangeMonitor {
+	m := &exchangeMonitor{done: make(chan struct{})}
+	m.wg.Go(func() {
+		r := bufio.NewReader(conn)
+		for i := 0; ; i++ {
+			select {
+			case <-m.done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			msg := fmt.Sprintf("bench-%d", i)
+			start := time.Now()
+			conn.SetDeadline(start.Add(30 * time.Second))
+			_, err := fmt.Fprintln(conn, msg)
+			var got string
+			if err == nil {
+				got, err = r.ReadString('\n')
+			}
+			if err == nil && got != msg+"\n" {
+				err = fmt.Errorf("echo %q, sent %q", got, msg)
+			}
+			m.mu.Lock()
+			if err != nil {
+				m.err = err
+				m.mu.Unlock()
+				return
+			}
+			m.max = max(m.max, time.Since(start))
+			m.mu.Unlock()
+		}
+	})
+	return m
+}
+
+func (m *exchangeMonitor) reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.max = 0
+}
+
+func (m *exchangeMonitor) longest() (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.max, m.err
+}
+
+func (m *exchangeMonitor) stop() {
+	close(m.done)
+	m.wg.Wait()
+}
+
+// migrationDowntimes reads QEMU's reported downtime of every migration
+// from the lab's log (the launcher's "guest migrated" lines).
+func migrationDowntimes(b *testing.B, dir string) []time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "lab.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []time.Duration
+	for _, line := range strings.Split(string(data), "\n") {
+		if !strings.Contains(line, `"guest migrated"`) {
+			continue
+		}
+		var rec struct {
+			DowntimeMS int64 `json:"downtimeMs"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err == nil {
+			out = append(out, time.Duration(rec.DowntimeMS)*time.Millisecond)
+		}
+	}
+	return out
 }
