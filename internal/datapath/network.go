@@ -112,8 +112,10 @@ func (d *Datapath) ensureMTUUp(l netlink.Link) error {
 }
 
 // ensureVXLAN creates or repairs kvvx<id>: VNI id, local UnderlayIP, UDP
-// 4789, no learning (every remote MAC comes from the state), enslaved to
-// br.
+// 4789, enslaved to br. Learning is on so that the entry of a migrating
+// MAC (a dynamic one; every other remote MAC has a permanent entry from
+// the state, which learning never changes) follows the guest to its new
+// node with its first frame.
 func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 	name := VXLANName(id)
 	underlay, err := d.h.LinkByName(d.cfg.UnderlayDev)
@@ -126,7 +128,7 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 		VtepDevIndex: underlay.Attrs().Index,
 		SrcAddr:      net.IP(d.cfg.UnderlayIP.AsSlice()),
 		Port:         vxlanPort,
-		Learning:     false,
+		Learning:     true,
 		UDPCSum:      true,
 	}
 	l, err := d.h.LinkByName(name)
@@ -146,7 +148,10 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 	} else if err != nil {
 		return nil, err
 	}
-	if err := d.ensurePort(l, br); err != nil {
+	// Learning on the VXLAN port lets a migrating MAC (no static entry)
+	// move to the tunnel when the guest speaks from another node; every
+	// other MAC has a static entry, which learning never moves.
+	if err := d.ensurePort(l, br, true); err != nil {
 		return nil, err
 	}
 	if err := d.ensureMTUUp(l); err != nil {
@@ -158,20 +163,22 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 // sameVXLAN reports whether have is configured as want.
 func sameVXLAN(have, want *netlink.Vxlan) bool {
 	return have.VxlanId == want.VxlanId && have.SrcAddr.Equal(want.SrcAddr) &&
-		have.Port == want.Port && !have.Learning && have.VtepDevIndex == want.VtepDevIndex
+		have.Port == want.Port && have.Learning == want.Learning && have.VtepDevIndex == want.VtepDevIndex
 }
 
-// ensurePort enslaves l to bridge br with learning off. Every MAC on a kvnet
-// bridge is known from the state and has a static entry (pods on their
-// port, remote pods on the VXLAN port, the gateway on the router port), so
-// learning could only let a stray frame move an entry.
-func (d *Datapath) ensurePort(l, br netlink.Link) error {
+// ensurePort enslaves l to bridge br, with learning as given. Every MAC on
+// a kvnet bridge is known from the state and has a static entry (pods on
+// their port, remote pods on the VXLAN port, the gateway on the router
+// port), which learning never moves; only a migrating VM's MAC has none,
+// and learning is on only where it may appear: its two ports and the
+// VXLAN port.
+func (d *Datapath) ensurePort(l, br netlink.Link, learning bool) error {
 	if l.Attrs().MasterIndex != br.Attrs().Index {
 		if err := d.h.LinkSetMaster(l, br); err != nil {
 			return fmt.Errorf("attach %q to bridge %q: %w", l.Attrs().Name, br.Attrs().Name, err)
 		}
 	}
-	if err := d.h.LinkSetLearning(l, false); err != nil {
+	if err := d.h.LinkSetLearning(l, learning); err != nil {
 		return fmt.Errorf("set learning on bridge port %q: %w", l.Attrs().Name, err)
 	}
 	return nil
@@ -204,8 +211,10 @@ func (d *Datapath) syncVXLANFDB(vx netlink.Link, remotes []netip.Addr, macs []Re
 		wantFlood[r.Unmap()] = true
 	}
 	wantMAC := map[string]netip.Addr{} // MAC -> VTEP
+	migrating := map[string]bool{}     // MAC -> its entry is a learned one
 	for _, m := range macs {
 		wantMAC[m.MAC.String()] = m.VTEP.Unmap()
+		migrating[m.MAC.String()] = m.Migrating
 	}
 	haveFlood := map[netip.Addr]bool{} // remote VTEP -> in the flood list
 	haveMAC := map[string]netip.Addr{} // MAC -> VTEP of its self entry
@@ -225,7 +234,11 @@ func (d *Datapath) syncVXLANFDB(vx netlink.Link, remotes []netip.Addr, macs []Re
 					haveFlood[vtep] = true
 					continue
 				}
-			} else if want, ok := wantMAC[mac]; ok && want == vtep && !haveMAC[mac].IsValid() {
+			} else if want, ok := wantMAC[mac]; ok && !haveMAC[mac].IsValid() &&
+				(migrating[mac] && e.State&netlink.NUD_PERMANENT == 0 || !migrating[mac] && want == vtep && e.State&netlink.NUD_PERMANENT != 0) {
+				// A migrating MAC keeps the VTEP learning gave its
+				// dynamic entry; any other has a permanent entry to its
+				// VTEP.
 				haveMAC[mac] = vtep
 				continue
 			}
@@ -258,8 +271,12 @@ func (d *Datapath) syncVXLANFDB(vx netlink.Link, remotes []netip.Addr, macs []Re
 		if !haveMAC[mac].IsValid() {
 			// Replace: a MAC that moved (live migration) gets its new VTEP
 			// in one step, with no window where it is flooded instead.
+			state := uint16(netlink.NUD_PERMANENT | netlink.NUD_NOARP)
+			if m.Migrating {
+				state = netlink.NUD_REACHABLE // learning may move it
+			}
 			if err := d.h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE,
-				State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
+				State: int(state), Flags: netlink.NTF_SELF,
 				HardwareAddr: m.MAC, IP: net.IP(m.VTEP.Unmap().AsSlice())}); err != nil {
 				errs = append(errs, fmt.Errorf("set FDB entry %q -> VTEP %q on %q: %w", mac, m.VTEP, vx.Attrs().Name, err))
 			}
@@ -286,7 +303,8 @@ func (d *Datapath) setStaticFDB(l netlink.Link, mac net.HardwareAddr) error {
 	return nil
 }
 
-// syncPortFDB makes the static bridge entries on port l exactly mac.
+// syncPortFDB makes the static bridge entries on port l exactly mac (none
+// when mac is nil).
 func (d *Datapath) syncPortFDB(l netlink.Link, mac net.HardwareAddr) error {
 	idx := l.Attrs().Index
 	entries, err := d.h.NeighList(idx, unix.AF_BRIDGE)
@@ -306,7 +324,7 @@ func (d *Datapath) syncPortFDB(l netlink.Link, mac net.HardwareAddr) error {
 		errs = append(errs, d.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE,
 			Flags: netlink.NTF_MASTER, HardwareAddr: e.HardwareAddr}))
 	}
-	if !have {
+	if !have && mac != nil {
 		errs = append(errs, d.setStaticFDB(l, mac))
 	}
 	return errors.Join(errs...)
@@ -338,7 +356,7 @@ func (d *Datapath) attachPorts(ctx context.Context, byName map[string]*Network, 
 			// The bridge step failed; its error is already reported.
 			continue
 		}
-		raisedNow, err := d.attachPort(l, br, p.MAC)
+		raisedNow, err := d.attachPort(l, br, p.MAC, p.Migrating)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("port %q of network %q: %w", p.HostIfName, p.Network, err))
 		}
@@ -454,9 +472,12 @@ func (d *Datapath) isolateStrayPorts(nets []Network, ports []Port) error {
 // reporting whether it did: SetupPodInterface leaves the host end down so
 // that a pod has no link until its anti-spoofing rules and bridge are in
 // place.
-func (d *Datapath) attachPort(l, br netlink.Link, mac net.HardwareAddr) (raised bool, err error) {
-	if err := d.ensurePort(l, br); err != nil {
+func (d *Datapath) attachPort(l, br netlink.Link, mac net.HardwareAddr, migrating bool) (raised bool, err error) {
+	if err := d.ensurePort(l, br, migrating); err != nil {
 		return false, err
+	}
+	if migrating {
+		mac = nil // the bridge learns where the guest is
 	}
 	if err := d.syncPortFDB(l, mac); err != nil {
 		return false, err

@@ -132,7 +132,10 @@ func (b *ruleBuilder) etherSaddr(mac net.HardwareAddr, neq bool) *ruleBuilder {
 }
 
 // etherTypeNames renders ether types the way nft does.
-var etherTypeNames = map[uint16]string{unix.ETH_P_IP: "ip", unix.ETH_P_ARP: "arp", unix.ETH_P_IPV6: "ip6"}
+var etherTypeNames = map[uint16]string{unix.ETH_P_IP: "ip", unix.ETH_P_ARP: "arp", unix.ETH_P_IPV6: "ip6", ethPRARP: "0x8035"}
+
+// ethPRARP is RARP's ether type: QEMU announces a migrated guest with it.
+const ethPRARP = 0x8035
 
 func (b *ruleBuilder) etherType(t uint16, neq bool) *ruleBuilder {
 	return b.match("ether type "+neqText(neq)+etherTypeNames[t], expr.PayloadBaseLLHeader, ethTypeOff,
@@ -428,6 +431,15 @@ var (
 func portRules(p Port) []nftRule {
 	c := func(what string) string { return fmt.Sprintf("port %s: %s", p.HostIfName, what) }
 	rules := []nftRule{newRule().etherSaddr(p.MAC, true).counter().drop(c("spoofed source MAC"))}
+	if p.Standby {
+		// A migration target before the guest runs there: only QEMU's
+		// announce (RARP) passes, so the bridges learn the guest's new
+		// place from it and nothing the pod itself sends with the
+		// guest's MAC and IP (its own stack) can be taken for the guest.
+		return append(rules,
+			newRule().etherType(ethPRARP, false).ret(c("RARP announce")),
+			newRule().counter().drop(c("standby until the guest announces itself")))
+	}
 	if len(p.IPs) == 0 {
 		return rules // pure L2 port: the MAC is all it was given
 	}

@@ -98,7 +98,7 @@ func (d *Datapath) wireRouter(n Network, path string, fd int) error {
 	if err != nil {
 		return err
 	}
-	if err := d.ensurePort(gwPort, br); err != nil {
+	if err := d.ensurePort(gwPort, br, false); err != nil {
 		return err
 	}
 	if err := d.syncPortFDB(gwPort, GatewayMAC(n.ID)); err != nil {

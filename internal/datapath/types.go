@@ -61,6 +61,16 @@ type Port struct {
 	HostIfName string           // host end of the pod's veth
 	MAC        net.HardwareAddr // the only source MAC the port may use
 	IPs        []netip.Prefix   // the only source IPs it may use; empty: MAC check only
+	// Migrating marks one of the two ports of a VM in live migration (the
+	// source, or the target waiting for the guest). It has no static FDB
+	// entry and learning on: the bridge delivers the MAC to whichever
+	// port the guest last spoke from, so the target takes over with the
+	// guest's first frame (QEMU's announce), before the API says so.
+	Migrating bool
+	// Standby marks a Migrating port whose guest has not announced itself
+	// yet (the migration target): it passes only RARP frames, QEMU's
+	// announce, until the node makes it an ordinary Migrating port.
+	Standby bool
 }
 
 // RemoteMAC is a pod on another node: a unicast FDB entry.
@@ -68,6 +78,11 @@ type RemoteMAC struct {
 	Network string // Network.Name
 	MAC     net.HardwareAddr
 	VTEP    netip.Addr // UnderlayIP of the node hosting the MAC
+	// Migrating marks the MAC of a VM in live migration: its VXLAN entry
+	// is a learned (dynamic) one, first pointing at VTEP, which the VXLAN
+	// device moves to the target node when the guest's first frame from
+	// there arrives; Apply keeps whichever VTEP it points at.
+	Migrating bool
 }
 
 // State is what the node's datapath should look like. Apply makes the node

@@ -68,8 +68,10 @@ type Agent struct {
 
 	trigger chan struct{} // buffered(1): "something changed"
 	dhcp    *dhcpServers
-	parsed  AnnotationCache          // owned by the loop
-	gwMemo  map[string]gatewayResult // owned by the loop: see gateways
+	// announce watches migration targets' Standby ports for the guest.
+	announce *announcements
+	parsed   AnnotationCache          // owned by the loop
+	gwMemo   map[string]gatewayResult // owned by the loop: see gateways
 
 	started atomic.Bool   // Start was entered
 	stopped chan struct{} // closed when Start has returned, its goroutines joined
@@ -128,6 +130,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), stopped: make(chan struct{})}
 	a.dhcp = newDHCPServers(cfg.Datapath)
+	a.announce = newAnnouncements(cfg.Datapath.NetNS, a.kick, ctrl.Log.WithName("kvnet-node").WithValues("node", cfg.NodeName))
 	nsPath := cfg.Datapath.NetNS
 	if a.links, err = nl.NewHandle(nsPath); err != nil {
 		_ = dp.Close()
@@ -205,6 +208,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.writeStatus(ctx, false, nil)
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil)
 	defer a.dhcp.stopAll()
+	defer a.announce.close()
 
 	if a.cfg.CNIKubeconfig != "" {
 		bg.Go(func() { keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg) })
@@ -409,6 +413,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	plan := Desired(in)
 	applyErr := a.dp.Apply(ctx, plan.State)
+	a.announce.sync(plan.State.Ports)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted)
@@ -421,7 +426,8 @@ func (a *Agent) reconcile(ctx context.Context) error {
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
 	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed,
-		VMINodes: map[types.NamespacedName]string{}}
+		VMINodes: map[types.NamespacedName]string{}, Migrating: map[types.NamespacedName]bool{},
+		Announced: a.announce.Announced()}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := c.List(ctx, &nads); err != nil {
 		return in, err
@@ -440,7 +446,11 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	var vmis kubevirtv1.VirtualMachineInstanceList
 	if err := c.List(ctx, &vmis); err == nil {
 		for _, vmi := range vmis.Items {
-			in.VMINodes[types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}] = vmi.Status.NodeName
+			key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
+			in.VMINodes[key] = vmi.Status.NodeName
+			if m := vmi.Status.MigrationState; m != nil && m.TargetNode != "" && !m.Completed && !m.Failed {
+				in.Migrating[key] = true
+			}
 		}
 	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {
 		return in, err

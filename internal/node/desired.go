@@ -38,6 +38,13 @@ type Input struct {
 	Nodes []corev1.Node
 	// VMINodes maps a VirtualMachineInstance to its status.nodeName.
 	VMINodes map[types.NamespacedName]string
+	// Migrating holds the VirtualMachineInstances in live migration: their
+	// status.migrationState names a target and is neither completed nor
+	// failed.
+	Migrating map[types.NamespacedName]bool
+	// Announced holds the MACs whose migrated guest announced itself on
+	// this node's Standby port (RARP): that port is activated at once.
+	Announced map[string]bool
 	// Links maps the alias of each local link (cni.PortAlias) to its name.
 	Links map[string]string
 	// MTU is the node's pod MTU: option 26 for networks that set none.
@@ -120,6 +127,9 @@ type holder struct {
 	a      podnetworks.Attachment
 	mac    net.HardwareAddr
 	active bool // where the MAC lives now (see activeHolders)
+	// migrating: one of the two holders of a VM's MAC in live migration;
+	// both ports are attached, and the bridges follow the guest's frames.
+	migrating bool
 }
 
 // Desired computes the node's plan from the API's view. It never fails:
@@ -225,6 +235,7 @@ func Desired(in Input) Plan {
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
 		n, hs := nets[name], holders[name]
 		activeHolders(hs, in.VMINodes)
+		markMigrating(hs, in.Migrating)
 		local := slices.ContainsFunc(hs, func(h *holder) bool { return h.node == in.Node })
 		if !local {
 			continue // the network has no pod here: nothing of it on this node
@@ -247,12 +258,22 @@ func Desired(in Input) Plan {
 		if dn.Primary && serverIP.IsValid() {
 			leases = map[string]dhcp.Lease{}
 		}
+		localMAC := map[string]bool{} // MACs with a port on this node
+		for _, h := range hs {
+			if h.node == in.Node && (h.active || h.migrating) && h.mac != nil {
+				localMAC[h.mac.String()] = true
+			}
+		}
 		for _, h := range hs {
 			switch {
-			case !h.active:
-				// The other copy of a migrating VM's MAC: nothing here.
+			case !h.active && !(h.migrating && h.node == in.Node):
+				// The other copy of a migrating VM's MAC: nothing here,
+				// unless it is the migration's port on this node.
 			case h.node != in.Node:
-				plan.State.RemoteMACs = append(plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: vteps[h.node]})
+				if h.migrating && localMAC[h.mac.String()] {
+					continue // the bridge learns whether the guest is here or there
+				}
+				plan.State.RemoteMACs = append(plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: vteps[h.node], Migrating: h.migrating})
 			default:
 				alias := cni.PortAlias(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)
 				ifName, ok := in.Links[alias]
@@ -260,14 +281,16 @@ func Desired(in Input) Plan {
 					plan.Waiting++
 					continue
 				}
-				port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac}
+				port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
+					// A migration target waits for its guest's announce.
+					Standby: h.migrating && !h.active && !in.Announced[h.mac.String()]}
 				for _, s := range h.a.IPAddresses {
 					if p, err := netip.ParsePrefix(s); err == nil {
 						port.IPs = append(port.IPs, p)
 					}
 				}
 				plan.State.Ports = append(plan.State.Ports, port)
-				if leases != nil {
+				if leases != nil && h.active {
 					if l, ok := lease(h, serverIP, n.conf.MTU, in); ok {
 						leases[h.mac.String()] = l
 					}
@@ -303,6 +326,29 @@ func activeHolders(hs []*holder, vmiNodes map[types.NamespacedName]string) {
 			)
 		})
 		best.active = true
+	}
+}
+
+// markMigrating marks both holders of each MAC held twice by the launcher
+// pods of a VMI in live migration.
+func markMigrating(hs []*holder, migrating map[types.NamespacedName]bool) {
+	byMAC := map[string][]*holder{}
+	for _, h := range hs {
+		if h.mac != nil {
+			byMAC[h.mac.String()] = append(byMAC[h.mac.String()], h)
+		}
+	}
+	for _, group := range byMAC {
+		if len(group) != 2 {
+			continue
+		}
+		vmi := group[0].pod.Annotations[kubevirtv1.DomainAnnotation]
+		key := types.NamespacedName{Namespace: group[0].pod.Namespace, Name: vmi}
+		if vmi == "" || !migrating[key] || group[1].pod.Namespace != key.Namespace ||
+			group[1].pod.Annotations[kubevirtv1.DomainAnnotation] != vmi || group[0].node == group[1].node {
+			continue
+		}
+		group[0].migrating, group[1].migrating = true, true
 	}
 }
 

@@ -182,6 +182,93 @@ func TestDesiredMigration(t *testing.T) {
 	}
 }
 
+// While the VMI migrates, both launcher pods' ports are attached as
+// Migrating (the bridges follow the guest's frames), the third node has a
+// Migrating (learned) entry at the node running the VM, and only the
+// active port gets a DHCP lease.
+func TestDesiredMigrationInProgress(t *testing.T) {
+	const mac = "0a:58:0a:01:01:05"
+	launcher := func(name, node string, age time.Duration) corev1.Pod {
+		p := pod("a", name, node, "10.1.1.5", mac, age)
+		p.Labels = map[string]string{"kubevirt.io": "virt-launcher"}
+		p.Annotations[kubevirtv1.DomainAnnotation] = "vm1"
+		return p
+	}
+	src, dst := launcher("virt-launcher-vm1-src", "n1", time.Hour), launcher("virt-launcher-vm1-dst", "n2", time.Minute)
+	key := types.NamespacedName{Namespace: "a", Name: "vm1"}
+	peer := pod("a", "peer", "n3", "10.1.1.9", "0a:58:0a:01:01:09", time.Hour)
+	in := Input{
+		NADs:      []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:      []corev1.Pod{src, dst, peer},
+		Nodes:     []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2"), kvnode("n3", "192.168.100.3")},
+		Links:     links(src, dst, peer),
+		VMINodes:  map[types.NamespacedName]string{key: "n1"},
+		Migrating: map[types.NamespacedName]bool{key: true},
+	}
+	port := func(p Plan) *datapath.Port {
+		for i := range p.State.Ports {
+			if p.State.Ports[i].MAC.String() == mac {
+				return &p.State.Ports[i]
+			}
+		}
+		return nil
+	}
+	leased := func(p Plan) bool {
+		for _, d := range p.DHCP {
+			if _, ok := d.Leases[mac]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, n := range []string{"n1", "n2"} {
+		in.Node = n
+		p := Desired(in)
+		pt := port(p)
+		if pt == nil || !pt.Migrating || pt.Standby != (n == "n2") {
+			t.Errorf("%s: port %+v, want a Migrating port, on Standby on the target (n2) only", n, pt)
+		}
+		for _, m := range p.State.RemoteMACs {
+			if m.MAC.String() == mac {
+				t.Errorf("%s: remote entry %+v next to the local port", n, m)
+			}
+		}
+		if leased(p) != (n == "n1") {
+			t.Errorf("%s: DHCP lease %v, want one only where the VM runs (n1)", n, leased(p))
+		}
+		if err := datapath.Validate(p.State); err != nil {
+			t.Error(err)
+		}
+	}
+	// The target's guest announced itself: its port leaves Standby.
+	in.Node, in.Announced = "n2", map[string]bool{mac: true}
+	if pt := port(Desired(in)); pt == nil || !pt.Migrating || pt.Standby {
+		t.Errorf("n2 after the announce: port %+v, want Migrating, not Standby", pt)
+	}
+	in.Announced = nil
+	in.Node = "n3"
+	p := Desired(in)
+	var got []datapath.RemoteMAC
+	for _, m := range p.State.RemoteMACs {
+		if m.MAC.String() == mac {
+			got = append(got, m)
+		}
+	}
+	if len(got) != 1 || got[0].VTEP.String() != "192.168.100.1" || !got[0].Migrating {
+		t.Errorf("n3: remote entries %+v, want one Migrating entry at n1", got)
+	}
+	// Once the migration is over (completed or failed), ordinary state.
+	in.Migrating = nil
+	in.Node = "n2"
+	if pt := port(Desired(in)); pt != nil {
+		t.Errorf("n2 after a failed migration: port %+v, want none", pt)
+	}
+	in.Node = "n1"
+	if pt := port(Desired(in)); pt == nil || pt.Migrating {
+		t.Errorf("n1 after a failed migration: port %+v, want an ordinary one", pt)
+	}
+}
+
 func TestDesiredSkipsBadInput(t *testing.T) {
 	good := pod("a", "good", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
 	bad := good

@@ -1,0 +1,138 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"kvnet.io/kvnet/internal/nl"
+)
+
+// migrationState is node nd's State while VM x (MAC shared by src on one
+// node and dst on another) migrates: both its ports are Migrating, dst's
+// on Standby until activated, and nodes holding neither know the MAC at
+// src's node, as a dynamic entry.
+func (c *cluster) migrationState(nd *node, nets []Network, src, dst *pod, activated bool) State {
+	s := c.state(nd, nets)
+	mac := src.mac.String()
+	var remotes []RemoteMAC
+	for _, m := range s.RemoteMACs {
+		if m.MAC.String() != mac {
+			remotes = append(remotes, m)
+		}
+	}
+	s.RemoteMACs = remotes
+	for i := range s.Ports {
+		if s.Ports[i].MAC.String() == mac {
+			s.Ports[i].Migrating = true
+			s.Ports[i].Standby = nd == dst.node && !activated
+		}
+	}
+	if nd != src.node && nd != dst.node {
+		s.RemoteMACs = append(s.RemoteMACs, RemoteMAC{Network: src.network, MAC: src.mac, VTEP: src.node.ip, Migrating: true})
+	}
+	return s
+}
+
+// While a VM migrates, the nodes follow its MAC to the target with the
+// guest's first frame from there (QEMU's announce), with no Apply: a pod
+// on a third node and one on the source node then reach the target.
+// Converging to the post-migration State keeps it there, with a
+// permanent entry again.
+func TestMigratingMACFollowsFirstFrame(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 3)
+	rt := gatewayRoutes("10.1.1.1")
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	z := c.addPod(c.nodes[1], "z", "tenant-a_udn", nil, pfx("10.1.1.4/24"), rt)
+	nets := []Network{tenantA}
+	c.applyAll(nets)
+	startEcho(t, x)
+	xIP := addr("10.1.1.3")
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x" {
+		t.Fatalf("before the migration: answered by %q (%v), want x", token, err)
+	}
+
+	// The migration starts: the target pod x2 (same MAC and IP) on n3;
+	// both ports are Migrating, x2's on Standby.
+	x2 := c.addPod(c.nodes[2], "x2", "tenant-a_udn", x.mac, x.ips, rt)
+	startEcho(t, x2)
+	for _, nd := range c.nodes {
+		if err := nd.dp.Apply(context.Background(), c.migrationState(nd, nets, x, x2, false)); err != nil {
+			t.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+	// What the target pod's own stack sends with the guest's MAC and IP
+	// is not taken for the guest: the guest still runs on the source.
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if err := sendRawFrame(x2, udpFrame(x.mac, bcast, xIP, addr("10.1.1.255"), 9, 9, []byte("not the guest"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []*pod{y, z} {
+		if token, err := echoSession(from, xIP, 1); err != nil || token != "x" {
+			t.Fatalf("during the migration, from %s: answered by %q (%v), want x", from.name, token, err)
+		}
+	}
+
+	// The switch-over: the source pauses (its link goes down), the guest
+	// announces itself from the target (RARP, as QEMU does), and only the
+	// target node takes its port off Standby, as its kvnet-node does on
+	// seeing the announce. No other node applies anything.
+	if err := podLink(x, func(h *nl.Handle, l netlink.Link) error { return h.LinkSetDown(l) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendRawFrame(x2, rarpFrame(x.mac)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[2].dp.Apply(context.Background(), c.migrationState(c.nodes[2], nets, x, x2, true)); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []*pod{y, z} {
+		token, err := echoSession(from, xIP, 1)
+		if err != nil || token != "x2" {
+			t.Fatalf("after the target's announce, from %s (%s): answered by %q (%v), want x2", from.name, from.node.name, token, err)
+		}
+	}
+
+	// Converge: x is gone, x2 is an ordinary port; n1 has a permanent
+	// entry to n3 again.
+	if err := nl.Do(x.node.ns, func() error { return TeardownPodInterface(x.hostIf) }); err != nil {
+		t.Fatal(err)
+	}
+	x.node = nil
+	c.applyAll(nets)
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x2" {
+		t.Fatalf("after converging: answered by %q (%v), want x2", token, err)
+	}
+	if err := withHandle(c.nodes[0].ns, func(h *nl.Handle) error {
+		entries, err := vxlanFDB(h, 1)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if isSelf(e) && e.HardwareAddr.String() == x.mac.String() {
+				if e.IP.String() != c.nodes[2].ip.String() || e.State&netlink.NUD_PERMANENT == 0 {
+					return fmt.Errorf("n1's entry for %s: %s state %#x, want permanent to %s", x.mac, e.IP, e.State, c.nodes[2].ip)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("n1 has no entry for %s", x.mac)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rarpFrame is QEMU's self-announce for mac: a broadcast RARP request
+// (reverse request, sender and target hardware address mac).
+func rarpFrame(mac net.HardwareAddr) []byte {
+	f := append(append(append([]byte{}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff), mac...), 0x80, 0x35)
+	f = append(f, 0, 1, 0x08, 0, 6, 4, 0, 3)
+	f = append(append(f, mac...), 0, 0, 0, 0)
+	f = append(append(f, mac...), 0, 0, 0, 0)
+	return append(f, make([]byte, 18)...) // pad to the Ethernet minimum
+}
