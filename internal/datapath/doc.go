@@ -89,4 +89,7 @@
 // advertisements are not checked against the port's addresses. Egress
 // connections of a VM live-migrated to another node restart (they are
 // NATed by the old node's router); pod-to-pod connections survive.
+// During a migration the VXLAN devices learn: a remote node could move a
+// migrating MAC by sending a frame with it; kvnet's nodes only forward
+// frames that passed their ports' anti-spoofing rules.
 package datapath
