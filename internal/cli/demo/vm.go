@@ -455,7 +455,7 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 	if err != nil {
 		return fmt.Errorf("the TCP connection %s -> %s:%d opened before the migration broke: %w", peer, ip, guest.EchoPort, err)
 	}
-	fmt.Fprintf(out, "  kept its open TCP connection from %s (%d echoes; longest wait for one: %s)\n", peer, echoes, pause.Round(time.Millisecond))
+	fmt.Fprintf(out, "  kept its open TCP connection from %s (%d echoes; blackout, the longest wait for one: %s)\n", peer, echoes, pause.Round(time.Millisecond))
 	return vmTraffic(ctx, out, pods, peer, ip, after.node)
 }
 

@@ -260,6 +260,11 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	if err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s: %w", source.vmi, err)
 	}
+	// The target announces the guest (RARP) as soon as it runs: kvnet's
+	// switch-over starts with that frame. QEMU waits 50 ms by default.
+	if _, err := target.vm.QMP().Execute("migrate-set-parameters", map[string]any{"announce-initial": 1}); err != nil {
+		return fmt.Errorf("virt-launcher: migrate %s: set announce-initial: %w", source.vmi, err)
+	}
 	if _, err := source.vm.QMP().Execute("migrate-set-parameters", map[string]any{"max-bandwidth": bw}); err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s: set bandwidth %d: %w", source.vmi, bw, err)
 	}
