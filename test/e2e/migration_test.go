@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -197,4 +198,140 @@ func TestLabMigrationFailureKeepsSource(t *testing.T) {
 		t.Fatalf("echo after the failed migration: %q, %v", got, err)
 	}
 	t.Logf("%d echoes during the failed migration (target QEMU %d killed), none lost", r.n, killed)
+}
+
+// A live migration keeps a TCP connection from a pod on a third node
+// (continuous exchanges, no reconnect, nothing lost or reordered) and the
+// guest's own pings to that pod; afterwards the guest has its IP and MAC,
+// and the source node holds no datapath state for it.
+func TestLabMigrationKeepsConnections(t *testing.T) {
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	c := labClient(t, dir)
+	ctx := context.Background()
+	const ns = "e2e-mig-ok"
+	primaryUDN(t, c, ns, "10.71.0.0/24")
+	if err := c.Create(ctx, l2bridgeVM(ns, "vm-1")); err != nil {
+		t.Fatal(err)
+	}
+	lease := waitBoot(t, dir, ns, "vm-1", 1)
+	var vmi kubevirtv1.VirtualMachineInstance
+	testenv.Eventually(t, time.Minute, "VMI running", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-1"}, &vmi); err != nil {
+			return err
+		}
+		if vmi.Status.Phase != simvirt.PhaseRunning {
+			return fmt.Errorf("phase %q", vmi.Status.Phase)
+		}
+		return nil
+	})
+	source := vmi.Status.NodeName
+	// The peer on a node that is neither the source nor (simvirt picks
+	// the least loaded other node) likely the target.
+	peerNode := ""
+	for i := 1; i <= 3; i++ {
+		if n := lab.NodeName(i); n != source && peerNode == "" {
+			peerNode = n
+		}
+	}
+	peer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "peer"},
+		Spec: corev1.PodSpec{NodeName: peerNode, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	if err := c.Create(ctx, peer); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "peer Running", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(peer), peer); err != nil {
+			return err
+		}
+		if peer.Status.Phase != corev1.PodRunning || peer.Status.PodIP == "" {
+			return fmt.Errorf("phase %q", peer.Status.Phase)
+		}
+		return nil
+	})
+	peerNS := simkubelet.PodNetNS(lab.KubeletConfig(dir, peerNode), peer)
+	var conn net.Conn
+	testenv.Eventually(t, time.Minute, "connect to the guest's echo service", func() error {
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		conn, err = guest.DialContext(dctx, peerNS, "tcp", netip.AddrPortFrom(lease.IP(), guest.EchoPort).String())
+		return err
+	})
+	defer conn.Close()
+	stop := make(chan struct{})
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := echoLoop(conn, stop)
+		done <- result{n, err}
+	}()
+	// The guest pings the peer throughout (100 pings, 50 ms apart).
+	pings := make(chan string, 1)
+	go func() {
+		out, err := guest.Exec(ctx, peerNS, lease.IP(), "ping -c 100 -i 0.05 -W 2 "+peer.Status.PodIP+" | tail -2")
+		if err != nil {
+			out += " " + err.Error()
+		}
+		pings <- out
+	}()
+
+	mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-1"},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
+	if err := c.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "migration Succeeded", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+			return err
+		}
+		if mig.Status.Phase == simvirt.PhaseFailed {
+			t.Fatalf("migration failed: %s", mig.Annotations[simvirt.FailureReasonAnnotation])
+		}
+		if mig.Status.Phase != simvirt.PhaseSucceeded {
+			return fmt.Errorf("phase %q", mig.Status.Phase)
+		}
+		return nil
+	})
+	out := <-pings
+	close(stop)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("the TCP connection broke after %d echoes: %v", r.n, r.err)
+	}
+	if !strings.Contains(out, "100 packets transmitted") || strings.Contains(out, " 0 packets received") {
+		t.Fatalf("the guest's pings across the migration: %s", out)
+	}
+	t.Logf("%d echoes across the migration; the guest's pings: %s", r.n, strings.Join(strings.Fields(out), " "))
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&vmi), &vmi); err != nil {
+		t.Fatal(err)
+	}
+	if vmi.Status.NodeName == source {
+		t.Fatalf("the VMI still runs on %s", source)
+	}
+	// The guest's own kernel: same IP and MAC.
+	got, err := guest.Exec(ctx, peerNS, lease.IP(), "cat /sys/class/net/eth0/address; ip -o -4 addr show dev eth0")
+	if err != nil || !strings.Contains(got, lease.MAC.String()) || !strings.Contains(got, lease.Addr.String()) {
+		t.Fatalf("the guest after the migration: %q (%v), want MAC %s and %s", got, err, lease.MAC, lease.Addr)
+	}
+	// The source node: no port, no local FDB entry for the guest's MAC.
+	prefix := labNetnsPrefix(t, dir)
+	testenv.Eventually(t, 30*time.Second, "source node forgets the guest", func() error {
+		fdb, err := exec.Command("ip", "netns", "exec", prefix+"-"+source, "bridge", "fdb", "show").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("bridge fdb: %v: %s", err, fdb)
+		}
+		for _, line := range strings.Split(string(fdb), "\n") {
+			if strings.HasPrefix(line, lease.MAC.String()+" ") && strings.Contains(line, " dev kvp") {
+				return fmt.Errorf("the source node still has %q", line)
+			}
+		}
+		return nil
+	})
 }
