@@ -24,7 +24,7 @@ tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin
 
 .PHONY: build
 build: ## Build kvnet binaries into bin/
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... github.com/containernetworking/plugins/plugins/main/macvlan
 
 .PHONY: generate
 generate: ## Regenerate deepcopy code and CRDs from api/

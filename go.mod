@@ -104,5 +104,6 @@ require (
 
 tool (
 	github.com/containernetworking/plugins/plugins/main/bridge
+	github.com/containernetworking/plugins/plugins/main/macvlan
 	sigs.k8s.io/controller-tools/cmd/controller-gen
 )

@@ -28,7 +28,7 @@ func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 		t.Fatal(err)
 	}
 	binDir := t.TempDir()
-	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni")
+	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni", "github.com/containernetworking/plugins/plugins/main/macvlan")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kvnet: %v\n%s", err, out)

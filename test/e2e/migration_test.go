@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/sim/guest"
@@ -334,4 +336,166 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// migrationNetNAD is a dedicated migration network as the docs write it,
+// with kvnet-ipam instead of whereabouts: macvlan on each node's underlay.
+const migrationNetNAD = `{"cniVersion":"1.0.0","type":"macvlan","name":"migration-net","master":"eth0","mode":"bridge",` +
+	`"ipam":{"type":"kvnet-ipam","subnets":"10.210.0.0/24"}}`
+
+// handlerRx returns the bytes received on the migration interface of each
+// node's virt-handler stand-in, and its address there.
+func handlerRx(t *testing.T, c client.Client, dir string) (map[string]uint64, map[string]string) {
+	t.Helper()
+	rx, addrs := map[string]uint64{}, map[string]string{}
+	for i := 1; i <= 3; i++ {
+		node := lab.NodeName(i)
+		var pod corev1.Pod
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "kubevirt", Name: simvirt.HandlerPodName(node)}, &pod); err != nil {
+			t.Fatal(err)
+		}
+		ns := simkubelet.PodNetNS(lab.KubeletConfig(dir, node), &pod)
+		out, err := exec.Command("ip", "-n", filepath.Base(ns), "-j", "-s", "addr", "show", "dev", simvirt.MigrationInterface).CombinedOutput()
+		if err != nil {
+			t.Fatalf("handler on %s: %v: %s", node, err, out)
+		}
+		var links []struct {
+			AddrInfo []struct {
+				Family string `json:"family"`
+				Local  string `json:"local"`
+			} `json:"addr_info"`
+			Stats64 struct {
+				RX struct {
+					Bytes uint64 `json:"bytes"`
+				} `json:"rx"`
+			} `json:"stats64"`
+		}
+		if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+			t.Fatalf("handler on %s: %q: %v", node, out, err)
+		}
+		rx[node] = links[0].Stats64.RX.Bytes
+		for _, a := range links[0].AddrInfo {
+			if a.Family == "inet" {
+				addrs[node] = a.Local
+			}
+		}
+	}
+	return rx, addrs
+}
+
+// With spec.configuration.migrations.network naming a macvlan NAD with
+// kvnet-ipam, every node's handler gets an address on it, the target's is
+// the VMI's targetNodeAddress, and the migration stream crosses it. A NAD
+// that does not exist fails the migration, naming it, and the VM stays.
+func TestLabMigrationNetwork(t *testing.T) {
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	c := labClient(t, dir)
+	ctx := context.Background()
+	if err := c.Create(ctx, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "migration-net"},
+		Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: migrationNetNAD}}); err != nil {
+		t.Fatal(err)
+	}
+	setNetwork := func(name string) {
+		t.Helper()
+		var kv kubevirtv1.KubeVirt
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: "kubevirt"}, &kv); err != nil {
+			t.Fatal(err)
+		}
+		kv.Spec.Configuration.MigrationConfiguration = &kubevirtv1.MigrationConfiguration{Network: &name}
+		if err := c.Update(ctx, &kv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setNetwork("migration-net")
+	const ns = "e2e-mignet"
+	primaryUDN(t, c, ns, "10.72.0.0/24")
+	if err := c.Create(ctx, l2bridgeVM(ns, "vm-1")); err != nil {
+		t.Fatal(err)
+	}
+	waitBoot(t, dir, ns, "vm-1", 1)
+	var addrs map[string]string
+	var before map[string]uint64
+	testenv.Eventually(t, 2*time.Minute, "handlers on the migration network", func() error {
+		for i := 1; i <= 3; i++ {
+			var pod corev1.Pod
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: simvirt.HandlerPodName(lab.NodeName(i))}, &pod); err != nil {
+				return err
+			}
+			if pod.Status.Phase != corev1.PodRunning {
+				return fmt.Errorf("handler on %s: phase %q", pod.Spec.NodeName, pod.Status.Phase)
+			}
+		}
+		return nil
+	})
+	before, addrs = handlerRx(t, c, dir)
+	for node, a := range addrs {
+		if !strings.HasPrefix(a, "10.210.0.") {
+			t.Fatalf("handler on %s has %q on the migration network, want an address of 10.210.0.0/24", node, a)
+		}
+	}
+
+	mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-1"},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
+	if err := c.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "migration Succeeded", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+			return err
+		}
+		if mig.Status.Phase == simvirt.PhaseFailed {
+			t.Fatalf("migration failed: %s", mig.Annotations[simvirt.FailureReasonAnnotation])
+		}
+		if mig.Status.Phase != simvirt.PhaseSucceeded {
+			return fmt.Errorf("phase %q", mig.Status.Phase)
+		}
+		return nil
+	})
+	var vmi kubevirtv1.VirtualMachineInstance
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-1"}, &vmi); err != nil {
+		t.Fatal(err)
+	}
+	ms := vmi.Status.MigrationState
+	if ms == nil || ms.TargetNodeAddress != addrs[ms.TargetNode] {
+		t.Fatalf("migrationState %+v, want targetNodeAddress %s (the target handler's)", ms, addrs[ms.TargetNode])
+	}
+	after, _ := handlerRx(t, c, dir)
+	got := after[ms.TargetNode] - before[ms.TargetNode]
+	if got < 8<<20 {
+		t.Fatalf("the target handler received %d bytes on the migration network, want the guest's memory (MiBs)", got)
+	}
+	t.Logf("migration %s -> %s over the migration network: %d bytes into %s on %s", ms.SourceNode, ms.TargetNode, got, ms.TargetNodeAddress, simvirt.MigrationInterface)
+
+	// A NAD that does not exist: the migration fails naming it.
+	setNetwork("nope")
+	node := vmi.Status.NodeName
+	mig2 := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-2"},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
+	if err := c.Create(ctx, mig2); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "migration Failed", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(mig2), mig2); err != nil {
+			return err
+		}
+		if mig2.Status.Phase != simvirt.PhaseFailed {
+			return fmt.Errorf("phase %q", mig2.Status.Phase)
+		}
+		return nil
+	})
+	reason := mig2.Annotations[simvirt.FailureReasonAnnotation]
+	if !strings.Contains(reason, "kubevirt/nope") || !strings.Contains(reason, "not found") {
+		t.Fatalf("failure reason %q, want it to name NetworkAttachmentDefinition kubevirt/nope", reason)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&vmi), &vmi); err != nil {
+		t.Fatal(err)
+	}
+	if vmi.Status.Phase != simvirt.PhaseRunning || vmi.Status.NodeName != node || vmi.Status.MigrationState.FailureReason != reason {
+		t.Fatalf("VMI after the failed migration: %s on %s (was %s), reason %q", vmi.Status.Phase, vmi.Status.NodeName, node, vmi.Status.MigrationState.FailureReason)
+	}
 }

@@ -14,11 +14,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/sim/simkubelet"
 	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/sim/simvirt"
 )
 
 // labPod is a pod the simulated kubelet runs.
@@ -305,8 +307,8 @@ func waitPods(ctx context.Context, c client.Client, labDir string, expected []st
 		var pods []labPod
 		var waiting []string
 		for _, pod := range list.Items {
-			if pod.Spec.NodeName == "" {
-				continue
+			if pod.Spec.NodeName == "" || pod.Labels[kubevirtv1.AppLabel] == simvirt.HandlerValue {
+				continue // unbound, or KubeVirt's per-node handler (no primary network)
 			}
 			if pod.DeletionTimestamp != nil {
 				if slices.Contains(expected, key(pod.Namespace, pod.Name)) {

@@ -114,6 +114,13 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 	}
 	cfg.Admin, cfg.APIAddr = cp.Config, api.Host
 	cfg.AgentBinary, cfg.CNIBinary = nodeBin, cniBin
+	// Reference CNI plugins built next to kvnet (make build), for NADs
+	// such as a macvlan migration network with kvnet-ipam.
+	for _, name := range []string{"macvlan"} {
+		if p, err := shippedBinary(name); err == nil {
+			cfg.ExtraCNIPlugins = append(cfg.ExtraCNIPlugins, p)
+		}
+	}
 	cfg.Kubelets, cfg.Virt = true, true
 	cfg.Log = ctrl.Log
 	// KubeVirt's part: the KubeVirt CR (registering the l2bridge binding
@@ -161,6 +168,9 @@ func newLauncher(ctx context.Context, dir string, cp *controlplane.ControlPlane)
 	abs, _ := filepath.Abs(dir)
 	return simlauncher.New(simlauncher.Config{
 		RESTConfig: cp.Config, Image: img, StateDir: VMsDir(abs),
+		PodNetNS: func(p *corev1.Pod) (string, error) {
+			return simkubelet.PodNetNS(KubeletConfig(abs, p.Spec.NodeName), p), nil
+		},
 		Log: ctrl.Log.WithName("virt-launcher"),
 	})
 }

@@ -87,6 +87,8 @@ type Config struct {
 	// does on a real node.
 	CNIBinDir string
 	CNIBinary string
+	// ExtraCNIPlugins are plugin executables copied into CNIBinDir.
+	ExtraCNIPlugins []string
 	// CNIKubeconfig, when set, is the kubeconfig every kvnet-cni uses
 	// instead of the one kvnet-node writes per node.
 	CNIKubeconfig string
@@ -155,6 +157,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	for _, d := range []string{cfg.StateDir, cfg.CNIBinDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return c, err
+		}
+	}
+	for _, p := range cfg.ExtraCNIPlugins {
+		if err := copyExecutable(p, filepath.Join(cfg.CNIBinDir, filepath.Base(p))); err != nil {
+			return c, fmt.Errorf("simcluster: install CNI plugin %s: %w", p, err)
 		}
 	}
 	if cfg.CNIBinary != "" {
@@ -576,4 +583,20 @@ func (c *Cluster) PodNetNS(pod *corev1.Pod) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("simcluster: pod %s/%s is on node %q, not a simulated node", pod.Namespace, pod.Name, pod.Spec.NodeName)
+}
+
+// copyExecutable copies the executable src to dst (replaced atomically).
+func copyExecutable(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }

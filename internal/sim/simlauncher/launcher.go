@@ -36,6 +36,11 @@ type Config struct {
 	// DNS is what the launcher's own DHCP server (bridge binding with a
 	// pod IP, masquerade) offers; empty offers none.
 	DNS []netip.Addr
+	// PodNetNS returns the network namespace of a pod on a simulated node:
+	// with a dedicated migration network, the stream goes between the
+	// nodes' handler pods (simvirt.HandlerPodName). nil: every migration
+	// streams through a local unix socket.
+	PodNetNS func(*corev1.Pod) (string, error)
 	// Log receives what happens; the zero value discards.
 	Log logr.Logger
 }
@@ -268,7 +273,12 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	if _, err := source.vm.QMP().Execute("migrate-set-parameters", map[string]any{"max-bandwidth": bw}); err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s: set bandwidth %d: %w", source.vmi, bw, err)
 	}
-	if err := source.vm.QMP().Migrate(uri); err != nil {
+	streamURI, stop, err := l.stream(ctx, source, uri)
+	if err != nil {
+		return fmt.Errorf("virt-launcher: migrate %s from pod %s: %w", source.vmi, source.pod, err)
+	}
+	defer stop()
+	if err := source.vm.QMP().Migrate(streamURI); err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s from pod %s: %w", source.vmi, source.pod, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

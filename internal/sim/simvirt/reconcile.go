@@ -344,7 +344,7 @@ func (e permanentError) Unwrap() error { return e.error }
 
 // createPod creates a launcher pod of vmi on node (the target of vmim when
 // set) and returns it as the API server stored it.
-func (r *reconciler) createPod(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, node string, vmim *kubevirtv1.VirtualMachineInstanceMigration) (*corev1.Pod, error) {
+func (r *reconciler) createPod(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, node string, vmim *kubevirtv1.VirtualMachineInstanceMigration, targetAddr string) (*corev1.Pod, error) {
 	nc, err := r.kubeVirtNetwork(ctx)
 	if err != nil {
 		return nil, err
@@ -354,6 +354,9 @@ func (r *reconciler) createPod(ctx context.Context, vmi *kubevirtv1.VirtualMachi
 		return nil, permanentError{fmt.Errorf("cannot template the launcher pod: %w", err)}
 	}
 	pod := launcherPod(vmi, node, ann, vmim)
+	if targetAddr != "" {
+		pod.Annotations[TargetAddressAnnotation] = targetAddr
+	}
 	if err := r.client.Create(ctx, pod); err != nil {
 		err = fmt.Errorf("create launcher pod of VirtualMachineInstance %s/%s on node %s: %w", vmi.Namespace, vmi.Name, node, err)
 		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
@@ -472,7 +475,7 @@ func (r *reconciler) syncVMI(ctx context.Context, u *unit) error {
 			if err != nil {
 				return err
 			}
-			pod, err := r.createPod(ctx, vmi, pickNode(r.nodes, load, ""), nil)
+			pod, err := r.createPod(ctx, vmi, pickNode(r.nodes, load, ""), nil, "")
 			if err != nil {
 				reason := err.Error()
 				p.reason = &reason
@@ -577,8 +580,16 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 	now := metav1.Now()
 	fail := func(reason string) {
 		p.setPhase(m, PhaseFailed, reason)
-		if ms != nil && !ms.Completed {
+		switch {
+		case ms != nil && ms.MigrationUID == string(m.UID) && !ms.Completed, ms != nil && ms.MigrationUID == "" && !ms.Completed:
 			ms.Failed, ms.FailureReason, ms.EndTimestamp = true, reason, &now
+		case ms == nil || ms.MigrationUID != string(m.UID):
+			// It failed before it had a target: the VMI's state is this
+			// migration's, failed, as KubeVirt reports it.
+			p.st.MigrationState = &kubevirtv1.VirtualMachineInstanceMigrationState{
+				MigrationUID: string(m.UID), SourceNode: cur.Spec.NodeName, SourcePod: cur.Name,
+				StartTimestamp: &now, EndTimestamp: &now, Failed: true, FailureReason: reason,
+			}
 		}
 	}
 	state := func(target *corev1.Pod) *kubevirtv1.VirtualMachineInstanceMigrationState {
@@ -590,6 +601,7 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 			SourceNode: cur.Spec.NodeName, SourcePod: cur.Name,
 			TargetNode: target.Spec.NodeName, TargetPod: target.Name,
 			MigrationUID: string(m.UID), StartTimestamp: &start,
+			TargetNodeAddress: target.Annotations[TargetAddressAnnotation],
 		}
 	}
 	addActive := func(pod *corev1.Pod) {
@@ -613,8 +625,16 @@ func (r *reconciler) migrate(ctx context.Context, u *unit, own []*corev1.Pod, cu
 			fail(fmt.Sprintf("no node to migrate VirtualMachineInstance %s to: it runs on %s, and simvirt has no other node (nodes %v)", u.key, cur.Spec.NodeName, r.nodes))
 			return nil
 		}
-		pod, err := r.createPod(ctx, u.vmi, node, m)
+		addr, err := r.migrationAddress(ctx, node)
 		var perm permanentError
+		if errors.As(err, &perm) {
+			fail(err.Error())
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		pod, err := r.createPod(ctx, u.vmi, node, m, addr)
 		if errors.As(err, &perm) {
 			fail(err.Error())
 			return nil

@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 )
 
@@ -118,6 +119,9 @@ func NewScheme() (*runtime.Scheme, error) {
 	if err := kubevirtv1.AddToScheme(s); err != nil {
 		return nil, err
 	}
+	if err := nadv1.AddToScheme(s); err != nil { // the migration network
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -158,6 +162,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("simvirt: create manager: %w", err)
 	}
 	if err := setup(mgr, cfg.Nodes); err != nil {
+		return fmt.Errorf("simvirt: %w", err)
+	}
+	if err := setupHandlers(mgr, cfg.Nodes); err != nil {
 		return fmt.Errorf("simvirt: %w", err)
 	}
 	log.Info("simvirt running", "nodes", cfg.Nodes)
