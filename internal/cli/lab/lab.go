@@ -8,10 +8,13 @@
 // missing permission as a cluster would.
 //
 // As root, "lab up" also builds simulated nodes (--nodes, default 3):
-// network namespaces joined by a veth underlay (internal/simnet), each
-// running kvnet-node and a simulated kubelet (internal/simkubelet) that
-// plumbs the pods bound to it with kvnet-cni. There is no scheduler: pods
-// name their node (spec.nodeName: node-1, ...).
+// network namespaces joined by a veth underlay (internal/sim/simnet), each
+// running the shipped kvnet-node and a simulated kubelet
+// (internal/sim/simkubelet) that plumbs the pods bound to it with the
+// shipped kvnet-cni, plus the KubeVirt stand-ins: simvirt (VMs, VMIs,
+// migrations) and simlauncher (a QEMU guest per running VMI). There is no
+// scheduler: pods name their node (spec.nodeName: node-1, ...). A
+// component that fails after start-up stops the whole lab.
 package lab
 
 import (
