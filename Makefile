@@ -34,6 +34,10 @@ generate: ## Regenerate deepcopy code and CRDs from api/
 verify: ## Fail if generated files are stale or code is unformatted
 	hack/verify.sh
 
+.PHONY: lint
+lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
+	hack/lint.sh
+
 .PHONY: test
 test: deps tools guest-image ## Run the whole test suite (real apiserver; datapath tests need root)
 	GO=$(GO) hack/test.sh -race -count=1

@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -424,19 +423,4 @@ func udpFrame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, sport, dport
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
 	return append(append(append(f, ip...), udp...), payload...)
-}
-
-// runParallel runs fs concurrently and returns their errors joined.
-func runParallel(fs ...func() error) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(fs))
-	for i, f := range fs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = f()
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -345,7 +344,7 @@ func (a *Agent) watchLinks(ctx context.Context, bg *sync.WaitGroup) error {
 		defer nsh.Close()
 		updates := make(chan netlink.LinkUpdate, 64)
 		err = netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
-			Namespace: (*netns.NsHandle)(&nsh),
+			Namespace: &nsh,
 			ErrorCallback: func(err error) {
 				if ctx.Err() == nil {
 					log.FromContext(ctx).Error(err, "link updates; subscribing again")

@@ -90,7 +90,9 @@ func (f *Fixture) Close() {
 	if f.Dir != "" {
 		_ = os.RemoveAll(f.Dir)
 	}
-	f.Env.Stop()
+	if err := f.Env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "testenv: stop control plane:", err)
+	}
 }
 
 // WithFixture is the TestMain body of a node-side test package: it builds a

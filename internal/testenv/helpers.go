@@ -131,7 +131,11 @@ func run(m *testing.M, opts Options, setup func(*Env) (cleanup func(), err error
 		fmt.Fprintln(os.Stderr, "start control plane:", err)
 		return 1
 	}
-	defer e.Stop()
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop control plane:", err)
+		}
+	}()
 	cleanup, err := setup(e)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "set up test environment:", err)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -108,7 +109,9 @@ func (e *Env) runController(opts manager.Options, waitReady bool) (stop func(), 
 	go func() { done <- mgr.Start(ctx) }()
 	stop = func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			fmt.Fprintln(os.Stderr, "testenv: controller:", err)
+		}
 	}
 	// Wait until the controller is ready (and its webhook server answers
 	// TLS), so tests never race a starting (or failed) controller; a failed

@@ -92,7 +92,7 @@ func httpGet(ctx context.Context, netns string, addr netip.AddrPort) (string, er
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
+		_ = conn.SetDeadline(dl) // fails only on a closed conn, which the I/O below reports
 	}
 	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", addr.Addr()); err != nil {
 		return "", err

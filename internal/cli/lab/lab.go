@@ -206,7 +206,11 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err != nil {
 		return err
 	}
-	defer cp.Stop()
+	defer func() {
+		if err := cp.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "lab: stop control plane:", err)
+		}
+	}()
 	if err := os.WriteFile(filepath.Join(dir, KubeconfigFile), cp.Kubeconfig, 0o600); err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func Exec(ctx context.Context, netns string, addr netip.Addr, command string) (s
 		return "", fmt.Errorf("guest exec: %w", err)
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if _, err := io.WriteString(conn, command+"\n"); err != nil {
 		return "", fmt.Errorf("guest exec %q on %s: %w", command, addr, err)

@@ -333,7 +333,7 @@ func (v *VM) dialQMP(ctx context.Context) (*QMP, error) {
 // console's last lines. Call it only once done is closed.
 func (v *VM) exitError(what string) error {
 	v.mu.Lock()
-	v.console.poll()
+	_ = v.console.poll() // best effort: the tail only annotates an error
 	tail := v.console.tailText()
 	v.mu.Unlock()
 	status := "exit status 0"
@@ -374,7 +374,7 @@ func (v *VM) Stop() {
 		if v.qmp != nil {
 			v.qmp.Close()
 		}
-		v.cmd.Process.Kill()
+		_ = v.cmd.Process.Kill() // already exited is fine: done reports it
 		<-v.done
 		if v.tmpDir != "" {
 			os.RemoveAll(v.tmpDir)
@@ -430,7 +430,7 @@ func (v *VM) WaitLease(ctx context.Context, iface string) (Lease, error) {
 func (v *VM) Leases() map[string]Lease {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.console.poll()
+	_ = v.console.poll() // best effort: the tail only annotates an error
 	m := make(map[string]Lease, len(v.console.leases))
 	for k, l := range v.console.leases {
 		m[k] = l
@@ -449,7 +449,7 @@ func (v *VM) WaitReady(ctx context.Context) error {
 func (v *VM) ConsoleErrors() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.console.poll()
+	_ = v.console.poll() // best effort: the tail only annotates an error
 	return append([]string(nil), v.console.errors...)
 }
 
@@ -472,7 +472,7 @@ func (v *VM) waitConsole(ctx context.Context, what string, found func(*console) 
 		case <-v.done:
 			// One last look: QEMU may have printed it just before exiting.
 			v.mu.Lock()
-			v.console.poll()
+			_ = v.console.poll() // best effort: the tail only annotates an error
 			ok := found(v.console)
 			v.mu.Unlock()
 			if ok {

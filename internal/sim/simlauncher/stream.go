@@ -72,8 +72,8 @@ func (l *Launcher) stream(ctx context.Context, source *running, uri string) (str
 			}
 			defer out.Close()
 			done := make(chan struct{}, 2)
-			go func() { io.Copy(out, in); closeWrite(out); done <- struct{}{} }()
-			go func() { io.Copy(in, out); closeWrite(in); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(out, in); closeWrite(out); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(in, out); closeWrite(in); done <- struct{}{} }()
 			<-done
 			<-done
 		})

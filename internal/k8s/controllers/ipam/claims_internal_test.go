@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -60,7 +59,7 @@ func TestClaimSweepFreesOnlyConfirmedGone(t *testing.T) {
 	for q.Len() > 0 {
 		req, _ := q.Get()
 		queued[req.Name] = true
-		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: req.NamespacedName}); err != nil {
+		if _, err := r.Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		q.Done(req)
