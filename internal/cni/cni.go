@@ -104,11 +104,24 @@ func parse(stdin []byte) (*request, error) {
 	r := &request{served: s, opts: top.Options, version: top.CNIVersion, ipamOnly: s.IPAM != nil}
 	if r.ipamOnly && len(top.IPAM) > 0 {
 		var o Options
-		if err := json.Unmarshal(top.IPAM, &o); err == nil {
-			r.opts = o
+		if err := json.Unmarshal(top.IPAM, &o); err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration", "ipam: "+err.Error())
 		}
+		r.opts = o
 	}
 	return r, nil
+}
+
+// annotationTimeout is ADD's bound on the wait for the allocation.
+func (r *request) annotationTimeout() (time.Duration, error) {
+	if r.opts.AnnotationTimeout == "" {
+		return defaultTimeout, nil
+	}
+	timeout, err := time.ParseDuration(r.opts.AnnotationTimeout)
+	if err != nil || timeout <= 0 {
+		return 0, types.NewError(types.ErrInvalidNetworkConfig, "invalid annotationTimeout", fmt.Sprintf("\"annotationTimeout\" %q is not a positive duration", r.opts.AnnotationTimeout))
+	}
+	return timeout, nil
 }
 
 // podArgs are the Kubernetes CNI_ARGS.
@@ -116,6 +129,20 @@ type podArgs struct {
 	types.CommonArgs
 	K8S_POD_NAMESPACE types.UnmarshallableString //nolint:revive // CNI_ARGS names
 	K8S_POD_NAME      types.UnmarshallableString //nolint:revive
+}
+
+// podIdentity reads the pod's namespace and name from CNI_ARGS
+// ("K=V;K2=V2", as the runtime passes them).
+func podIdentity(cniArgs string) (namespace, name string, err error) {
+	var pa podArgs
+	if err := types.LoadArgs(cniArgs, &pa); err != nil {
+		return "", "", types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	}
+	namespace, name = string(pa.K8S_POD_NAMESPACE), string(pa.K8S_POD_NAME)
+	if namespace == "" || name == "" {
+		return "", "", types.NewError(types.ErrInvalidEnvironmentVariables, "missing pod identity", "CNI_ARGS must carry K8S_POD_NAMESPACE and K8S_POD_NAME")
+	}
+	return namespace, name, nil
 }
 
 // HostIfName is the host-side veth name of an attachment (≤ 15 chars,
@@ -137,13 +164,13 @@ func (p *Plugin) load(args *skel.CmdArgs) (*request, podnetworks.Attachment, err
 }
 
 func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, error) {
-	var pa podArgs
-	if err := types.LoadArgs(args.Args, &pa); err != nil {
-		return podnetworks.Attachment{}, types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	ns, name, err := podIdentity(args.Args)
+	if err != nil {
+		return podnetworks.Attachment{}, err
 	}
-	ns, name := string(pa.K8S_POD_NAMESPACE), string(pa.K8S_POD_NAME)
-	if ns == "" || name == "" {
-		return podnetworks.Attachment{}, types.NewError(types.ErrInvalidEnvironmentVariables, "missing pod identity", "CNI_ARGS must carry K8S_POD_NAMESPACE and K8S_POD_NAME")
+	timeout, err := r.annotationTimeout()
+	if err != nil {
+		return podnetworks.Attachment{}, err
 	}
 	kubeconfig := r.opts.Kubeconfig
 	if kubeconfig == "" {
@@ -155,12 +182,6 @@ func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, 
 	src, err := p.NewSource(kubeconfig)
 	if err != nil {
 		return podnetworks.Attachment{}, types.NewError(types.ErrTryAgainLater, "cannot reach the API server", err.Error())
-	}
-	timeout := defaultTimeout
-	if r.opts.AnnotationTimeout != "" {
-		if timeout, err = time.ParseDuration(r.opts.AnnotationTimeout); err != nil || timeout <= 0 {
-			return podnetworks.Attachment{}, types.NewError(types.ErrInvalidNetworkConfig, "invalid annotationTimeout", fmt.Sprintf("%q is not a positive duration", r.opts.AnnotationTimeout))
-		}
 	}
 	poll := p.Poll
 	if poll == 0 {
@@ -349,17 +370,31 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 // GC removes host ends of pod veths that belong to no valid attachment.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
+	keep, err := gcKeep(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return gcHostInterfaces(hostIfPrefix, keep)
+}
+
+// gcKeep reads GC's stdin and returns the host ends of its valid
+// attachments ("cni.dev/valid-attachments"), which GC must keep.
+func gcKeep(stdin []byte) (map[string]bool, error) {
 	var in struct {
 		Valid []types.GCAttachment `json:"cni.dev/valid-attachments"`
 	}
-	if err := json.Unmarshal(args.StdinData, &in); err != nil {
-		return types.NewError(types.ErrDecodingFailure, "decode GC arguments", err.Error())
+	if err := json.Unmarshal(stdin, &in); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode GC arguments", err.Error())
 	}
 	keep := map[string]bool{}
-	for _, a := range in.Valid {
+	for i, a := range in.Valid {
+		if a.ContainerID == "" || a.IfName == "" {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid GC arguments",
+				fmt.Sprintf("\"cni.dev/valid-attachments\"[%d]: \"containerID\" %q and \"ifname\" %q must both be set", i, a.ContainerID, a.IfName))
+		}
 		keep[HostIfName(a.ContainerID, a.IfName)] = true
 	}
-	return gcHostInterfaces(hostIfPrefix, keep)
+	return keep, nil
 }
 
 // Status is what kvnet-node writes to the status file for the STATUS verb.
@@ -428,9 +463,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 func PortAlias(pod, nad string) string { return "kvnet:" + pod + ":" + nad }
 
 func podKey(args *skel.CmdArgs) string {
-	var pa podArgs
-	_ = types.LoadArgs(args.Args, &pa)
-	return string(pa.K8S_POD_NAMESPACE) + "/" + string(pa.K8S_POD_NAME)
+	ns, name, _ := podIdentity(args.Args)
+	return ns + "/" + name
 }
 
 func nadKeyOf(r *request, a podnetworks.Attachment) string {

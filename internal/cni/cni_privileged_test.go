@@ -38,11 +38,11 @@ var (
 	cniCfg *libcni.CNIConfig
 )
 
-// TestMain builds the fixture (control plane, kvnet-cni) only as root; as
-// any other user the unit tests run, the privileged ones skip (needsRoot)
-// and one line says so.
+// TestMain builds the fixture (control plane, kvnet-cni) only as root and
+// not under "go test -fuzz"; as any other user the unit tests run, the
+// privileged ones skip (needsRoot) and one line says so.
 func TestMain(m *testing.M) {
-	if !testenv.Privileged() {
+	if !testenv.Privileged() || testenv.Fuzzing() {
 		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/cni")
 		os.Exit(m.Run())
 	}

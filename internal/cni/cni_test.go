@@ -1,9 +1,14 @@
 package cni
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
+
+	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -19,6 +24,7 @@ func TestParse(t *testing.T) {
 		{"not json", `{`, "decode network configuration"},
 		{"foreign", `{"cniVersion":"1.0.0","type":"bridge","name":"b"}`, `neither "type": "kvnet-cni" nor "ipam": {"type": "kvnet-ipam"}`},
 		{"bad field", `{"type":"kvnet-cni","name":"n","topology":"layer2","subnets":"x"}`, `"subnets" value "x"`},
+		{"ipam option of the wrong type", `{"type":"bridge","name":"m","ipam":{"type":"kvnet-ipam","subnets":"10.0.0.0/24","annotationTimeout":5}}`, "annotationTimeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,4 +62,158 @@ func TestFindAndResult(t *testing.T) {
 	if a, ok := find(nets, r2); !ok || a.IPAddresses[0] != "10.1.0.7/16" {
 		t.Fatalf("find by network name: %+v %v", a, ok)
 	}
+}
+
+func TestPodIdentity(t *testing.T) {
+	ns, name, err := podIdentity("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc")
+	if err != nil || ns != "ns1" || name != "p" {
+		t.Fatalf("got %q %q %v", ns, name, err)
+	}
+	for args, want := range map[string]string{
+		"K8S_POD_NAMESPACE=ns1":                                  "missing pod identity",
+		"K8S_POD_NAMESPACE=ns1;K8S_POD_NAME":                     `invalid pair "K8S_POD_NAME"`,
+		"K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=p;OTHER=x":           `unknown args ["OTHER=x"]`,
+		"IgnoreUnknown=maybe;K8S_POD_NAMESPACE=a;K8S_POD_NAME=b": "invalid input maybe",
+	} {
+		if _, _, err := podIdentity(args); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("podIdentity(%q) = %v, want %q", args, err, want)
+		}
+	}
+}
+
+func TestAnnotationTimeout(t *testing.T) {
+	for opt, want := range map[string]time.Duration{"": defaultTimeout, "5s": 5 * time.Second} {
+		r := &request{opts: Options{AnnotationTimeout: opt}}
+		if got, err := r.annotationTimeout(); err != nil || got != want {
+			t.Errorf("%q: %v, %v; want %v", opt, got, err, want)
+		}
+	}
+	for _, opt := range []string{"soon", "-1s", "0s"} {
+		r := &request{opts: Options{AnnotationTimeout: opt}}
+		if _, err := r.annotationTimeout(); err == nil || !strings.Contains(err.Error(), `"annotationTimeout" "`+opt+`"`) {
+			t.Errorf("%q: err = %v", opt, err)
+		}
+	}
+}
+
+func TestGCKeep(t *testing.T) {
+	keep, err := gcKeep([]byte(`{"cniVersion":"1.1.0","name":"n","type":"kvnet-cni","cni.dev/valid-attachments":[{"containerID":"c1","ifname":"net1"}]}`))
+	if err != nil || len(keep) != 1 || !keep[HostIfName("c1", "net1")] {
+		t.Fatalf("keep %v, %v", keep, err)
+	}
+	if _, err := gcKeep([]byte(`{"cni.dev/valid-attachments":[{"containerID":"c1"}]}`)); err == nil || !strings.Contains(err.Error(), `"ifname" ""`) {
+		t.Fatalf("attachment without ifname: %v", err)
+	}
+}
+
+// cniError asserts that err is a CNI error (what skel prints to the
+// runtime) with a code and a message.
+func cniError(t *testing.T, err error) {
+	t.Helper()
+	var e *types.Error
+	if !errors.As(err, &e) || e.Code == 0 || e.Msg == "" {
+		t.Fatalf("not a CNI error with code and message: %#v", err)
+	}
+}
+
+// FuzzParse feeds the plugin's stdin parser with network configurations as
+// the runtime sends them (runtimeConfig, prevResult and args included).
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"ns_a","netAttachDefName":"ns/a","topology":"layer2","role":"primary","subnets":"10.0.0.0/24,fd00::/64","mtu":1400,"annotationTimeout":"10s","defaultMTU":1450}`,
+		`{"cniVersion":"1.0.0","type":"kvnet-cni","name":"n","topology":"layer3","subnets":"10.0.0.0/16/24","runtimeConfig":{"mac":"0a:58:0a:00:00:05"},"args":{"cni":{"ips":["10.0.0.5"]}}}`,
+		`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"n","topology":"localnet","vlanID":7,"prevResult":{"cniVersion":"1.1.0","interfaces":[{"name":"kvp0"}],"ips":[{"address":"10.0.0.5/24","interface":0}]}}`,
+		`{"cniVersion":"1.0.0","type":"bridge","name":"mig","bridge":"br-mig","ipam":{"type":"kvnet-ipam","subnets":"10.200.0.0/24","gatewayIPs":"10.200.0.1","annotationTimeout":"5s","statusFile":"/tmp/s.json"}}`,
+		`{"cniVersion":"1.0.0","name":"mv","plugins":[{"type":"macvlan","ipam":{"type":"kvnet-ipam","subnets":"fd00::/64"}}]}`,
+		`{"type":"bridge","name":"mig","ipam":{"type":"kvnet-ipam","subnets":"10.0.0.0/24","annotationTimeout":5}}`,
+		`{"type":"kvnet-cni","name":"n","topology":"layer2","annotationTimeout":"-1s"}`,
+		`{"type":"kvnet-cni","name":"n","topology":"mesh"}`,
+		`{"type":"kvnet-cni","name":"n","topology":"layer2","mtu":"big"}`,
+		`{"type":"bridge","name":"b","ipam":{"type":"host-local"}}`,
+		`{`, `null`, `[]`, `""`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, stdin []byte) {
+		r, err := parse(stdin)
+		if err != nil {
+			if r != nil {
+				t.Fatalf("request %+v with error %v", r, err)
+			}
+			cniError(t, err)
+			return
+		}
+		if r.served == nil || r.served.Name == "" {
+			t.Fatalf("request without a named network: %+v", r)
+		}
+		if r.ipamOnly != (r.served.IPAM != nil) || r.ipamOnly == (r.served.Conf != nil) {
+			t.Fatalf("ipamOnly %v for served %+v", r.ipamOnly, r.served)
+		}
+		// The plugin serves exactly what the allocator serves.
+		s, err := netconf.ParseServed(string(stdin))
+		if err != nil || s == nil || s.Name != r.served.Name {
+			t.Fatalf("allocator reads %+v, %v; plugin read %+v", s, err, r.served)
+		}
+		if d, err := r.annotationTimeout(); err != nil {
+			cniError(t, err)
+			if !strings.Contains(err.Error(), `"annotationTimeout"`) {
+				t.Fatalf("error does not name the field: %v", err)
+			}
+		} else if d <= 0 {
+			t.Fatalf("annotationTimeout %v", d)
+		}
+		if p := statusPath(r); p == "" {
+			t.Fatal("empty status path")
+		}
+	})
+}
+
+// FuzzPodIdentity feeds CNI_ARGS.
+func FuzzPodIdentity(f *testing.F) {
+	for _, s := range []string{
+		"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=virt-launcher-vm1-abcde;K8S_POD_INFRA_CONTAINER_ID=0123;K8S_POD_UID=u",
+		"K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=p",
+		"K8S_POD_NAMESPACE=ns1", "K8S_POD_NAME==", "IgnoreUnknown=2", "CommonArgs=x", ";;", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, args string) {
+		ns, name, err := podIdentity(args)
+		if err != nil {
+			cniError(t, err)
+			return
+		}
+		if ns == "" || name == "" || strings.ContainsAny(ns+name, ";=") {
+			t.Fatalf("identity %q/%q from %q", ns, name, args)
+		}
+		// What the runtime would pass for this pod reads back the same.
+		ns2, name2, err := podIdentity("K8S_POD_NAMESPACE=" + ns + ";K8S_POD_NAME=" + name)
+		if err != nil || ns2 != ns || name2 != name {
+			t.Fatalf("round trip of %q/%q: %q/%q, %v", ns, name, ns2, name2, err)
+		}
+	})
+}
+
+// FuzzGCKeep feeds GC's stdin.
+func FuzzGCKeep(f *testing.F) {
+	for _, s := range []string{
+		`{"cniVersion":"1.1.0","name":"n","type":"kvnet-cni","cni.dev/valid-attachments":[{"containerID":"c1","ifname":"net1"},{"containerID":"c2","ifname":"eth0"}]}`,
+		`{"cniVersion":"1.1.0","name":"n","type":"kvnet-cni"}`,
+		`{"cni.dev/valid-attachments":[{"containerID":"c1"}]}`,
+		`{"cni.dev/valid-attachments":{}}`, `{`, `null`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, stdin []byte) {
+		keep, err := gcKeep(stdin)
+		if err != nil {
+			cniError(t, err)
+			return
+		}
+		for name := range keep {
+			if len(name) > 15 || !strings.HasPrefix(name, hostIfPrefix) {
+				t.Fatalf("kept host interface %q is not one of ours", name)
+			}
+		}
+	})
 }

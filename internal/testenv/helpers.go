@@ -78,6 +78,21 @@ func (c *Controller) Restart(t testing.TB) {
 	c.Start(t)
 }
 
+// Fuzzing reports whether the test binary runs under "go test -fuzz" (as
+// the coordinator or as a fuzz worker). A TestMain that builds a fixture
+// (control plane, binaries) should skip it then: fuzz targets test pure
+// code, and every worker process would otherwise build its own. It parses
+// the command line, so call it from TestMain only.
+func Fuzzing() bool {
+	flag.Parse()
+	for _, name := range []string{"test.fuzz", "test.fuzzworker"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" && f.Value.String() != "false" {
+			return true
+		}
+	}
+	return false
+}
+
 // MainAPI is the TestMain body of a package that needs only the API
 // server: it starts a control plane, calls setup (which may be nil) with it,
 // runs the tests and tears down. It returns the exit code.
@@ -122,8 +137,7 @@ func Main(m *testing.M, opts Options, setup func(*Env) (manager.Options, error),
 // Under "go test -fuzz" it starts nothing: fuzz targets test pure code, and
 // every fuzz worker process would otherwise start its own control plane.
 func run(m *testing.M, opts Options, setup func(*Env) (cleanup func(), err error)) int {
-	flag.Parse()
-	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+	if Fuzzing() {
 		return m.Run()
 	}
 	e, err := Start(opts)
