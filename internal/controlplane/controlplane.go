@@ -75,6 +75,19 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The API server's certificates and service-account keys live in a
+	// directory of ours rather than one envtest removes on stop, so that
+	// RestartAPIServer brings back a server every issued kubeconfig and
+	// token still works with.
+	dir, err := os.MkdirTemp("", "kvnet-controlplane-")
+	if err != nil {
+		return nil, err
+	}
+	certDir := filepath.Join(dir, "apiserver")
+	if err := os.Mkdir(certDir, 0o700); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    binDir,
 		CRDs:                     cfg.CRDs,
@@ -90,11 +103,13 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		}
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: cfg.EtcdDataDir}
 	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	restCfg, err := env.Start()
 	if err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: restCfg}
+	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir}
 	ok := false
 	defer func() {
 		if !ok {
@@ -126,10 +141,6 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 				}
 			}
 		}
-	}
-	cp.dir, err = os.MkdirTemp("", "kvnet-controlplane-")
-	if err != nil {
-		return nil, err
 	}
 	if !cfg.NoControllerManager {
 		if err := cp.startControllerManager(ctx, binDir, cfg.LogDir); err != nil {
@@ -184,6 +195,21 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 	case <-time.After(500 * time.Millisecond):
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	return nil
+}
+
+// RestartAPIServer stops kube-apiserver and starts it again on the same
+// address with the same certificates and etcd, as an upgrade or a crash
+// of a control-plane node does; clients see connection errors meanwhile.
+// It returns once the new server answers /healthz.
+func (cp *ControlPlane) RestartAPIServer() error {
+	s := cp.Env.ControlPlane.GetAPIServer()
+	if err := s.Stop(); err != nil {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	if err := s.Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver again: %w", err)
 	}
 	return nil
 }

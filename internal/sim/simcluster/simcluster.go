@@ -28,6 +28,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -128,6 +129,7 @@ type agent struct {
 	proc   *exec.Cmd   // process mode
 	cancel context.CancelFunc
 	done   chan error
+	killed atomic.Bool // by KillAgent: its exit is no failure
 }
 
 // Start builds the nodes and starts every component, and returns once
@@ -496,7 +498,7 @@ func (c *Cluster) StartAgent(n string) error {
 	c.wg.Go(func() {
 		err := <-a.done
 		a.done <- err // for StopAgent
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !a.killed.Load() {
 			c.fail(fmt.Errorf("kvnet-node on %s: %w", name, err))
 		}
 	})
@@ -519,6 +521,33 @@ func (c *Cluster) StopAgent(n string) error {
 	if a.inproc != nil && !errors.Is(err, context.Canceled) && err.Error() != "stopped" {
 		return fmt.Errorf("kvnet-node on %s: %w", n, err)
 	}
+	return nil
+}
+
+// KillAgent kills node n's kvnet-node process with SIGKILL, as a crash or
+// an OOM kill does, and waits for it to be gone; unlike an exit on its own
+// this is no failure of the cluster. StartAgent starts it again, as the
+// DaemonSet would. Only in process mode (AgentBinary).
+func (c *Cluster) KillAgent(n string) error {
+	c.mu.Lock()
+	a := c.agents[n]
+	if a != nil && a.proc != nil {
+		delete(c.agents, n)
+	}
+	c.mu.Unlock()
+	switch {
+	case a == nil:
+		return fmt.Errorf("simcluster: no kvnet-node runs on %s", n)
+	case a.proc == nil:
+		return fmt.Errorf("simcluster: kvnet-node on %s runs in this process; only a process can be killed", n)
+	}
+	a.killed.Store(true)
+	if err := a.proc.Process.Kill(); err != nil {
+		return fmt.Errorf("simcluster: kill kvnet-node on %s: %w", n, err)
+	}
+	err := <-a.done
+	a.done <- err
+	a.cancel()
 	return nil
 }
 
