@@ -1,8 +1,10 @@
 package udn
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -80,8 +82,20 @@ func (s Spec) IsPrimary() bool {
 }
 
 // Render returns the CNI configuration of a network. netName is the network
-// name, nadKey the NAD's "<namespace>/<name>". Errors name the field.
+// name, nadKey the NAD's "<namespace>/<name>". Errors name the field and
+// value. The API server's validation of UDNs and CUDNs already rejects
+// most bad specs; Render checks again what it relies on, so that a spec
+// that slipped through is refused rather than rendered into a different
+// network.
 func Render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
+	c, err := render(s, netName, nadKey)
+	if err != nil {
+		return nil, fmt.Errorf("render %q: %w", netName, err)
+	}
+	return c, nil
+}
+
+func render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
 	c := &netconf.NetConf{
 		CNIVersion: netconf.CNIVersion,
 		Type:       netconf.PluginType,
@@ -92,76 +106,136 @@ func Render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
 	case udnv1.NetworkTopologyLayer2:
 		l2 := s.Layer2
 		if l2 == nil {
-			return nil, fmt.Errorf("render %q: spec.layer2 is required when topology is Layer2", netName)
+			return nil, errors.New("spec.layer2 is required when topology is Layer2")
 		}
 		c.Topology = netconf.TopologyLayer2
-		c.Role = strings.ToLower(string(l2.Role))
+		role, err := renderRole(l2.Role, udnv1.NetworkRolePrimary, udnv1.NetworkRoleSecondary)
+		if err != nil {
+			return nil, err
+		}
+		c.Role = role
 		c.MTU = int(l2.MTU)
-		c.Subnets = joinCIDRs(l2.Subnets)
-		c.ReservedSubnets = joinCIDRs(l2.ReservedSubnets)
-		c.InfrastructureSubnets = joinCIDRs(l2.InfrastructureSubnets)
-		c.DefaultGatewayIPs = joinIPs(l2.DefaultGatewayIPs)
+		var join string
+		for _, f := range []struct {
+			key  string
+			list []udnv1.CIDR
+			dst  *string
+		}{
+			{"subnets", l2.Subnets, &c.Subnets},
+			{"reservedSubnets", l2.ReservedSubnets, &c.ReservedSubnets},
+			{"infrastructureSubnets", l2.InfrastructureSubnets, &c.InfrastructureSubnets},
+			{"joinSubnets", l2.JoinSubnets, &join},
+		} {
+			if *f.dst, err = joinCIDRs(f.key, f.list); err != nil {
+				return nil, err
+			}
+		}
+		if c.DefaultGatewayIPs, err = joinIPs("defaultGatewayIPs", l2.DefaultGatewayIPs); err != nil {
+			return nil, err
+		}
 		if l2.IPAM != nil && l2.IPAM.Lifecycle == udnv1.IPAMLifecyclePersistent {
 			c.AllowPersistentIPs = true
 		}
 		if l2.Role == udnv1.NetworkRolePrimary {
 			if len(l2.Subnets) == 0 {
-				return nil, fmt.Errorf("render %q: the subnet attribute must be defined for layer2 primary user defined networks", netName)
+				return nil, errors.New("the subnet attribute must be defined for layer2 primary user defined networks")
 			}
-			c.JoinSubnet = joinOr(joinCIDRs(l2.JoinSubnets), DefaultJoinSubnets)
+			c.JoinSubnet = joinOr(join, DefaultJoinSubnets)
 			transit, err := transitSubnets(l2.Subnets, l2.JoinSubnets)
 			if err != nil {
-				return nil, fmt.Errorf("render %q: %w", netName, err)
+				return nil, err
 			}
 			c.TransitSubnet = transit
 		}
 	case udnv1.NetworkTopologyLayer3:
 		l3 := s.Layer3
 		if l3 == nil {
-			return nil, fmt.Errorf("render %q: spec.layer3 is required when topology is Layer3", netName)
+			return nil, errors.New("spec.layer3 is required when topology is Layer3")
 		}
 		c.Topology = netconf.TopologyLayer3
-		c.Role = strings.ToLower(string(l3.Role))
+		role, err := renderRole(l3.Role, udnv1.NetworkRolePrimary, udnv1.NetworkRoleSecondary)
+		if err != nil {
+			return nil, err
+		}
+		c.Role = role
 		c.MTU = int(l3.MTU)
 		subnets := make([]string, 0, len(l3.Subnets))
 		for _, sn := range l3.Subnets {
-			if sn.HostSubnet > 0 {
+			if _, err := parseCIDR("subnets", sn.CIDR); err != nil {
+				return nil, err
+			}
+			switch {
+			case sn.HostSubnet < 0:
+				return nil, fmt.Errorf("\"subnets\" value %q: hostSubnet %d: must be positive", sn.CIDR, sn.HostSubnet)
+			case sn.HostSubnet > 0:
 				subnets = append(subnets, string(sn.CIDR)+"/"+strconv.Itoa(int(sn.HostSubnet)))
-			} else {
+			default:
 				subnets = append(subnets, string(sn.CIDR))
 			}
 		}
 		c.Subnets = strings.Join(subnets, ",")
+		join, err := joinCIDRs("joinSubnets", l3.JoinSubnets)
+		if err != nil {
+			return nil, err
+		}
 		if l3.Role == udnv1.NetworkRolePrimary {
-			c.JoinSubnet = joinOr(joinCIDRs(l3.JoinSubnets), DefaultJoinSubnets)
+			c.JoinSubnet = joinOr(join, DefaultJoinSubnets)
 		}
 	case udnv1.NetworkTopologyLocalnet:
 		ln := s.Localnet
 		if ln == nil {
-			return nil, fmt.Errorf("render %q: spec.localnet is required when topology is Localnet", netName)
+			return nil, errors.New("spec.localnet is required when topology is Localnet")
 		}
 		c.Topology = netconf.TopologyLocalnet
-		c.Role = strings.ToLower(string(ln.Role))
+		role, err := renderRole(ln.Role, udnv1.NetworkRoleSecondary)
+		if err != nil {
+			return nil, err
+		}
+		c.Role = role
 		c.MTU = int(ln.MTU)
 		if c.MTU == 0 {
 			c.MTU = LocalnetDefaultMTU
 		}
-		c.Subnets = joinCIDRs(ln.Subnets)
-		c.ExcludeSubnets = joinCIDRs(ln.ExcludeSubnets)
+		if c.Subnets, err = joinCIDRs("subnets", ln.Subnets); err != nil {
+			return nil, err
+		}
+		if c.ExcludeSubnets, err = joinCIDRs("excludeSubnets", ln.ExcludeSubnets); err != nil {
+			return nil, err
+		}
 		c.PhysicalNetworkName = ln.PhysicalNetworkName
 		if ln.IPAM != nil && ln.IPAM.Lifecycle == udnv1.IPAMLifecyclePersistent {
 			c.AllowPersistentIPs = true
 		}
 		if ln.VLAN != nil && ln.VLAN.Access != nil {
+			if id := ln.VLAN.Access.ID; id < 1 || id > 4094 {
+				return nil, fmt.Errorf("\"vlan.access.id\" %d: must be between 1 and 4094", id)
+			}
 			c.VLANID = int(ln.VLAN.Access.ID)
 		}
 	default:
-		return nil, fmt.Errorf("render %q: topology %q: must be Layer2, Layer3 or Localnet", netName, s.Topology)
+		return nil, fmt.Errorf("topology %q: must be Layer2, Layer3 or Localnet", s.Topology)
 	}
 	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("render %q: %w", netName, err)
+		return nil, err
 	}
 	return c, nil
+}
+
+// renderRole returns the rendered (lowercase) role, which must be one of
+// allowed.
+func renderRole(role udnv1.NetworkRole, allowed ...udnv1.NetworkRole) (string, error) {
+	if !slices.Contains(allowed, role) {
+		return "", fmt.Errorf("\"role\" %q: must be %s", role, joinRoles(allowed))
+	}
+	return strings.ToLower(string(role)), nil
+}
+
+func joinRoles(l []udnv1.NetworkRole) string {
+	s := make([]string, len(l))
+	for i, r := range l {
+		s[i] = string(r)
+	}
+	return strings.Join(s, " or ")
 }
 
 // transitSubnets returns the default transit subnets, each moved to the next
@@ -169,12 +243,17 @@ func Render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
 // network (as OVN-Kubernetes does).
 func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
 	var taken []netip.Prefix
-	for _, s := range append(append(udnv1.DualStackCIDRs{}, subnets...), join...) {
-		p, err := netip.ParsePrefix(string(s))
-		if err != nil {
-			return "", fmt.Errorf("subnet %q: %w", s, err)
+	for _, f := range []struct {
+		key  string
+		list udnv1.DualStackCIDRs
+	}{{"subnets", subnets}, {"joinSubnets", join}} {
+		for _, s := range f.list {
+			p, err := parseCIDR(f.key, s)
+			if err != nil {
+				return "", err
+			}
+			taken = append(taken, p.Masked())
 		}
-		taken = append(taken, p.Masked())
 	}
 	if len(join) == 0 {
 		for _, s := range DefaultJoinSubnets {
@@ -195,7 +274,7 @@ func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
 			}
 			next, ok := nextPrefix(q)
 			if !ok || tries > 64 {
-				return "", fmt.Errorf("no free transit subnet near %s", def)
+				return "", fmt.Errorf("no free transit subnet near %s: \"subnets\" and \"joinSubnets\" overlap every candidate", def)
 			}
 			p = netip.PrefixFrom(next.Addr(), p.Bits())
 		}
@@ -232,20 +311,39 @@ func nextPrefix(p netip.Prefix) (netip.Prefix, bool) {
 	return netip.PrefixFrom(a, bits), true
 }
 
-func joinCIDRs(l []udnv1.CIDR) string {
-	s := make([]string, len(l))
-	for i, c := range l {
-		s[i] = string(c)
+// parseCIDR parses one CIDR of spec field key, exactly: the rendered
+// configuration joins lists with commas, so an element that is not one
+// CIDR by itself (a comma, a space) would render as a different list.
+func parseCIDR(key string, c udnv1.CIDR) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(string(c))
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q value %q: %w", key, c, err)
 	}
-	return strings.Join(s, ",")
+	return p, nil
 }
 
-func joinIPs(l []udnv1.IP) string {
+// joinCIDRs renders the CIDR list of spec field key.
+func joinCIDRs(key string, l []udnv1.CIDR) (string, error) {
 	s := make([]string, len(l))
 	for i, c := range l {
+		if _, err := parseCIDR(key, c); err != nil {
+			return "", err
+		}
 		s[i] = string(c)
 	}
-	return strings.Join(s, ",")
+	return strings.Join(s, ","), nil
+}
+
+// joinIPs renders the IP list of spec field key.
+func joinIPs(key string, l []udnv1.IP) (string, error) {
+	s := make([]string, len(l))
+	for i, ip := range l {
+		if _, err := netip.ParseAddr(string(ip)); err != nil {
+			return "", fmt.Errorf("%q value %q: %w", key, ip, err)
+		}
+		s[i] = string(ip)
+	}
+	return strings.Join(s, ","), nil
 }
 
 func joinOr(v string, def []string) string {
