@@ -6,6 +6,7 @@ import (
 
 	"kvnet.io/kvnet/internal/cli/demo"
 	"kvnet.io/kvnet/internal/cli/lab"
+	"kvnet.io/kvnet/internal/cli/why"
 )
 
 // NewCommand returns the kvnet root command.
@@ -16,6 +17,6 @@ func NewCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(lab.NewCommand(), demo.NewCommand())
+	cmd.AddCommand(lab.NewCommand(), demo.NewCommand(), why.NewCommand())
 	return cmd
 }
