@@ -126,6 +126,15 @@ func DefaultDNS(resolvConf string) ([]netip.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read resolv.conf %q: %w", resolvConf, err)
 	}
+	out, err := parseResolvConf(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse resolv.conf %q: %w", resolvConf, err)
+	}
+	return out, nil
+}
+
+// parseResolvConf is DefaultDNS without the file.
+func parseResolvConf(data []byte) ([]netip.Addr, error) {
 	var out []netip.Addr
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
@@ -150,7 +159,7 @@ func DefaultDNS(resolvConf string) ([]netip.Addr, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("parse resolv.conf %q: %w", resolvConf, err)
+		return nil, err
 	}
 	return out, nil
 }

@@ -166,3 +166,35 @@ func TestNewValidation(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseResolvConf feeds DefaultDNS's parser: what it returns is usable
+// (valid, no loopback, unspecified or duplicate address), and written back
+// as nameserver lines it reads the same.
+func FuzzParseResolvConf(f *testing.F) {
+	for _, s := range []string{
+		"nameserver 10.96.0.10\nsearch ns.svc.cluster.local svc.cluster.local\noptions ndots:5\n",
+		"# comment\n; other comment\nnameserver 127.0.0.53\nnameserver ::1\nnameserver 0.0.0.0\n",
+		"nameserver 8.8.8.8 # google\nnameserver 8.8.8.8\nnameserver fd00::10\nnameserver ::ffff:1.2.3.4\n",
+		"nameserver fe80::1%eth0\nnameserver\nnameserver not-an-ip\n\tnameserver   1.1.1.1  \r\n",
+		"", "nameserver 1.2.3.4",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := parseResolvConf(data)
+		if err != nil {
+			return // only a line over the scanner's limit
+		}
+		var again strings.Builder
+		for i, a := range got {
+			if !a.IsValid() || a.IsLoopback() || a.IsUnspecified() || a.Is4In6() || slices.Contains(got[:i], a) {
+				t.Fatalf("nameserver %v in %v", a, got)
+			}
+			again.WriteString("nameserver " + a.String() + "\n")
+		}
+		back, err := parseResolvConf([]byte(again.String()))
+		if err != nil || !slices.Equal(back, got) {
+			t.Fatalf("%v written back reads %v, %v", got, back, err)
+		}
+	})
+}

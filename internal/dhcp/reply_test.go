@@ -538,3 +538,97 @@ func TestAnswer(t *testing.T) {
 		})
 	}
 }
+
+// seedPacket encodes a client message for a fuzz seed corpus.
+func seedPacket(f *testing.F, mods ...dhcpv4.Modifier) []byte {
+	f.Helper()
+	m, err := dhcpv4.New(mods...)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return m.ToBytes()
+}
+
+// FuzzRespond feeds the server's datagram handling (decode, policy, reply
+// building) with arbitrary packets. A packet gets a reply only when it is
+// a DISCOVER or REQUEST from a MAC with a lease, and the reply is a
+// well-formed OFFER, ACK or NAK for exactly that client and lease, within
+// the client's size limit.
+func FuzzRespond(f *testing.F) {
+	minimal := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x42}
+	leases := NewStaticLeases()
+	leases.Set(testMAC, fullLease())
+	leases.Set(minimal, Lease{IP: netip.MustParsePrefix("10.0.0.42/24")})
+	hw := dhcpv4.WithHwAddr(testMAC)
+	for _, pkt := range [][]byte{
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover)),
+		seedPacket(f, dhcpv4.WithHwAddr(minimal), dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover)),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), withRequested(leasedIP), withServerID(testServerIP)),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), withRequested(leasedIP), withServerID(otherServer)),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), withRequested(netip.MustParseAddr("10.0.0.9"))),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), dhcpv4.WithClientIP(leasedIP.AsSlice())),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest)),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover), dhcpv4.WithGatewayIP(net.IPv4(10, 9, 0, 1))),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover), dhcpv4.WithOption(dhcpv4.OptMaxMessageSize(1500))),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeInform)),
+		seedPacket(f, dhcpv4.WithHwAddr(net.HardwareAddr{2, 0, 0, 0, 0, 0x99}), dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover)),
+		seedPacket(f, dhcpv4.WithHwAddr(net.HardwareAddr{1, 2, 3, 4, 5, 6, 7, 8}), dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover)),
+		seedPacket(f, hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeOffer), dhcpv4.WithReply(&dhcpv4.DHCPv4{OpCode: dhcpv4.OpcodeBootRequest})),
+		seedPacket(f, hw)[:100], // truncated header
+		{}, {0x01},
+	} {
+		f.Add(pkt)
+	}
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		req, resp, dst, err := respond(pkt, leases, testServerIP)
+		if resp == nil {
+			if err == nil || dst != nil {
+				t.Fatalf("no reply, dst %v, err %v", dst, err)
+			}
+			return
+		}
+		if err != nil || dst == nil || req == nil {
+			t.Fatalf("reply with dst %v, err %v", dst, err)
+		}
+		lease, ok := leases.Lookup(req.ClientHWAddr)
+		if !ok {
+			t.Fatalf("reply to %s, which has no lease", req.ClientHWAddr)
+		}
+		if resp.OpCode != dhcpv4.OpcodeBootReply || resp.TransactionID != req.TransactionID || !bytes.Equal(resp.ClientHWAddr, req.ClientHWAddr) {
+			t.Fatalf("reply %s does not answer request %s", resp.Summary(), req.Summary())
+		}
+		switch typ := resp.MessageType(); {
+		case typ == dhcpv4.MessageTypeOffer && req.MessageType() == dhcpv4.MessageTypeDiscover,
+			typ == dhcpv4.MessageTypeAck && req.MessageType() == dhcpv4.MessageTypeRequest:
+			if got, _ := addrOf(resp.YourIPAddr); got != lease.IP.Addr() {
+				t.Fatalf("%s gives %s, lease is %s", typ, resp.YourIPAddr, lease.IP)
+			}
+		case typ == dhcpv4.MessageTypeNak && req.MessageType() == dhcpv4.MessageTypeRequest:
+			if dst.Port == dhcpv4.ClientPort && !dst.IP.Equal(net.IPv4bcast) {
+				t.Fatalf("nak unicast to %s", dst)
+			}
+		default:
+			t.Fatalf("%s in reply to %s", typ, req.MessageType())
+		}
+		if sid, _ := addrOf(resp.ServerIdentifier()); sid != testServerIP {
+			t.Fatalf("server identifier %v", resp.ServerIdentifier())
+		}
+		if gi, ok := addrOf(req.GatewayIPAddr); ok && (dst.Port != dhcpv4.ServerPort || !dst.IP.Equal(gi.AsSlice())) {
+			t.Fatalf("relayed request answered to %s, relay is %s", dst, gi)
+		}
+		// What goes on the wire decodes to the same reply, within the
+		// client's size limit.
+		b := resp.ToBytes()
+		limit := minMaxMessageSize
+		if m, err := req.MaxMessageSize(); err == nil && int(m) > limit {
+			limit = int(m)
+		}
+		if resp.MessageType() != dhcpv4.MessageTypeNak && len(b) > limit {
+			t.Fatalf("%d-byte reply over the client's limit %d", len(b), limit)
+		}
+		back, err := dhcpv4.FromBytes(b)
+		if err != nil || back.MessageType() != resp.MessageType() || !back.YourIPAddr.Equal(resp.YourIPAddr) || back.TransactionID != resp.TransactionID {
+			t.Fatalf("reply %s decodes to %v, %v", resp.Summary(), back, err)
+		}
+	})
+}

@@ -168,13 +168,12 @@ func (s *Server) Close() error {
 // handle answers one datagram; every outcome is logged, none is fatal.
 func (s *Server) handle(pkt []byte) {
 	log := s.cfg.Log
-	req, err := dhcpv4.FromBytes(pkt)
-	if err != nil {
+	req, resp, dst, err := respond(pkt, s.cfg.Leases, s.cfg.ServerIP)
+	if req == nil {
 		log.V(1).Info("dropping malformed DHCP packet", "len", len(pkt), "error", err.Error())
 		return
 	}
 	log = log.WithValues("mac", req.ClientHWAddr.String(), "type", req.MessageType().String(), "xid", req.TransactionID.String())
-	resp, dst, err := answer(req, s.cfg.Leases, s.cfg.ServerIP)
 	if err != nil {
 		log.V(1).Info("ignoring DHCP request", "reason", err.Error())
 		return
@@ -187,4 +186,15 @@ func (s *Server) handle(pkt []byte) {
 		return
 	}
 	log.V(1).Info("answered DHCP request", "reply", resp.MessageType().String(), "ip", resp.YourIPAddr.String(), "dst", dst.String())
+}
+
+// respond is handle without the socket: it decodes a datagram (req is nil
+// when it is not a DHCPv4 message) and answers it as answer does.
+func respond(pkt []byte, leases Leases, serverIP netip.Addr) (req, resp *dhcpv4.DHCPv4, dst *net.UDPAddr, err error) {
+	req, err = dhcpv4.FromBytes(pkt)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	resp, dst, err = answer(req, leases, serverIP)
+	return req, resp, dst, err
 }
