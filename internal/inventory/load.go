@@ -7,7 +7,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -15,6 +17,19 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 )
+
+// Scheme returns a scheme with every type Load reads.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, nadv1.AddToScheme, ipamclaimv1alpha1.AddToScheme, udnv1.AddToScheme, kubevirtv1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
 
 // DefaultMACRange is where kvnet-controller reads the MAC pool's range by
 // default (config/webhook/service.yaml).

@@ -241,7 +241,7 @@ func prefixes(ps []netip.Prefix) []string {
 }
 
 // IPRows returns the rows of "kvnet get ips": every allocation (see
-// Allocations). The filter applies to the pod's namespace and labels, or
+// Allocations), sorted by namespace, network, pod and claim. The filter applies to the pod's namespace and labels, or
 // the claim's for a claim no pod uses.
 func (inv *Inventory) IPRows(f Filter) []IPRow {
 	var out []IPRow
@@ -267,6 +267,10 @@ func (inv *Inventory) IPRows(f Filter) []IPRow {
 		}
 		out = append(out, r)
 	}
+	slices.SortStableFunc(out, func(a, b IPRow) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Network, b.Network),
+			strings.Compare(a.Pod, b.Pod), strings.Compare(a.Claim, b.Claim))
+	})
 	return out
 }
 

@@ -4,7 +4,9 @@ package root
 import (
 	"github.com/spf13/cobra"
 
+	"kvnet.io/kvnet/internal/cli/audit"
 	"kvnet.io/kvnet/internal/cli/demo"
+	"kvnet.io/kvnet/internal/cli/get"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/cli/why"
 )
@@ -17,6 +19,6 @@ func NewCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(lab.NewCommand(), demo.NewCommand(), why.NewCommand())
+	cmd.AddCommand(lab.NewCommand(), demo.NewCommand(), why.NewCommand(), get.NewCommand(), audit.NewCommand())
 	return cmd
 }

@@ -258,7 +258,11 @@ func Seed(ctx context.Context, c client.Client, o *inventory.Objects) error {
 		obj.SetOwnerReferences(refs)
 	}
 	for i := range o.Namespaces {
-		if err := create(o.Namespaces[i].DeepCopy(), "Namespace"); err != nil {
+		ns := o.Namespaces[i].DeepCopy()
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ns), &corev1.Namespace{}); err == nil {
+			continue // kvnet-system, made by the control plane
+		}
+		if err := create(ns, "Namespace"); err != nil {
 			return err
 		}
 	}

@@ -167,14 +167,9 @@ func (m *LauncherPodMutator) getVMI(ctx context.Context, ns, name string) (*kube
 // patchAnnotations returns a response setting the object's annotations to
 // ann, leaving every other field as it came.
 func patchAnnotations(raw []byte, ann map[string]string) admission.Response {
-	var obj map[string]any
-	if err := json.Unmarshal(raw, &obj); err != nil {
+	obj, md, err := decodeObject(raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
-	}
-	md, _ := obj["metadata"].(map[string]any)
-	if md == nil {
-		md = map[string]any{}
-		obj["metadata"] = md
 	}
 	if len(ann) > 0 {
 		md["annotations"] = ann
@@ -184,4 +179,29 @@ func patchAnnotations(raw []byte, ann map[string]string) admission.Response {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return admission.PatchResponseFromRaw(raw, out)
+}
+
+// decodeObject decodes a raw object for patching, keeping every field, and
+// returns it with its metadata (added when absent). Anything but an object
+// with an object (or absent) metadata is an error.
+func decodeObject(raw []byte) (obj, md map[string]any, err error) {
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, nil, fmt.Errorf("decode object: %w", err)
+	}
+	if obj == nil {
+		return nil, nil, errors.New("decode object: null is not an object")
+	}
+	switch m := obj["metadata"].(type) {
+	case map[string]any:
+		md = m
+	case nil:
+		if _, ok := obj["metadata"]; ok {
+			return nil, nil, errors.New("decode object: metadata is null")
+		}
+		md = map[string]any{}
+		obj["metadata"] = md
+	default:
+		return nil, nil, fmt.Errorf("decode object: metadata is a %T, not an object", m)
+	}
+	return obj, md, nil
 }

@@ -137,8 +137,8 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 // patchMACs writes MACs into the raw VM, keeping every field it does not
 // know, and stamps the transaction annotation.
 func patchMACs(raw []byte, assigned map[int]string) admission.Response {
-	var obj map[string]any
-	if err := json.Unmarshal(raw, &obj); err != nil {
+	obj, md, err := decodeObject(raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	ifaces, ok := dig(obj, "spec", "template", "spec", "domain", "devices", "interfaces").([]any)
@@ -153,9 +153,11 @@ func patchMACs(raw []byte, assigned map[int]string) admission.Response {
 			iface["macAddress"] = mac
 		}
 	}
-	md, _ := obj["metadata"].(map[string]any)
-	ann, _ := md["annotations"].(map[string]any)
-	if ann == nil {
+	ann, ok := md["annotations"].(map[string]any)
+	if !ok {
+		if md["annotations"] != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("metadata.annotations is a %T, not an object", md["annotations"]))
+		}
 		ann = map[string]any{}
 		md["annotations"] = ann
 	}

@@ -1,0 +1,163 @@
+package get_test
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	"kvnet.io/kvnet/internal/cli/get"
+	"kvnet.io/kvnet/internal/inventory/invtest"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+var (
+	// kubeconfig is an admin kubeconfig whose current context has no
+	// namespace; it also has contexts "tenant" and "other" with those
+	// namespaces. tenantConfig is the same with "tenant" current.
+	kubeconfig, tenantConfig string
+)
+
+func TestMain(m *testing.M) {
+	// Only the API server: the objects are written as the controllers and
+	// KubeVirt would have, and nothing must change them.
+	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) error {
+		dir, err := os.MkdirTemp("", "kvnet-get-")
+		if err != nil {
+			return err
+		}
+		cfg, err := clientcmd.Load(e.CP.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		base := cfg.Contexts[cfg.CurrentContext]
+		for _, ns := range []string{invtest.Tenant, invtest.Other} {
+			c := base.DeepCopy()
+			c.Namespace = ns
+			cfg.Contexts[ns] = c
+		}
+		kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+		if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+			return err
+		}
+		cfg.CurrentContext = invtest.Tenant
+		tenantConfig = filepath.Join(dir, "tenant.kubeconfig")
+		if err := clientcmd.WriteToFile(*cfg, tenantConfig); err != nil {
+			return err
+		}
+		return invtest.Seed(context.Background(), e.Client, invtest.World())
+	}))
+}
+
+// kvnetGet runs "kvnet get args..." and returns its stdout and stderr.
+func kvnetGet(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := get.NewCommand()
+	var out, errb bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errb)
+	cmd.SetArgs(args)
+	err = cmd.ExecuteContext(context.Background())
+	return out.String(), errb.String(), err
+}
+
+func golden(t *testing.T, file, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", file)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+func TestGolden(t *testing.T) {
+	for _, tt := range []struct {
+		file string
+		args []string
+	}{
+		{"networks.golden", []string{"networks", "-A"}},
+		{"networks-wide.golden", []string{"networks", "-A", "-o", "wide"}},
+		{"networks-other.golden", []string{"networks", "-n", "other"}},
+		{"networks.yaml.golden", []string{"networks", "-n", "tenant", "-l", "tier=prod", "-o", "yaml"}},
+		{"ips.golden", []string{"ips", "-A"}},
+		{"ips-tenant-wide.golden", []string{"ips", "-n", "tenant", "-o", "wide"}},
+		{"ips-db.json.golden", []string{"ips", "-A", "-l", "app=db-1", "-o", "json"}},
+		{"claims.golden", []string{"claims", "-A"}},
+		{"claims-wide.golden", []string{"claims", "-n", "tenant", "-o", "wide"}},
+		{"claims.json.golden", []string{"claims", "-n", "tenant", "-o", "json"}},
+		{"vms.golden", []string{"vms", "-A"}},
+		{"vms-wide.golden", []string{"vms", "-n", "tenant", "-o", "wide"}},
+		{"vms-fedora.yaml.golden", []string{"vm", "-n", "tenant", "-l", "os=fedora", "-o", "yaml"}},
+	} {
+		t.Run(tt.file, func(t *testing.T) {
+			out, stderr, err := kvnetGet(t, append(tt.args, "--kubeconfig", kubeconfig)...)
+			if err != nil || stderr != "" {
+				t.Fatalf("kvnet get %v: %v, stderr %q", tt.args, err, stderr)
+			}
+			golden(t, tt.file, out)
+		})
+	}
+}
+
+// The namespace comes from -n, else the kubeconfig context (chosen with
+// --context, or current), else "default"; the kubeconfig from
+// --kubeconfig, else $KUBECONFIG.
+func TestNamespaceAndKubeconfigResolution(t *testing.T) {
+	want, _, err := kvnetGet(t, "claims", "-n", invtest.Tenant, "--kubeconfig", kubeconfig)
+	if err != nil || !strings.Contains(want, "vm-a.default") {
+		t.Fatalf("claims -n tenant: %v\n%s", err, want)
+	}
+	check := func(name string, wantOut, wantErr string, args ...string) {
+		t.Helper()
+		out, stderr, err := kvnetGet(t, args...)
+		if err != nil || out != wantOut || stderr != wantErr {
+			t.Errorf("%s: kvnet get %v: err %v\nstdout:\n%s\nstderr: %q, want stdout:\n%s\nstderr: %q", name, args, err, out, stderr, wantOut, wantErr)
+		}
+	}
+	check("current context without namespace", "", "No resources found in default namespace.\n", "claims", "--kubeconfig", kubeconfig)
+	check("--context", want, "", "claims", "--kubeconfig", kubeconfig, "--context", invtest.Tenant)
+	check("--context, -n wins", "", "No resources found in other namespace.\n", "claims", "--kubeconfig", kubeconfig, "--context", invtest.Tenant, "-n", invtest.Other)
+
+	t.Setenv("KUBECONFIG", tenantConfig)
+	check("$KUBECONFIG", want, "", "claims")
+	check("--kubeconfig wins over $KUBECONFIG", "", "No resources found in default namespace.\n", "claims", "--kubeconfig", kubeconfig)
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "absent")+string(filepath.ListSeparator)+tenantConfig)
+	check("$KUBECONFIG list", want, "", "claims")
+}
+
+func TestErrors(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pods"}, `unknown resource "pods": want networks, ips, claims or vms`},
+		{[]string{"ips", "-o", "name"}, `unable to match a printer suitable for the output format "name", allowed formats are: json,wide,yaml`},
+		{[]string{"ips", "-l", "a in (b"}, `selector "a in (b"`},
+		{[]string{"ips", "--context", "nope"}, "context was not found for specified context: nope"},
+		{[]string{"ips", "--kubeconfig", "/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
+	} {
+		args := tt.args
+		if !strings.Contains(strings.Join(args, " "), "--kubeconfig") {
+			args = append(args, "--kubeconfig", kubeconfig)
+		}
+		_, _, err := kvnetGet(t, args...)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("kvnet get %v: %v, want an error containing %q", tt.args, err, tt.want)
+		}
+	}
+}
