@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 
@@ -162,6 +163,11 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 	el := multus.NetworkSelectionElement{Name: name, Namespace: nsName, IPAMClaimReference: primary.Name}
 	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
 		if iface.Name == primary.LogicalNet {
+			// The allocator takes MAC-48 only; refuse here, naming the
+			// VMI's field, rather than have the pod wait for an address.
+			if hw, err := net.ParseMAC(iface.MacAddress); iface.MacAddress != "" && (err != nil || len(hw) != 6) {
+				return nil, fmt.Errorf("%w: VMI %s interface %q: macAddress %q is not a MAC-48 address", ErrDeny, vmi.Name, iface.Name, iface.MacAddress)
+			}
 			el.MacRequest = iface.MacAddress
 		}
 	}

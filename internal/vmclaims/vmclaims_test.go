@@ -1,11 +1,19 @@
 package vmclaims_test
 
 import (
+	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/multus"
+	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/vmclaims"
 )
 
@@ -43,4 +51,86 @@ func TestClaimName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzMutatePod feeds the launcher-pod mutation with the user input it
+// reads: the pod's networks annotation, the VMI's requested addresses
+// (network.kubevirt.io/addresses) and the primary interface's MAC. It
+// denies, or writes annotations the allocator accepts as they are.
+func FuzzMutatePod(f *testing.F) {
+	for _, s := range []struct{ networks, addresses, mac string }{
+		{`[{"name":"kv","namespace":"ns","interface":"pod1a2b"}]`, `{"default":["10.0.0.7","fd00::7"]}`, "02:00:00:00:00:07"},
+		{"ns/kv@net1, other", `{"default":["10.0.0.7"],"sec":["10.1.0.5"]}`, ""},
+		{"", `{"default":["10.1.0.7"]}`, ""},
+		{"", `{"default":["not-an-ip"]}`, ""},
+		{"", `{"default":"10.0.0.7"}`, ""},
+		{"[{", "", ""},
+		{"", "", "zz:zz"},
+		{"", "", "02:00:00:00:00:00:00:07"},
+		{"", `{"default":["10.0.0.7","10.0.0.8"]}`, "02-00-00-00-00-07"},
+	} {
+		f.Add(s.networks, s.addresses, s.mac, true)
+	}
+	primarySubnets := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/64")}
+	claims := []vmclaims.Claim{
+		{Name: "vm1.default", LogicalNet: "default", Network: "ns_primary", NADKey: "ns/primary", Primary: true},
+		{Name: "vm1.sec", LogicalNet: "sec", Network: "ns_kv", NADKey: "ns/kv"},
+	}
+	lookup := func(key string) (*netconf.Served, bool, error) {
+		switch key {
+		case "ns/primary":
+			return &netconf.Served{Name: "ns_primary", Conf: &netconf.NetConf{Name: "ns_primary", Topology: netconf.TopologyLayer2,
+				Role: netconf.RolePrimary, Subnets: "10.0.0.0/24,fd00::/64", AllowPersistentIPs: true}}, true, nil
+		case "ns/kv":
+			return &netconf.Served{Name: "ns_kv", Conf: &netconf.NetConf{Name: "ns_kv", Topology: netconf.TopologyLayer2,
+				Subnets: "10.1.0.0/24", AllowPersistentIPs: true}}, true, nil
+		}
+		return nil, true, nil // other plugins' NADs
+	}
+	f.Fuzz(func(t *testing.T, networks, addresses, mac string, create bool) {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "virt-launcher-vm1-x", Annotations: map[string]string{}}}
+		if networks != "" {
+			pod.Annotations[multus.NetworksAnnotation] = networks
+		}
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm1"}}
+		if addresses != "" {
+			vmi.Annotations = map[string]string{kubevirtv1.AddressesAnnotation: addresses}
+		}
+		vmi.Spec.Networks = []kubevirtv1.Network{
+			{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
+			{Name: "sec", Multus: &kubevirtv1.MultusNetwork{NetworkName: "ns/kv"}},
+		}
+		vmi.Spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", MacAddress: mac}, {Name: "sec"}}
+
+		out, err := vmclaims.MutatePod(pod, vmi, claims, primarySubnets, vmclaims.PodOptions{DefaultNetworkNAD: "ovn-kubernetes/default", Create: create})
+		if err != nil {
+			if !errors.Is(err, vmclaims.ErrDeny) {
+				t.Fatalf("error is no denial: %v", err)
+			}
+			return
+		}
+		if out[ipam.LegacyPrimaryClaimAnnotation] != "vm1.default" {
+			t.Fatalf("legacy claim annotation %q", out[ipam.LegacyPrimaryClaimAnnotation])
+		}
+		// What the webhook writes, the allocator takes as written.
+		mutated := pod.DeepCopy()
+		mutated.Annotations = out
+		atts, err := ipam.PodAttachments(mutated, true, "ns/primary", lookup)
+		if err != nil {
+			t.Fatalf("allocator refuses the mutated pod %v: %v", out, err)
+		}
+		if atts[0].ClaimRef != "vm1.default" {
+			t.Fatalf("primary attachment %+v", atts[0])
+		}
+		for _, ip := range atts[0].IPs {
+			if !primarySubnets[0].Contains(ip) && !primarySubnets[1].Contains(ip) {
+				t.Fatalf("requested %s outside the primary subnets", ip)
+			}
+		}
+		for _, a := range atts[1:] {
+			if a.NADKey == "ns/kv" && a.ClaimRef != "vm1.sec" {
+				t.Fatalf("secondary attachment %+v without its claim", a)
+			}
+		}
+	})
 }
