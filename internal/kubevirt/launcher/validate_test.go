@@ -5,7 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/multus"
 )
 
 func sriov(name string) kubevirtv1.Interface {
@@ -123,4 +126,111 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fuzzNetwork builds a VM network and its interface from fuzzed fields.
+// kind: bits 0-1 network (pod, multus, multus default, none), bits 2-4
+// binding (bridge, masquerade, sriov, passt, plugin, two, none), bit 5
+// absent.
+func fuzzNetwork(name, nad, mac string, kind uint8) (kubevirtv1.Network, kubevirtv1.Interface) {
+	n := kubevirtv1.Network{Name: name}
+	switch kind & 3 {
+	case 0:
+		n.Pod = &kubevirtv1.PodNetwork{}
+	case 1:
+		n.Multus = &kubevirtv1.MultusNetwork{NetworkName: nad}
+	case 2:
+		n.Multus = &kubevirtv1.MultusNetwork{NetworkName: nad, Default: true}
+	}
+	iface := kubevirtv1.Interface{Name: name, MacAddress: mac}
+	switch (kind >> 2) & 7 {
+	case 0:
+		iface.Bridge = &kubevirtv1.InterfaceBridge{}
+	case 1:
+		iface.Masquerade = &kubevirtv1.InterfaceMasquerade{}
+	case 2:
+		iface.SRIOV = &kubevirtv1.InterfaceSRIOV{}
+	case 3:
+		iface.PasstBinding = &kubevirtv1.InterfacePasstBinding{}
+	case 4:
+		iface.Binding = &kubevirtv1.PluginBinding{Name: "l2bridge"}
+	case 5:
+		iface.Binding = &kubevirtv1.PluginBinding{Name: "withnad"}
+	case 6:
+		iface.Bridge = &kubevirtv1.InterfaceBridge{}
+		iface.Masquerade = &kubevirtv1.InterfaceMasquerade{}
+	}
+	if kind&32 != 0 {
+		iface.State = kubevirtv1.InterfaceStateAbsent
+	}
+	return n, iface
+}
+
+// FuzzAnnotations feeds VMI network specs (names, NAD references, MACs,
+// bindings) to Validate and Annotations: errors are of the package's kinds,
+// and for a valid VMI whose NAD references are well formed, the networks
+// annotation parses back (as Multus and kvnet read it) to one element per
+// plugged secondary network, with its MAC.
+func FuzzAnnotations(f *testing.F) {
+	f.Add("default", "", "", uint8(4), "blue", "ns2/blue-nad", "02:00:00:00:00:0b", uint8(1), "ns/binding-nad")
+	f.Add("default", "", "", uint8(16), "red", "red-nad", "", uint8(1|20), "binding-nad")
+	f.Add("m", "ns/def", "", uint8(2), "x", "x", "02:00:00:00:00:00", uint8(1|32), "")
+	f.Add("a", "a/b/c", "zz", uint8(1), "a", "Bad_Name", "02:00:00:00:00:00:00:01", uint8(1|24), "a/b")
+	f.Add("bad name", "", "", uint8(0), "p2", "", "", uint8(0|32), "")
+	f.Add("", "", "", uint8(3), "", "", "", uint8(28), "")
+	bindings := func(pluginNAD string) map[string]kubevirtv1.InterfaceBindingPlugin {
+		return map[string]kubevirtv1.InterfaceBindingPlugin{"l2bridge": {}, "withnad": {NetworkAttachmentDefinition: pluginNAD}}
+	}
+	f.Fuzz(func(t *testing.T, name1, nad1, mac1 string, kind1 uint8, name2, nad2, mac2 string, kind2 uint8, pluginNAD string) {
+		n1, i1 := fuzzNetwork(name1, nad1, mac1, kind1)
+		n2, i2 := fuzzNetwork(name2, nad2, mac2, kind2)
+		v := vmi([]kubevirtv1.Network{n1, n2}, i1, i2)
+		verr := Validate(v)
+		if verr != nil && !errors.Is(verr, ErrInvalidNetworkSpec) {
+			t.Fatalf("validation error of no known kind: %v", verr)
+		}
+		ann, err := Annotations(v, bindings(pluginNAD))
+		if err != nil {
+			if !errors.Is(err, ErrUnknownBindingPlugin) {
+				t.Fatalf("error of no known kind: %v", err)
+			}
+			return
+		}
+		if verr != nil {
+			return
+		}
+		var want []string // keys of plugged secondary networks and plugin NADs
+		for _, p := range []struct {
+			n kubevirtv1.Network
+			i kubevirtv1.Interface
+		}{{n1, i1}, {n2, i2}} {
+			if p.i.State == kubevirtv1.InterfaceStateAbsent {
+				continue
+			}
+			if isSecondaryMultus(p.n) {
+				want = append(want, p.n.Multus.NetworkName)
+			}
+			if p.i.Binding != nil && p.i.Binding.Name == "withnad" && pluginNAD != "" {
+				want = append(want, pluginNAD)
+			}
+		}
+		for _, ref := range want {
+			ns, name := splitNamespacedName(v.Namespace, ref)
+			if len(validation.IsDNS1123Subdomain(name)) > 0 || len(validation.IsDNS1123Label(ns)) > 0 {
+				return // Multus refuses the pod, naming the element
+			}
+		}
+		elems, err := multus.ParseSelection(multus.NetworksAnnotation, ann[multus.NetworksAnnotation], v.Namespace)
+		if err == nil && name1 == name2 {
+			return // one interface serves both networks: counted above twice
+		}
+		if err != nil || len(elems) != len(want) {
+			t.Fatalf("networks annotation %q: %v, %v; want %d elements", ann[multus.NetworksAnnotation], elems, err, len(want))
+		}
+		for _, e := range elems {
+			if e.MacRequest != "" && e.MacRequest != i1.MacAddress && e.MacRequest != i2.MacAddress {
+				t.Fatalf("element %+v has a MAC no interface asked for", e)
+			}
+		}
+	})
 }
