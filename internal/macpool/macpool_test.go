@@ -772,3 +772,47 @@ func TestTransfer(t *testing.T) {
 	}
 	checkInvariants(t, p)
 }
+
+// FuzzParseRange feeds the ConfigMap's RANGE_START and RANGE_END: errors
+// name the bound, and a range that parses gives a pool whose MACs are
+// unicast, inside the range and never the masquerade bridge's.
+func FuzzParseRange(f *testing.F) {
+	for _, r := range [][2]string{
+		{"02:00:00:00:00:00", "02:FF:FF:FF:FF:FF"}, {"02:00:00:00:00:05", "02:00:00:00:00:05"},
+		{"02:00:00:00:00:00", "02:00:00:00:00:00"}, {"0a-00-00-00-00-00", "0a-00-00-00-ff-ff"},
+		{"0200.0000.0000", "0200.0000.0003"}, {"00:00:00:00:00:00", "fe:ff:ff:ff:ff:ff"},
+		{"02:00:00:00:00", "02:FF:FF:FF:FF:FF"}, {"03:00:00:00:00:00", "04:00:00:00:00:00"},
+		{"02:00:00:00:00:10", "02:00:00:00:00:0f"}, {"02:00:00:00:00:00:00:00", ""},
+	} {
+		f.Add(r[0], r[1])
+	}
+	f.Fuzz(func(t *testing.T, start, end string) {
+		s, e, err := ParseRange(start, end)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrOutOfRange) {
+				t.Fatalf("error of no known kind: %v", err)
+			}
+			if !strings.Contains(err.Error(), "range ") {
+				t.Fatalf("error names no bound: %v", err)
+			}
+			return
+		}
+		p, err := New(s, e)
+		if err != nil {
+			t.Fatalf("New(%s, %s) after ParseRange: %v", s, e, err)
+		}
+		for i := range 3 {
+			m, err := p.Allocate(fmt.Sprintf("ns/vm%d", i))
+			if err != nil {
+				if !errors.Is(err, ErrExhausted) {
+					t.Fatalf("allocate from %s-%s: %v", s, e, err)
+				}
+				return
+			}
+			v := toUint(m)
+			if m[0]&1 != 0 || v < toUint(s) || v > toUint(e) || m.String() == "02:00:00:00:00:00" {
+				t.Fatalf("allocated %s from %s-%s", m, s, e)
+			}
+		}
+	})
+}
