@@ -46,6 +46,10 @@ test: deps tools guest-image ## Run the whole test suite (real apiserver; datapa
 bench: tools ## Run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZ=<regexp> picks targets)
+	GO=$(GO) hack/fuzz.sh
+
 .PHONY: local-up
 local-up: deps tools guest-image build ## Start the lab (control plane + kvnet) in the background
 	$(BIN)/kvnet lab up --dir $(LAB_DIR)
