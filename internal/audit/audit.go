@@ -268,9 +268,9 @@ func claims(inv *inventory.Inventory) []Finding {
 				continue
 			}
 		}
-		why := "no VM, VMI or running pod uses it"
+		why := "no VM, VMI or live pod uses it"
 		if c.VM != "" {
-			why = fmt.Sprintf("its VM %s has no VirtualMachine or VirtualMachineInstance, and no running pod uses it", c.VM)
+			why = fmt.Sprintf("its VM %s has no VirtualMachine or VirtualMachineInstance, and no live pod uses it", c.VM)
 		}
 		if len(c.IPs) > 0 {
 			why += "; it holds " + list(addrSet(c.IPs))

@@ -96,14 +96,14 @@ func TestFindings(t *testing.T) {
 			o.Claims = append(o.Claims, invtest.Claim(invtest.Tenant, "gone.default", invtest.PrimaryNetwork, "gone", "virt-launcher-gone-abcde", "10.10.0.77/24"))
 		},
 		want: []audit.Finding{{Kind: audit.LeakedClaim, Network: invtest.PrimaryNetwork, Object: "ipamclaim/tenant/gone.default",
-			Detail: "its VM gone has no VirtualMachine or VirtualMachineInstance, and no running pod uses it; it holds 10.10.0.77"}},
+			Detail: "its VM gone has no VirtualMachine or VirtualMachineInstance, and no live pod uses it; it holds 10.10.0.77"}},
 	}, {
 		name: "claim of a workload whose owner pod completed",
 		mutate: func(o *inventory.Objects) {
 			o.Claims = append(o.Claims, invtest.Claim(invtest.Tenant, "batch", invtest.PrimaryNetwork, "", "job-1"))
 		},
 		want: []audit.Finding{{Kind: audit.LeakedClaim, Network: invtest.PrimaryNetwork, Object: "ipamclaim/tenant/batch",
-			Detail: "no VM, VMI or running pod uses it"}},
+			Detail: "no VM, VMI or live pod uses it"}},
 	}, {
 		name: "claim of a workload whose owner pod runs",
 		mutate: func(o *inventory.Objects) {

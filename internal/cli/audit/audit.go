@@ -38,7 +38,7 @@ func NewCommand() *cobra.Command {
 		Short: "Cross-check kvnet's state in the API: duplicate IPs/MACs, leaked claims, missing NADs",
 		Long: "Reads NADs, UDNs, CUDNs, pods, IPAMClaims, VMs, VMIs and the MAC range ConfigMap once and reports:\n" +
 			"  DuplicateIP, DuplicateMAC  an address held twice on one network (a pod and its claim are one holder)\n" +
-			"  LeakedClaim                an IPAMClaim with no VM, VMI or running pod\n" +
+			"  LeakedClaim                an IPAMClaim with no VM, VMI or live (not completed) pod\n" +
 			"  ClaimMismatch, MissingClaim  a pod whose addresses disagree with its claim, or whose claim is gone\n" +
 			"  MissingNAD, InvalidNAD     NADs referenced but absent, or unreadable\n" +
 			"  InvalidAnnotation          a kvnet.io/pod-networks that does not parse\n" +
