@@ -34,6 +34,10 @@ generate: ## Regenerate deepcopy code and CRDs from api/
 verify: ## Fail if generated files are stale or code is unformatted
 	hack/verify.sh
 
+.PHONY: chaos
+chaos: deps tools build ## Chaos run: 10,000 operations while killing kvnet-controller, kvnet-node, the API server; then audit (root)
+	$(BIN)/kvnet chaos --ops $${OPS:-10000} --seed $${SEED:-1}
+
 .PHONY: lint
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
 	hack/lint.sh

@@ -16,7 +16,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -64,8 +66,9 @@ type ControlPlane struct {
 	// Kubeconfig is an admin kubeconfig file's contents.
 	Kubeconfig []byte
 
-	kcm *exec.Cmd
-	dir string // scratch directory owned by the control plane
+	kcm     *exec.Cmd
+	dir     string // scratch directory owned by the control plane
+	certDir string // kube-apiserver's certificates, under dir
 }
 
 // Start starts etcd, kube-apiserver and (unless disabled)
@@ -109,7 +112,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir}
+	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir}
 	ok := false
 	defer func() {
 		if !ok {
@@ -199,11 +202,24 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 	return nil
 }
 
-// RestartAPIServer stops kube-apiserver and starts it again on the same
-// address with the same certificates and etcd, as an upgrade or a crash
-// of a control-plane node does; clients see connection errors meanwhile.
-// It returns once the new server answers /healthz.
+// RestartAPIServer kills kube-apiserver with SIGKILL, as a crash of its
+// node does, and starts it again on the same address with the same
+// certificates and etcd; clients see connection errors meanwhile. It
+// returns once the new server answers /healthz.
 func (cp *ControlPlane) RestartAPIServer() error {
+	pid, err := processWithArg("kube-apiserver", cp.certDir)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill kube-apiserver (pid %d): %w", pid, err)
+	}
+	// envtest reaps it; then its Stop has nothing left to wait for.
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver (pid %d) still there 30s after SIGKILL", pid)
+		}
+	}
 	s := cp.Env.ControlPlane.GetAPIServer()
 	if err := s.Stop(); err != nil {
 		return fmt.Errorf("stop kube-apiserver: %w", err)
@@ -212,6 +228,35 @@ func (cp *ControlPlane) RestartAPIServer() error {
 		return fmt.Errorf("start kube-apiserver again: %w", err)
 	}
 	return nil
+}
+
+// processWithArg finds the process running the binary named name with an
+// argument containing arg.
+func processWithArg(name, arg string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if filepath.Base(args[0]) != name {
+			continue
+		}
+		for _, a := range args[1:] {
+			if strings.Contains(a, arg) {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s process with an argument naming %s", name, arg)
 }
 
 // Stop stops every process and removes scratch files. It is safe to call

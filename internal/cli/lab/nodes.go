@@ -86,7 +86,9 @@ func shippedBinary(name string) (string, error) {
 // kvnet-node runs as the kvnet-node service account and installs kvnet-cni
 // as the DaemonSet does; the simulated kubelet and virt-controller, which
 // stand in for components that are not kvnet's, are admins.
-func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int) (*simcluster.Cluster, *simlauncher.Launcher, error) {
+//
+// Without guests, no QEMU runs: a launcher pod is its network namespace.
+func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
 	nodeBin, err := shippedBinary("kvnet-node")
 	if err != nil {
 		return nil, nil, err
@@ -130,14 +132,19 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 	if err := installKubeVirtCR(ctx, c); err != nil {
 		return nil, nil, err
 	}
-	launcher, err := newLauncher(ctx, dir, cp)
-	if err != nil {
-		return nil, nil, err
+	var launcher *simlauncher.Launcher
+	if guests {
+		l, err := newLauncher(ctx, dir, cp)
+		if err != nil {
+			return nil, nil, err
+		}
+		launcher, cfg.Runtime = l, l
 	}
-	cfg.Runtime = launcher
 	cl, err := simcluster.Start(ctx, cfg)
 	if err != nil {
-		launcher.Close()
+		if launcher != nil {
+			launcher.Close()
+		}
 		return nil, nil, err
 	}
 	return cl, launcher, nil

@@ -19,6 +19,6 @@ func NewCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(lab.NewCommand(), demo.NewCommand(), why.NewCommand(), get.NewCommand(), audit.NewCommand())
+	cmd.AddCommand(lab.NewCommand(), lab.NewChaosCommand(), demo.NewCommand(), get.NewCommand(), audit.NewCommand(), why.NewCommand())
 	return cmd
 }
