@@ -257,7 +257,9 @@ func TestClaims(t *testing.T) {
 		// A launcher pod of that VM is fine; of another VM, or of an
 		// earlier VM of the same name, is not.
 		expect(t, diagnose(podFactsOf(pod, append(objs, claim("t", "c", "t_sec", vm), vm)...)), WaitingForController)
-		expect(t, diagnose(podFactsOf(pod, append(objs, claim("t", "c", "t_sec", vm), &vmRef{Kind: "VirtualMachine", Name: "vm-b", UID: "uid-b"})...)), ClaimOwnedByOther, "VirtualMachine vm-a")
+		expect(t, diagnose(podFactsOf(pod, append(objs, claim("t", "c", "t_sec", vm), &vmRef{Kind: "VirtualMachine", Name: "vm-b", UID: "uid-b"})...)), ClaimOwnedByOther, "which belongs to VirtualMachine vm-a;")
+		// A launcher pod whose VMI is gone: only the name is known.
+		expect(t, diagnose(podFactsOf(pod, append(objs, claim("t", "c", "t_sec", vm), &vmRef{Kind: "VirtualMachine", Name: "vm-b"})...)), ClaimOwnedByOther, "which belongs to VirtualMachine vm-a;")
 		expect(t, diagnose(podFactsOf(pod, append(objs, claim("t", "c", "t_sec", vm), &vmRef{Kind: "VirtualMachine", Name: "vm-a", UID: "uid-new"})...)), ClaimOwnedByOther, "an earlier VirtualMachine vm-a")
 	})
 	t.Run("held by another pod", func(t *testing.T) {

@@ -510,3 +510,77 @@ func TestWhyNotFound(t *testing.T) {
 		t.Fatalf("want a not-found error, got %v", err)
 	}
 }
+
+// TestWhyVMHealthyWithController runs the VM chain as kvnet-controller
+// builds it (its webhooks mutate the VM and the launcher pod, its claims
+// controller creates the claim, its IPAM fills claim and pod), so the
+// checks are held against the controller's real output, not only against
+// seeded objects.
+func TestWhyVMHealthyWithController(t *testing.T) {
+	ctx := context.Background()
+	t.Cleanup(func() {
+		// After the controller stops (cleanups run last first): the
+		// configuration it was given points at a closed port with
+		// failurePolicy Fail; put the seeded one back.
+		var cur admissionregistrationv1.MutatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: "kvnet-mutator"}, &cur); err != nil {
+			t.Errorf("restore webhook configuration: %v", err)
+			return
+		}
+		seeded := seededWebhook()
+		seeded.ResourceVersion = cur.ResourceVersion
+		if err := c.Update(ctx, seeded); err != nil {
+			t.Errorf("restore webhook configuration: %v", err)
+		}
+	})
+	opts, err := env.WebhookOptions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := env.RunController(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+
+	ns := uniq("vmctl")
+	create(t, namespace(ns, true), &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "udn-l2"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.32.0.0/24"}, IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}}},
+	})
+	testenv.Eventually(t, 30*time.Second, "NAD rendered", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "udn-l2"}, &nadv1.NetworkAttachmentDefinition{})
+	})
+	nodeName := mkNode(t, true)
+	spec := vmiSpec(vmIface{name: "podnet", binding: "l2bridge"})
+	running := "Always"
+	vm := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &running, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: spec}}}
+	create(t, vm) // through the MAC pool webhook
+	t0 := true
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID, Controller: &t0, BlockOwnerDeletion: &t0}}},
+		Spec: vm.Spec.Template.Spec}
+	vmi.Status.Phase, vmi.Status.NodeName = "Running", nodeName
+	createWithStatus(t, vmi)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "virt-launcher-vm1-abcde", Annotations: map[string]string{kubevirtv1.DomainAnnotation: "vm1"},
+			Labels: map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: "vm1"}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "compute", Image: "virt-launcher"}}},
+	}
+	create(t, pod) // through the launcher-pod webhook
+	var out string
+	testenv.Eventually(t, 30*time.Second, "kvnet why vm reports healthy", func() error {
+		var code Code
+		out, code, _ = runWhy(t, "vm", "vm1", "-n", ns)
+		if code != "" {
+			return fmt.Errorf("code %q:\n%s", code, out)
+		}
+		return nil
+	})
+	expectWhy(t, "", []string{"vm " + ns + "/vm1: healthy: 10.32.0.", "on " + ns + "/udn-l2 (primary", "launcher pod virt-launcher-vm1-abcde",
+		"claim      " + ns + "/vm1.podnet: network \"" + ns + "_udn-l2\", IPs 10.32.0.", "owner VirtualMachine vm1",
+		"ipam-claims.kvnet.io in kvnet-mutator: caBundle verifies the serving certificate"}, "vm", "vm1", "-n", ns)
+	t.Log("\n" + out)
+}
