@@ -19,6 +19,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/udn"
 	"kvnet.io/kvnet/internal/vmclaims"
 )
 
@@ -63,9 +64,16 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get VMI %s/%s of launcher pod: %w", pod.Namespace, vmiName, err))
 	}
-	primaryKey, err := m.primary(ctx, pod.Namespace)
+	labelled, primaryKey, err := m.primary(ctx, pod.Namespace)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if labelled && primaryKey == "" {
+		// Without the NAD, the pod would get no claim reference and its
+		// primary IPs, once the network exists, would not persist: refuse
+		// until it does (virt-controller retries the pod).
+		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but has no primary network yet (its UserDefinedNetwork's NetworkAttachmentDefinition does not exist): the launcher pod of VMI %s is refused until it does, so that the VM's IPs persist",
+			pod.Namespace, udn.PrimaryNamespaceLabel, vmiName))
 	}
 	var primaryNet *netconf.Served
 	lookup := func(key string) (*netconf.Served, bool, error) {
@@ -119,16 +127,16 @@ func claimSubnets(key string, s *netconf.Served) ([]netip.Prefix, error) {
 	return p, nil
 }
 
-// primary returns the key of the namespace's primary NAD, from the cache
-// when it knows one, else from the API server.
-func (m *LauncherPodMutator) primary(ctx context.Context, namespace string) (string, error) {
+// primary returns whether the namespace is labelled for a primary network
+// and the key of its primary NAD, from the cache when it knows one, else
+// from the API server.
+func (m *LauncherPodMutator) primary(ctx context.Context, namespace string) (bool, string, error) {
 	if m.Cache != nil {
-		if _, key, err := nads.Primary(ctx, m.Cache, namespace); err == nil && key != "" {
-			return key, nil
+		if labelled, key, err := nads.Primary(ctx, m.Cache, namespace); err == nil && key != "" {
+			return labelled, key, nil
 		}
 	}
-	_, key, err := nads.Primary(ctx, m.Reader, namespace)
-	return key, err
+	return nads.Primary(ctx, m.Reader, namespace)
 }
 
 // lookupNAD is nads.Lookup, from the cache when it has the NAD, else from

@@ -176,6 +176,28 @@ func TestLauncherPodPrimary(t *testing.T) {
 	}
 }
 
+// A launcher pod in a namespace labelled for a primary UDN whose NAD does
+// not exist yet (manifests applied together: namespace, UDN, VM) is
+// refused until the NAD exists; admitted without the claim reference, the
+// VM's IP would not persist.
+func TestLauncherPodWaitsForPrimaryNAD(t *testing.T) {
+	const ns = "lp-early"
+	mkNS(t, ns, map[string]string{"k8s.ovn.org/primary-user-defined-network": ""})
+	create(t, primaryVMI(ns, "vm1", "", ""))
+	err := c.Create(context.Background(), launcherPod(ns, "vm1", nil))
+	if err == nil || !strings.Contains(err.Error(), "namespace lp-early is labelled k8s.ovn.org/primary-user-defined-network but has no primary network yet") {
+		t.Fatalf("err = %v, want the no-primary-network denial", err)
+	}
+	mkUDN(t, ns, "tenant", udnv1.NetworkRolePrimary, "10.101.0.0/16")
+	pod := launcherPod(ns, "vm1", nil)
+	testenv.Eventually(t, timeout, "launcher pod admitted once the NAD exists", func() error {
+		return c.Create(context.Background(), pod)
+	})
+	if got := pod.Annotations["k8s.ovn.org/primary-udn-ipamclaim"]; got != "vm1.podnet" {
+		t.Fatalf("legacy claim annotation %q, want vm1.podnet", got)
+	}
+}
+
 // A launcher pod of a VM on a network whose NAD has a subnet kvnet cannot
 // parse is denied, naming the NAD, the field and the value.
 func TestLauncherPodBadSubnetDenied(t *testing.T) {
