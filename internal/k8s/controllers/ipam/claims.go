@@ -2,7 +2,9 @@ package ipam
 
 import (
 	"context"
+	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,7 +18,10 @@ import (
 )
 
 // claimReconciler frees a claim's IPs once the claim is deleted: the only
-// event that frees a persistent IP.
+// event that frees a persistent IP. A claim left in a namespace that no
+// longer exists (the namespace controller finished a deletion without it,
+// as can happen across an API server restart) is deleted first, so its
+// IPs do not stay held forever.
 type claimReconciler struct {
 	client    client.Client // cached: claims as metadata
 	apiReader client.Reader
@@ -33,7 +38,10 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	claim := &metav1.PartialObjectMetadata{}
 	claim.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaim"))
 	err := r.client.Get(ctx, req.NamespacedName, claim)
-	if err == nil || !apierrors.IsNotFound(err) {
+	if err == nil {
+		return ctrl.Result{}, r.deleteIfOrphaned(ctx, claim)
+	}
+	if !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
 	// Gone from the cache; the API server confirms, so a claim the cache
@@ -46,6 +54,32 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{}, err
+}
+
+// deleteIfOrphaned deletes claim when its namespace does not exist (asked
+// of the API server, not the cache); its delete event then frees its IPs.
+func (r *claimReconciler) deleteIfOrphaned(ctx context.Context, claim *metav1.PartialObjectMetadata) error {
+	var ns corev1.Namespace
+	err := r.apiReader.Get(ctx, client.ObjectKey{Name: claim.Namespace}, &ns)
+	if err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err := r.client.Delete(ctx, claim); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete IPAMClaim %s/%s of deleted namespace: %w", claim.Namespace, claim.Name, err)
+	}
+	log.FromContext(ctx).Info("deleted IPAMClaim left in a deleted namespace", "claim", claim.Namespace+"/"+claim.Name)
+	return nil
+}
+
+// claimsIn maps a deleted namespace to the claims holding IPs in it.
+func (r *claimReconciler) claimsIn(_ context.Context, o client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	for _, k := range r.st.claimKeys() {
+		if k.Namespace == o.GetName() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: k})
+		}
+	}
+	return reqs
 }
 
 // sweep queues the claims holding IPs that the just-synced claim cache
@@ -68,6 +102,13 @@ func (r *claimReconciler) sweep(ctx context.Context, q workqueue.TypedRateLimiti
 	queued := 0
 	for _, k := range keys {
 		if _, ok := present[k]; !ok {
+			q.Add(reconcile.Request{NamespacedName: k})
+			queued++
+			continue
+		}
+		// A namespace deleted while kvnet-controller was down sends no
+		// event: its claims are looked at now.
+		if err := r.client.Get(ctx, client.ObjectKey{Name: k.Namespace}, &corev1.Namespace{}); apierrors.IsNotFound(err) {
 			q.Add(reconcile.Request{NamespacedName: k})
 			queued++
 		}

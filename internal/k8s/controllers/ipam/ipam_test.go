@@ -601,3 +601,52 @@ func TestRestartMidBurst(t *testing.T) {
 		}
 	}
 }
+
+// A claim left behind in a namespace that is gone (the namespace controller
+// finished without deleting it, as can happen across an API server
+// restart) is deleted by kvnet-controller, so its IPs do not stay held;
+// while its namespace exists, even terminating, it is left alone.
+func TestClaimOfDeletedNamespaceDeleted(t *testing.T) {
+	ctx := context.Background()
+	const ns = "orphaned"
+	mkNS(t, ns, false)
+	mkUDN(t, ns, "blue", udnv1.NetworkRoleSecondary, true, "192.168.77.0/24")
+	mkClaim(t, ns, "vm1.blue", ns+"_blue")
+	create(t, mkPod(ns, "virt-launcher-vm1-aaaaa", secondary("blue", "vm1.blue")))
+	waitAnnotated(t, ns, "virt-launcher-vm1-aaaaa")
+	if st := claimStatus(t, ns, "vm1.blue"); len(st.IPs) != 1 {
+		t.Fatalf("claim IPs %v", st.IPs)
+	}
+	// No kube-controller-manager here: the namespace stays Terminating
+	// with its content until it is finalized by hand.
+	nsObj := &corev1.Namespace{}
+	if err := c.Get(ctx, client.ObjectKey{Name: ns}, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	// A terminating namespace keeps its claim (the namespace controller,
+	// not kvnet, deletes it).
+	claimStatus(t, ns, "vm1.blue")
+	if err := c.Get(ctx, client.ObjectKey{Name: ns}, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Spec.Finalizers = nil
+	if err := c.SubResource("finalize").Update(ctx, nsObj); err != nil {
+		t.Fatalf("finalize namespace: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, "namespace gone", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("namespace: %v", err)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 30*time.Second, "orphaned claim deleted", func() error {
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm1.blue"}, &ipamclaimv1alpha1.IPAMClaim{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim still there (%v)", err)
+		}
+		return nil
+	})
+}

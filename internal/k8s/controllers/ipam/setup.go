@@ -112,6 +112,12 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 				cr.sweep(ctx, q)
 				close(claimsWatched)
 			}}).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(cr.claimsIn), builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			DeleteFunc:  func(event.DeleteEvent) bool { return true },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
 		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(cr)
 	if err != nil {
