@@ -44,7 +44,7 @@ lint: ## Run golangci-lint with the import boundaries (installs the pinned versi
 
 .PHONY: test
 test: deps tools guest-image ## Run the whole test suite (real apiserver; datapath tests need root)
-	GO=$(GO) hack/test.sh -race -count=1
+	GO=$(GO) hack/test.sh -race -count=1 -timeout 40m
 
 .PHONY: bench
 bench: tools ## Run the benchmarks

@@ -446,9 +446,9 @@ func (w *world) runningVM(ctx context.Context, rng *rand.Rand, want func(*chaosV
 		}
 	}
 	w.mu.Unlock()
-	// A few tries: a VM that was just created or started is not running
-	// yet.
-	for range 5 {
+	// Several tries: a VM that was just created or started is not
+	// running yet.
+	for range 20 {
 		w.mu.Lock()
 		k := pick(w, rng, cands)
 		w.mu.Unlock()
