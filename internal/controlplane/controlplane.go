@@ -221,8 +221,16 @@ func (cp *ControlPlane) RestartAPIServer() error {
 		}
 	}
 	s := cp.Env.ControlPlane.GetAPIServer()
-	if err := s.Stop(); err != nil {
-		return fmt.Errorf("stop kube-apiserver: %w", err)
+	// envtest notices the exit from its own wait; until then its Stop
+	// signals a process that is gone.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := s.Stop()
+		if err == nil {
+			break
+		}
+		if (!errors.Is(err, syscall.ESRCH) && !errors.Is(err, os.ErrProcessDone)) || time.Now().After(deadline) {
+			return fmt.Errorf("stop kube-apiserver: %w", err)
+		}
 	}
 	if err := s.Start(); err != nil {
 		return fmt.Errorf("start kube-apiserver again: %w", err)
