@@ -457,6 +457,15 @@ func (w *world) runningVM(ctx context.Context, rng *rand.Rand, want func(*chaosV
 		}
 		v := cands[k]
 		delete(cands, k)
+		// Deleted (alone or with its tenant) since the candidates were
+		// listed: the pick came too late to keep it.
+		w.mu.Lock()
+		alive := w.vms[k] == v
+		w.mu.Unlock()
+		if !alive {
+			w.release(k)
+			continue
+		}
 		var vmi kubevirtv1.VirtualMachineInstance
 		if err := w.e.c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: v.name}, &vmi); err == nil && vmi.Status.Phase == "Running" {
 			return k, v, &vmi
@@ -683,19 +692,17 @@ loop:
 	}
 
 	settleStart := time.Now()
-	unsettled, pods, vms := w.settle(ctx, f.quiesce)
+	unsettled, pods, vms, findings, err := w.settle(ctx, f.quiesce)
 	res.Settle = time.Since(settleStart).Round(time.Millisecond).String()
 	res.Unsettled, res.PodsChecked, res.VMsChecked = unsettled, pods, vms
 	w.mu.Lock()
 	res.Allocation, res.AllocationFaults = latencyOf(w.latency), latencyOf(w.faulty)
 	w.mu.Unlock()
-
-	rep, err := audit.Run(ctx, w.e.c)
 	if err != nil {
 		return res, fmt.Errorf("audit: %w", err)
 	}
 	res.Audit = []string{}
-	for _, fd := range rep.Findings {
+	for _, fd := range findings {
 		res.Audit = append(res.Audit, fmt.Sprintf("%s %s %s: %s", fd.Kind, fd.Network, fd.Object, fd.Detail))
 	}
 	return res, nil
@@ -703,18 +710,40 @@ loop:
 
 // settle waits until every pod the run keeps has its addresses and is
 // running, every VM meant to run has a running VMI whose interfaces carry
-// its claims' IPs, nothing is left terminating and no migration is in
-// progress; it returns what did not settle in time and the counts of what
-// did.
-func (w *world) settle(ctx context.Context, timeout time.Duration) (unsettled []string, pods, vms int) {
+// its claims' IPs, nothing is left terminating, no migration is in
+// progress and kvnet audit finds nothing (kvnet-controller mends some
+// findings, such as a claim left in a deleted namespace, on its own); it
+// returns what did not settle in time, the counts of what did and the
+// last audit's findings.
+func (w *world) settle(ctx context.Context, timeout time.Duration) (unsettled []string, pods, vms int, findings []audit.Finding, err error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		unsettled, pods, vms = w.check(ctx)
-		if len(unsettled) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+		findings = nil
+		if len(unsettled) == 0 {
+			rep, err := audit.Run(ctx, w.e.c)
+			if err != nil && (!transient(err) || time.Now().After(deadline)) {
+				return unsettled, pods, vms, nil, err
+			}
+			findings = rep.Findings
+			if err == nil && len(findings) == 0 {
+				return unsettled, pods, vms, nil, nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			if len(unsettled) > 20 {
 				unsettled = append(unsettled[:20], fmt.Sprintf("... and %d more", len(unsettled)-20))
 			}
-			return unsettled, pods, vms
+			if len(unsettled) > 0 {
+				// The audit of an unsettled cluster is still worth
+				// reading.
+				rep, err := audit.Run(ctx, w.e.c)
+				if err != nil {
+					return unsettled, pods, vms, nil, err
+				}
+				findings = rep.Findings
+			}
+			return unsettled, pods, vms, findings, nil
 		}
 		time.Sleep(time.Second)
 	}

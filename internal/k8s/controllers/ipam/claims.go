@@ -71,13 +71,26 @@ func (r *claimReconciler) deleteIfOrphaned(ctx context.Context, claim *metav1.Pa
 	return nil
 }
 
-// claimsIn maps a deleted namespace to the claims holding IPs in it.
-func (r *claimReconciler) claimsIn(_ context.Context, o client.Object) []reconcile.Request {
-	var reqs []reconcile.Request
+// claimsIn maps a deleted namespace to the claims in it: those the cache
+// still has (holding IPs or not) and those holding IPs.
+func (r *claimReconciler) claimsIn(ctx context.Context, o client.Object) []reconcile.Request {
+	seen := map[types.NamespacedName]struct{}{}
 	for _, k := range r.st.claimKeys() {
 		if k.Namespace == o.GetName() {
-			reqs = append(reqs, reconcile.Request{NamespacedName: k})
+			seen[k] = struct{}{}
 		}
+	}
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(ipamclaimv1alpha1.GroupVersion.WithKind("IPAMClaimList"))
+	if err := r.client.List(ctx, list, client.InNamespace(o.GetName()), client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "list IPAMClaims of a deleted namespace from the cache", "namespace", o.GetName())
+	}
+	for i := range list.Items {
+		seen[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = struct{}{}
+	}
+	reqs := make([]reconcile.Request, 0, len(seen))
+	for k := range seen {
+		reqs = append(reqs, reconcile.Request{NamespacedName: k})
 	}
 	return reqs
 }
@@ -104,14 +117,24 @@ func (r *claimReconciler) sweep(ctx context.Context, q workqueue.TypedRateLimiti
 		if _, ok := present[k]; !ok {
 			q.Add(reconcile.Request{NamespacedName: k})
 			queued++
-			continue
-		}
-		// A namespace deleted while kvnet-controller was down sends no
-		// event: its claims are looked at now.
-		if err := r.client.Get(ctx, client.ObjectKey{Name: k.Namespace}, &corev1.Namespace{}); apierrors.IsNotFound(err) {
-			q.Add(reconcile.Request{NamespacedName: k})
-			queued++
 		}
 	}
-	log.FromContext(ctx).Info("IPAMClaim watch synced", "claimsHoldingIPs", len(keys), "goneSinceRebuild", queued)
+	// A namespace deleted while kvnet-controller was down sends no event:
+	// every claim still stored in one, holding IPs or not, is looked at
+	// now.
+	gone := map[string]bool{}
+	orphans := 0
+	for k := range present {
+		g, ok := gone[k.Namespace]
+		if !ok {
+			err := r.client.Get(ctx, client.ObjectKey{Name: k.Namespace}, &corev1.Namespace{})
+			g = apierrors.IsNotFound(err)
+			gone[k.Namespace] = g
+		}
+		if g {
+			q.Add(reconcile.Request{NamespacedName: k})
+			orphans++
+		}
+	}
+	log.FromContext(ctx).Info("IPAMClaim watch synced", "claimsHoldingIPs", len(keys), "goneSinceRebuild", queued, "inDeletedNamespaces", orphans)
 }

@@ -612,6 +612,9 @@ func TestClaimOfDeletedNamespaceDeleted(t *testing.T) {
 	mkNS(t, ns, false)
 	mkUDN(t, ns, "blue", udnv1.NetworkRoleSecondary, true, "192.168.77.0/24")
 	mkClaim(t, ns, "vm1.blue", ns+"_blue")
+	// A claim no pod ever used holds no IPs, and is left behind all the
+	// same.
+	mkClaim(t, ns, "spare.blue", ns+"_blue")
 	create(t, mkPod(ns, "virt-launcher-vm1-aaaaa", secondary("blue", "vm1.blue")))
 	waitAnnotated(t, ns, "virt-launcher-vm1-aaaaa")
 	if st := claimStatus(t, ns, "vm1.blue"); len(st.IPs) != 1 {
@@ -642,10 +645,12 @@ func TestClaimOfDeletedNamespaceDeleted(t *testing.T) {
 		}
 		return nil
 	})
-	testenv.Eventually(t, 30*time.Second, "orphaned claim deleted", func() error {
-		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm1.blue"}, &ipamclaimv1alpha1.IPAMClaim{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("claim still there (%v)", err)
+	testenv.Eventually(t, 30*time.Second, "orphaned claims deleted", func() error {
+		for _, name := range []string{"vm1.blue", "spare.blue"} {
+			err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ipamclaimv1alpha1.IPAMClaim{})
+			if !apierrors.IsNotFound(err) {
+				return fmt.Errorf("claim %s still there (%v)", name, err)
+			}
 		}
 		return nil
 	})
