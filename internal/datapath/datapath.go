@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 
 	"kvnet.io/kvnet/internal/nl"
@@ -31,6 +32,11 @@ type Datapath struct {
 	h      *nl.Handle     // netlink in the node namespace
 
 	mu sync.Mutex // serialises Apply, Counters and Close; Close sets h to nil
+
+	// rulesMu serialises writes of the nftables rules (Apply's and
+	// Activate's) and guards activated; taken after mu.
+	rulesMu   sync.Mutex
+	activated map[string]string // Standby port activated early -> its MAC
 }
 
 // New opens the datapath of the node described by cfg. It changes nothing
@@ -89,6 +95,8 @@ func (d *Datapath) Close() error {
 	defer d.mu.Unlock()
 	d.h.Close()
 	d.h = nil
+	d.rulesMu.Lock()
+	defer d.rulesMu.Unlock()
 	if d.nsh.IsOpen() {
 		return d.nsh.Close()
 	}
@@ -177,13 +185,62 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 	return result()
 }
 
-// syncNodeRules programs the node namespace's kvnet tables.
+// syncNodeRules programs the node namespace's kvnet tables. A Standby
+// port that Activate already opened stays open: the state s was planned
+// before the guest's announce reached its planner.
 func (d *Datapath) syncNodeRules(s State) error {
+	d.rulesMu.Lock()
+	defer d.rulesMu.Unlock()
 	conn, err := nftConn(int(d.nsh))
 	if err != nil {
 		return err
 	}
+	still := map[string]string{}
+	s.Ports = slices.Clone(s.Ports)
+	for i, p := range s.Ports {
+		if p.Standby && d.activated[p.HostIfName] == p.MAC.String() {
+			s.Ports[i].Standby = false
+			still[p.HostIfName] = p.MAC.String()
+		}
+	}
+	d.activated = still // the planner caught up with the others
 	return syncTables(conn, nodeRules(d.cfg.UnderlayDev, s))
+}
+
+// Activate ends the Standby of port p (a live-migration target whose guest
+// has just announced itself) at once: it rewrites the port's own
+// anti-spoofing chain to that of an ordinary Migrating port in one
+// nftables transaction, without waiting for an Apply in progress, and
+// later Applies of a state still planned with p on Standby keep it open.
+// p is the port as the last applied state had it; the port must exist.
+func (d *Datapath) Activate(p Port) error {
+	if p.HostIfName == "" || len(p.MAC) != 6 {
+		return fmt.Errorf("activate port %q on node %q: %w: host interface and a 6-byte MAC are required", p.HostIfName, d.cfg.Name, ErrInvalidState)
+	}
+	p.Standby = false
+	d.rulesMu.Lock()
+	defer d.rulesMu.Unlock()
+	if !d.nsh.IsOpen() {
+		return fmt.Errorf("activate port %q on node %q: %w", p.HostIfName, d.cfg.Name, ErrClosed)
+	}
+	conn, err := nftConn(int(d.nsh))
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: tableName}
+	ch := &nftables.Chain{Table: t, Name: portChainName(p.HostIfName)}
+	conn.FlushChain(ch)
+	for _, r := range portRules(p) {
+		conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: ruleUserData(r)})
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("activate port %q on node %q: rewrite chain %q: %w", p.HostIfName, d.cfg.Name, ch.Name, err)
+	}
+	if d.activated == nil {
+		d.activated = map[string]string{}
+	}
+	d.activated[p.HostIfName] = p.MAC.String()
+	return nil
 }
 
 // removeStaleLinks deletes kvnet-owned links of networks not in nets (and

@@ -2,8 +2,10 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -135,4 +137,82 @@ func rarpFrame(mac net.HardwareAddr) []byte {
 	f = append(append(f, mac...), 0, 0, 0, 0)
 	f = append(append(f, mac...), 0, 0, 0, 0)
 	return append(f, make([]byte, 18)...) // pad to the Ethernet minimum
+}
+
+// Activate opens a migration target's Standby port by itself, with no
+// Apply: the guest's announce is all a node needs to deliver to the target.
+// An Apply of a state planned before the announce (the port still on
+// Standby) keeps it open; once a plan has caught up, a later migration to
+// a port of the same name starts on Standby again.
+func TestActivateOpensStandbyPort(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 3)
+	rt := gatewayRoutes("10.1.1.1")
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	nets := []Network{tenantA}
+	c.applyAll(nets)
+	xIP := addr("10.1.1.3")
+	x2 := c.addPod(c.nodes[2], "x2", "tenant-a_udn", x.mac, x.ips, rt)
+	startEcho(t, x2)
+	standby := func() State { return c.migrationState(c.nodes[2], nets, x, x2, false) }
+	for _, nd := range c.nodes {
+		if err := nd.dp.Apply(context.Background(), c.migrationState(nd, nets, x, x2, false)); err != nil {
+			t.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+	const standbyRule = "standby until the guest announces itself"
+	if dump := nodeRuleDump(t, c.nodes[2].dp); !strings.Contains(dump, standbyRule) {
+		t.Fatalf("the target port is not on Standby:\n%s", dump)
+	}
+	var port Port
+	for _, p := range standby().Ports {
+		if p.HostIfName == x2.hostIf {
+			port = p
+		}
+	}
+
+	if err := podLink(x, func(h *nl.Handle, l netlink.Link) error { return h.LinkSetDown(l) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendRawFrame(x2, rarpFrame(x.mac)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[2].dp.Activate(port); err != nil {
+		t.Fatal(err)
+	}
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x2" {
+		t.Fatalf("after Activate: answered by %q (%v), want x2", token, err)
+	}
+	// A plan made before the announce does not close it again.
+	if err := c.nodes[2].dp.Apply(context.Background(), standby()); err != nil {
+		t.Fatal(err)
+	}
+	if dump := nodeRuleDump(t, c.nodes[2].dp); strings.Contains(dump, standbyRule) {
+		t.Fatalf("an Apply of the old plan closed the activated port:\n%s", dump)
+	}
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x2" {
+		t.Fatalf("after re-applying the old plan: answered by %q (%v), want x2", token, err)
+	}
+	// The plan catches up; the next migration's Standby is honoured.
+	if err := c.nodes[2].dp.Apply(context.Background(), c.migrationState(c.nodes[2], nets, x, x2, true)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[2].dp.Apply(context.Background(), standby()); err != nil {
+		t.Fatal(err)
+	}
+	if dump := nodeRuleDump(t, c.nodes[2].dp); !strings.Contains(dump, standbyRule) {
+		t.Fatalf("a later Standby of the same port was ignored:\n%s", dump)
+	}
+
+	// Bad input changes nothing; a port without a chain is an error.
+	if err := c.nodes[2].dp.Activate(Port{HostIfName: x2.hostIf}); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("Activate without a MAC: %v, want ErrInvalidState", err)
+	}
+	if err := c.nodes[2].dp.Activate(Port{HostIfName: "nosuchport", MAC: x.mac}); err == nil || !strings.Contains(err.Error(), "nosuchport") {
+		t.Errorf("Activate of an unknown port: %v, want an error naming it", err)
+	}
+	if dump := nodeRuleDump(t, c.nodes[2].dp); !strings.Contains(dump, standbyRule) {
+		t.Fatalf("a failed Activate changed the rules:\n%s", dump)
+	}
 }

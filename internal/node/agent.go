@@ -129,7 +129,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), stopped: make(chan struct{})}
 	a.dhcp = newDHCPServers(cfg.Datapath)
-	a.announce = newAnnouncements(cfg.Datapath.NetNS, a.kick, ctrl.Log.WithName("kvnet-node").WithValues("node", cfg.NodeName))
+	a.announce = newAnnouncements(cfg.Datapath.NetNS, a.dp.Activate, a.kick, ctrl.Log.WithName("kvnet-node").WithValues("node", cfg.NodeName))
 	nsPath := cfg.Datapath.NetNS
 	if a.links, err = nl.NewHandle(nsPath); err != nil {
 		_ = dp.Close()

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
@@ -18,13 +19,15 @@ import (
 const ethPRARP = 0x8035
 
 // announcements watches the Standby ports of migration targets on this
-// node for the guest's announce and remembers which MACs announced
-// themselves, so that the next plan takes the port off Standby at once,
-// without waiting for the API to say the migration completed.
+// node for the guest's announce. On the first one it opens the port at
+// once (activate: the port's own rules, nothing else) and remembers the
+// MAC, so that the next plan also has the port off Standby, without
+// waiting for the API to say the migration completed.
 type announcements struct {
-	netns string // the datapath's network namespace ("" is ours)
-	kick  func()
-	log   logr.Logger
+	netns    string // the datapath's network namespace ("" is ours)
+	activate func(datapath.Port) error
+	kick     func()
+	log      logr.Logger
 
 	mu        sync.Mutex
 	watching  map[string]*os.File // standby host interface -> packet socket
@@ -32,8 +35,8 @@ type announcements struct {
 	wg        sync.WaitGroup
 }
 
-func newAnnouncements(netns string, kick func(), log logr.Logger) *announcements {
-	return &announcements{netns: netns, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{}}
+func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
+	return &announcements{netns: netns, activate: activate, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{}}
 }
 
 // Announced reports the MACs whose guests announced themselves on a
@@ -51,11 +54,11 @@ func (w *announcements) Announced() map[string]bool {
 // sync watches exactly the plan's Standby ports and forgets announcements
 // of MACs that no longer migrate here.
 func (w *announcements) sync(ports []datapath.Port) {
-	want := map[string]net.HardwareAddr{}
+	want := map[string]datapath.Port{}
 	migrating := map[string]bool{}
 	for _, p := range ports {
 		if p.Standby {
-			want[p.HostIfName] = p.MAC
+			want[p.HostIfName] = p
 		}
 		if p.Migrating {
 			migrating[p.MAC.String()] = true
@@ -74,7 +77,7 @@ func (w *announcements) sync(ports []datapath.Port) {
 			delete(w.watching, name)
 		}
 	}
-	for name, mac := range want {
+	for name, p := range want {
 		if _, ok := w.watching[name]; ok {
 			continue
 		}
@@ -84,7 +87,7 @@ func (w *announcements) sync(ports []datapath.Port) {
 			continue
 		}
 		w.watching[name] = f
-		w.wg.Go(func() { w.read(f, name, mac) })
+		w.wg.Go(func() { w.read(f, p) })
 	}
 }
 
@@ -114,8 +117,10 @@ func (w *announcements) open(name string) (*os.File, error) {
 	return f, err
 }
 
-// read waits for a frame from mac on f and records the announcement.
-func (w *announcements) read(f *os.File, name string, mac net.HardwareAddr) {
+// read waits for a RARP frame from p's MAC on f, opens p and records the
+// announcement.
+func (w *announcements) read(f *os.File, p datapath.Port) {
+	name, mac := p.HostIfName, p.MAC
 	buf := make([]byte, 256)
 	for {
 		n, err := f.Read(buf)
@@ -131,7 +136,14 @@ func (w *announcements) read(f *os.File, name string, mac net.HardwareAddr) {
 			w.announced[mac.String()] = true
 			w.mu.Unlock()
 			if first {
-				w.log.Info("migrated guest announced itself; activating its port", "port", name, "mac", mac.String())
+				start := time.Now()
+				err := w.activate(p)
+				if err != nil {
+					// The next plan opens it.
+					w.log.Error(err, "open a migration target port at its guest's announce; the next plan does", "port", name)
+				}
+				w.log.Info("migrated guest announced itself; activated its port", "port", name, "mac", mac.String(),
+					"activateMs", float64(time.Since(start).Microseconds())/1000, "activated", err == nil)
 				w.kick()
 			}
 		}
