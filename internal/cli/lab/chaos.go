@@ -366,7 +366,7 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	return e, nil
 }
 
-func runChaos(ctx context.Context, f *chaosFlags) (*ChaosResult, error) {
+func runChaos(ctx context.Context, f *chaosFlags) (res *ChaosResult, err error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
@@ -380,12 +380,19 @@ func runChaos(ctx context.Context, f *chaosFlags) (*ChaosResult, error) {
 		}
 		dir = d
 		if !f.keep {
-			defer os.RemoveAll(dir)
+			// A run that failed or found something keeps its logs.
+			defer func() {
+				if err != nil || res == nil || !res.OK() {
+					fmt.Fprintf(os.Stderr, "chaos: logs kept in %s\n", d)
+					return
+				}
+				os.RemoveAll(d)
+			}()
 		}
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	dir, err := filepath.Abs(dir)
+	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}

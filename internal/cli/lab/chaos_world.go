@@ -33,11 +33,13 @@ import (
 // chaosLabel marks every object a chaos run makes.
 const chaosLabel = "chaos.kvnet.io/run"
 
-// The chaos tenants' networks: a persistent primary Layer2 UDN and a
-// persistent secondary one (VMs' second interfaces, hot plug).
+// The chaos tenants' networks: a persistent primary Layer2 UDN and two
+// persistent secondary ones, for VMs' second interfaces and for hot plug
+// (kvnet refuses a pod that selects one NAD twice).
 const (
 	chaosPrimary   = "primary"
 	chaosSecondary = "sec"
+	chaosHotplug   = "hot"
 )
 
 // chaosOp is one kind of operation and its weight in the mix.
@@ -223,7 +225,8 @@ func (w *world) makeTenant(ctx context.Context, t *tenant) error {
 		name   string
 		role   udnv1.NetworkRole
 		subnet udnv1.CIDR
-	}{{chaosPrimary, udnv1.NetworkRolePrimary, "10.20.0.0/16"}, {chaosSecondary, udnv1.NetworkRoleSecondary, "10.30.0.0/16"}} {
+	}{{chaosPrimary, udnv1.NetworkRolePrimary, "10.20.0.0/16"}, {chaosSecondary, udnv1.NetworkRoleSecondary, "10.30.0.0/16"},
+		{chaosHotplug, udnv1.NetworkRoleSecondary, "10.40.0.0/16"}} {
 		obj := &udnv1.UserDefinedNetwork{
 			ObjectMeta: chaosMeta(t.ns, u.name),
 			Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
@@ -340,15 +343,15 @@ func vmSpec(secondary, hotplugged bool) kubevirtv1.VirtualMachineInstanceSpec {
 		Networks: []kubevirtv1.Network{{Name: "default", Pod: &kubevirtv1.PodNetwork{}}},
 	}
 	s.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", Binding: &kubevirtv1.PluginBinding{Name: "l2bridge"}}}
-	add := func(name string) {
-		s.Networks = append(s.Networks, kubevirtv1.Network{Name: name, Multus: &kubevirtv1.MultusNetwork{NetworkName: chaosSecondary}})
+	add := func(name, nad string) {
+		s.Networks = append(s.Networks, kubevirtv1.Network{Name: name, Multus: &kubevirtv1.MultusNetwork{NetworkName: nad}})
 		s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: name, Bridge: &kubevirtv1.InterfaceBridge{}})
 	}
 	if secondary {
-		add("sec")
+		add("sec", chaosSecondary)
 	}
 	if hotplugged {
-		add("hot")
+		add("hot", chaosHotplug)
 	}
 	return s
 }

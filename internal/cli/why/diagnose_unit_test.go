@@ -488,6 +488,14 @@ func TestVM(t *testing.T) {
 		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "sec", binding: "sriov", nad: "sec"})
 		expect(t, diagnoseV(f), BindingUnsupported, "not an SR-IOV VF")
 	})
+	t.Run("NAD selected twice", func(t *testing.T) {
+		f := vmWorld(t)
+		f.NADs["t/sec"] = kvnetNAD("t", "sec", netConf{role: "secondary", subnets: "10.1.0.0/24"})
+		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "sec", binding: "bridge", nad: "sec"})
+		expect(t, diagnoseV(f), "")
+		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "sec", binding: "bridge", nad: "sec"}, vmIface{name: "hot", binding: "bridge", nad: "sec"})
+		expect(t, diagnoseV(f), NADSelectedTwice, `VM networks "sec" and "hot" both select NAD t/sec`, `give VM network "hot" a network of its own`)
+	})
 	t.Run("l2bridge expects a primary network", func(t *testing.T) {
 		f := vmWorld(t)
 		f.Namespace = namespace("t", false)

@@ -60,6 +60,8 @@ const (
 	ClaimWrongNetwork Code = "ClaimWrongNetwork"
 	// ClaimIgnored: a claim reference on a network without persistent IPs.
 	ClaimIgnored Code = "ClaimIgnored"
+	// NADSelectedTwice: two networks of a VM select the same kvnet NAD.
+	NADSelectedTwice Code = "NADSelectedTwice"
 	// ClaimReferenceMissing: a VM's launcher pod lacks the claim
 	// reference kvnet's webhook adds.
 	ClaimReferenceMissing Code = "ClaimReferenceMissing"

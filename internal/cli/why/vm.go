@@ -92,16 +92,25 @@ func diagnoseVM(r *Report, f *vmFacts) {
 		return
 	}
 	served := map[string]*netconf.Served{}
+	selectedBy := map[string]string{} // NAD key -> the VM network selecting it
 	for i, n := range spec.Networks {
 		if n.Multus == nil {
 			continue
 		}
 		where := fmt.Sprintf("spec.networks[%d] (VM network %q)", i, n.Name)
-		s, stop := checkNAD(r, &f.netFacts, nadKeyOf(f.Namespace.Name, n.Multus.NetworkName), where)
+		key := nadKeyOf(f.Namespace.Name, n.Multus.NetworkName)
+		s, stop := checkNAD(r, &f.netFacts, key, where)
 		if stop {
 			return
 		}
 		served[n.Name] = s
+		if first, dup := selectedBy[key]; dup && s != nil {
+			r.fail("network", fmt.Sprintf("VM networks %q and %q both select NAD %s", first, n.Name, key), NADSelectedTwice,
+				fmt.Sprintf("give VM network %q a network of its own (another UserDefinedNetwork or NetworkAttachmentDefinition), then restart the VM or let the hot plug's migration retry", n.Name),
+				"VM networks %q and %q both select NAD %s (%s): kvnet gives a pod one address per NAD, so it refuses a launcher pod that selects one twice, and the VM cannot start or finish the migration that hot-plugs the second", first, n.Name, key, where)
+			return
+		}
+		selectedBy[key] = n.Name
 	}
 	if checkBindings(r, f, spec, networks, served, plugins) {
 		return

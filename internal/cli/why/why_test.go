@@ -344,6 +344,7 @@ type vmSeed struct {
 	binding        string // the interface's binding (default l2bridge)
 	secondaryNAD   string // adds a Multus interface "sec" on this NAD
 	secondaryBind  string
+	twice          bool   // adds a second interface "hot" on secondaryNAD
 	claimOwner     *vmRef // default: the VM
 	migration      *kubevirtv1.VirtualMachineInstanceMigrationState
 }
@@ -359,6 +360,9 @@ func (s *vmSeed) seed(t testing.TB) {
 	if s.secondaryNAD != "" {
 		create(t, kvnetNAD(s.ns, s.secondaryNAD, netConf{role: "secondary", subnets: "10.1.0.0/24"}))
 		ifaces = append(ifaces, vmIface{name: "sec", binding: s.secondaryBind, nad: s.secondaryNAD})
+		if s.twice {
+			ifaces = append(ifaces, vmIface{name: "hot", binding: s.secondaryBind, nad: s.secondaryNAD})
+		}
 	}
 	spec := vmiSpec(ifaces...)
 	running := "Always"
@@ -424,6 +428,13 @@ func TestWhyBindingUnsupported(t *testing.T) {
 	s.secondaryNAD, s.secondaryBind = "blue", "masquerade"
 	s.seed(t)
 	expectWhy(t, BindingUnsupported, []string{`interface "sec" uses masquerade, which works on the pod network only`}, "vmi", "vm1", "-n", s.ns)
+}
+
+func TestWhyNADSelectedTwice(t *testing.T) {
+	s := newVMSeed(t)
+	s.secondaryNAD, s.secondaryBind, s.twice = "blue", "bridge", true
+	s.seed(t)
+	expectWhy(t, NADSelectedTwice, []string{`VM networks "sec" and "hot" both select NAD ` + s.ns + "/blue", "refuses a launcher pod that selects one twice"}, "vm", "vm1", "-n", s.ns)
 }
 
 func TestWhyMigrationFailed(t *testing.T) {

@@ -25,6 +25,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/k8s/predicates"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
@@ -112,12 +113,7 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 				cr.sweep(ctx, q)
 				close(claimsWatched)
 			}}).
-		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(cr.claimsIn), builder.WithPredicates(predicate.Funcs{
-			CreateFunc:  func(event.CreateEvent) bool { return false },
-			UpdateFunc:  func(event.UpdateEvent) bool { return false },
-			DeleteFunc:  func(event.DeleteEvent) bool { return true },
-			GenericFunc: func(event.GenericEvent) bool { return false },
-		})).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(cr.claimsIn), builder.WithPredicates(predicates.Deletes)).
 		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(cr)
 	if err != nil {
