@@ -55,6 +55,15 @@ const (
 	// DuplicateVMMAC: two VMs carry one MAC the MAC pool assigns
 	// (cluster-wide, whatever the network).
 	DuplicateVMMAC = "DuplicateVMMAC"
+	// Orphaned: an IPAMClaim or a live pod still stored in a namespace
+	// that no longer exists. kube-controller-manager can finish deleting
+	// a namespace without some of its objects (when the API server
+	// restarts mid-way); the API server then refuses every update to
+	// them, finalizer removals included, so they stay until the
+	// namespace is created again and deleted. Other findings about such
+	// objects (a leaked claim, a missing NAD) are left out: this is the
+	// one cause. Their addresses stay held, on a network that is gone.
+	Orphaned = "Orphaned"
 	// InvalidMACRange: the MAC pool's range ConfigMap is not a valid range
 	// (kvnet-controller keeps its previous range).
 	InvalidMACRange = "InvalidMACRange"
@@ -143,6 +152,7 @@ func Check(inv *inventory.Inventory) Report {
 	r.Findings = append(r.Findings, missingNADs(inv)...)
 	r.Findings = append(r.Findings, invalid(inv)...)
 	r.Findings = append(r.Findings, macPool(inv)...)
+	r.Findings = orphans(inv, r.Findings)
 	slices.SortStableFunc(r.Findings, func(a, b Finding) int {
 		return cmp.Or(strings.Compare(a.Kind, b.Kind), strings.Compare(a.Network, b.Network), strings.Compare(a.Object, b.Object))
 	})
@@ -304,6 +314,41 @@ func claims(inv *inventory.Inventory) []Finding {
 				out = append(out, Finding{Kind: ClaimMismatch, Network: a.Network, Object: podRef(p.Namespace, p.Name),
 					Detail: fmt.Sprintf("its %s attachment has %s, its IPAMClaim %s has %s", a.NAD, list(got), c.Name, list(want))})
 			}
+		}
+	}
+	return out
+}
+
+// orphans replaces the findings about objects in namespaces that no longer
+// exist (duplicates excepted: they are wrong wherever they are) with one
+// Orphaned finding per claim and live pod there.
+func orphans(inv *inventory.Inventory, findings []Finding) []Finding {
+	gone := func(ns string) bool { _, ok := inv.Namespaces[ns]; return !ok }
+	fix := func(ns string) string {
+		return fmt.Sprintf("namespace %s no longer exists, but this object is still stored (the namespace's deletion finished without it) and can no longer be changed; create namespace %s again, then delete it", ns, ns)
+	}
+	out := findings[:0]
+	for _, f := range findings {
+		if f.Kind != DuplicateIP && f.Kind != DuplicateMAC && f.Kind != DuplicateVMMAC {
+			parts := strings.SplitN(f.Object, "/", 3)
+			if len(parts) == 3 && gone(parts[1]) {
+				continue
+			}
+		}
+		out = append(out, f)
+	}
+	for _, c := range inv.Claims {
+		if gone(c.Namespace) {
+			d := fix(c.Namespace)
+			if len(c.IPs) > 0 {
+				d += "; it holds " + list(addrSet(c.IPs))
+			}
+			out = append(out, Finding{Kind: Orphaned, Network: c.Network, Object: claimRef(c.Namespace, c.Name), Detail: d})
+		}
+	}
+	for _, p := range inv.Pods {
+		if p.Live() && len(p.Attachments) > 0 && gone(p.Namespace) {
+			out = append(out, Finding{Kind: Orphaned, Network: p.Attachments[0].Network, Object: podRef(p.Namespace, p.Name), Detail: fix(p.Namespace)})
 		}
 	}
 	return out

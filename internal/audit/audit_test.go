@@ -98,6 +98,27 @@ func TestFindings(t *testing.T) {
 		want: []audit.Finding{{Kind: audit.LeakedClaim, Network: invtest.PrimaryNetwork, Object: "ipamclaim/tenant/gone.default",
 			Detail: "its VM gone has no VirtualMachine or VirtualMachineInstance, and no live pod uses it; it holds 10.10.0.77"}},
 	}, {
+		name: "claim and pod left in a deleted namespace",
+		mutate: func(o *inventory.Objects) {
+			o.Claims = append(o.Claims, invtest.Claim("gone-ns", "vm-x.default", "gone-ns_primary", "vm-x", "", "10.50.0.7/24"))
+			o.Pods = append(o.Pods, invtest.Pod("gone-ns", "virt-launcher-vm-x-abcde", "node-2", invtest.Attachment{NAD: "gone-ns/primary",
+				Network: "gone-ns_primary", Role: "primary", IPs: []string{"10.50.0.8/24"}, MAC: "0a:58:0a:32:00:08", Claim: "vm-y.default"}))
+		},
+		// Not LeakedClaim, MissingNAD or MissingClaim: the one cause.
+		want: []audit.Finding{{Kind: audit.Orphaned, Network: "gone-ns_primary", Object: "ipamclaim/gone-ns/vm-x.default",
+			Detail: "namespace gone-ns no longer exists, but this object is still stored (the namespace's deletion finished without it) and can no longer be changed; create namespace gone-ns again, then delete it; it holds 10.50.0.7"},
+			{Kind: audit.Orphaned, Network: "gone-ns_primary", Object: "pod/gone-ns/virt-launcher-vm-x-abcde",
+				Detail: "namespace gone-ns no longer exists, but this object is still stored (the namespace's deletion finished without it) and can no longer be changed; create namespace gone-ns again, then delete it"}},
+	}, {
+		name: "duplicate IP in a deleted namespace is still a duplicate",
+		mutate: func(o *inventory.Objects) {
+			o.Pods = append(o.Pods, invtest.Pod("gone-ns", "a", "node-2", invtest.Attachment{NAD: "gone-ns/sec", Network: invtest.SharedNetwork,
+				Role: "secondary", IPs: []string{"10.20.0.3/24"}, MAC: "0a:58:0a:14:00:64"}))
+		},
+		want: []audit.Finding{{Kind: audit.DuplicateIP, Network: invtest.SharedNetwork, Object: "10.20.0.3", Detail: "held by pod/gone-ns/a and pod/tenant/web-1"},
+			{Kind: audit.Orphaned, Network: invtest.SharedNetwork, Object: "pod/gone-ns/a",
+				Detail: "namespace gone-ns no longer exists, but this object is still stored (the namespace's deletion finished without it) and can no longer be changed; create namespace gone-ns again, then delete it"}},
+	}, {
 		name: "claim of a workload whose owner pod completed",
 		mutate: func(o *inventory.Objects) {
 			o.Claims = append(o.Claims, invtest.Claim(invtest.Tenant, "batch", invtest.PrimaryNetwork, "", "job-1"))

@@ -43,6 +43,7 @@ func NewCommand() *cobra.Command {
 			"  MissingNAD, InvalidNAD     NADs referenced but absent, or unreadable\n" +
 			"  InvalidAnnotation          a kvnet.io/pod-networks that does not parse\n" +
 			"  DuplicateVMMAC, InvalidMACRange  MAC pool state on VMs and its range ConfigMap\n" +
+			"  Orphaned                   a claim or live pod left in a namespace that no longer exists\n" +
 			"Exits 1 with a one-line summary on stderr if anything is found, 0 with \"no findings\" otherwise.\n" +
 			"It checks the API only, not the nodes' datapath.",
 		Args:         cobra.NoArgs,

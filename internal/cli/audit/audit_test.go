@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -226,4 +230,56 @@ func TestBadOutput(t *testing.T) {
 	if _, _, err := kvnetAudit(t, "-o", "yaml"); err == nil || errors.Is(err, cliaudit.ErrFindings) {
 		t.Errorf("kvnet audit -o yaml: %v, want a usage error", err)
 	}
+}
+
+// A claim left in a namespace whose deletion finished without it (here the
+// namespace is finalized by hand; kube-controller-manager can do the same
+// across an API server restart) is reported as Orphaned, not as a leaked
+// claim with a missing NAD.
+func TestAuditOrphaned(t *testing.T) {
+	clean(t)
+	ctx := context.Background()
+	const ns = "audit-orphan"
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	testenv.Create(t, c, nsObj)
+	claim := invtest.Claim(ns, "vm-x.default", ns+"_primary", "vm-x", "", "10.50.0.7/24")
+	testenv.Create(t, c, &claim)
+	claim.Status = invtest.Claim(ns, "vm-x.default", ns+"_primary", "vm-x", "", "10.50.0.7/24").Status
+	if err := c.Status().Update(ctx, &claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(nsObj), nsObj); err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Spec.Finalizers = nil
+	if err := c.SubResource("finalize").Update(ctx, nsObj); err != nil {
+		t.Fatalf("finalize namespace: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, "namespace gone", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("namespace: %v", err)
+		}
+		return nil
+	})
+
+	out, stderr, err := kvnetAudit(t)
+	if !errors.Is(err, cliaudit.ErrFindings) {
+		t.Fatalf("kvnet audit: err %v, want ErrFindings\n%s", err, out)
+	}
+	if want := "audit: 1 finding: 1 Orphaned (checked 3 pods, 3 claims, 9 allocations, 4 networks, 2 VMs)\n"; stderr != want {
+		t.Errorf("stderr %q, want %q", stderr, want)
+	}
+	for _, want := range []string{"Orphaned", "ipamclaim/audit-orphan/vm-x.default", "namespace audit-orphan no longer exists", "create namespace audit-orphan again, then delete it"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// Deleting still works in a namespace that is gone.
+	if err := c.Delete(ctx, &claim); err != nil {
+		t.Fatal(err)
+	}
+	clean(t)
 }
