@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/discovery"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -98,6 +99,8 @@ type world struct {
 	errs    []string
 	failed  int
 	done    atomic.Int64
+	// holdDeletes keeps tenants from being deleted (see quiet).
+	holdDeletes bool
 }
 
 func newWorld(ctx context.Context, e *chaosEnv) (*world, error) {
@@ -569,7 +572,7 @@ func (w *world) deleteTenant(ctx context.Context, rng *rand.Rand) (bool, error) 
 			cands = append(cands, t)
 		}
 	}
-	if len(cands) == 0 {
+	if len(cands) == 0 || w.holdDeletes {
 		w.mu.Unlock()
 		return false, nil
 	}
@@ -594,6 +597,73 @@ func (w *world) deleteTenant(ctx context.Context, rng *rand.Rand) (bool, error) 
 	return true, nil
 }
 
+// quiet(true) holds back tenant deletions and waits until no chaos
+// namespace is terminating; quiet(false) waits until the API server serves
+// every API group the namespace controller must empty, then lets
+// deletions go again (see injectOnce).
+func (w *world) quiet(ctx context.Context, on bool) error {
+	if on {
+		w.mu.Lock()
+		w.holdDeletes = true
+		w.mu.Unlock()
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var err error
+		if on {
+			err = w.noneTerminating(ctx)
+		} else {
+			err = w.allGroupsServed()
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("around the API server restart: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if !on {
+		w.mu.Lock()
+		w.holdDeletes = false
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+func (w *world) noneTerminating(ctx context.Context) error {
+	var nsList corev1.NamespaceList
+	if err := w.e.c.List(ctx, &nsList, client.MatchingLabels{chaosLabel: "1"}); err != nil {
+		return err
+	}
+	for _, ns := range nsList.Items {
+		if ns.DeletionTimestamp != nil {
+			return fmt.Errorf("namespace %s still terminating", ns.Name)
+		}
+	}
+	return nil
+}
+
+// chaosGroups are the API groups of the custom resources in a tenant.
+var chaosGroups = []string{"kubevirt.io/v1", "k8s.cni.cncf.io/v1", "k8s.cni.cncf.io/v1alpha1", "k8s.ovn.org/v1"}
+
+func (w *world) allGroupsServed() error {
+	dc, err := discovery.NewDiscoveryClientForConfig(w.e.cp.Config)
+	if err != nil {
+		return err
+	}
+	for _, gv := range chaosGroups {
+		if _, err := dc.ServerResourcesForGroupVersion(gv); err != nil {
+			return fmt.Errorf("discovery of %s: %w", gv, err)
+		}
+	}
+	return nil
+}
+
 // run drives the operations and the faults, lets the cluster settle and
 // audits it.
 func (w *world) run(ctx context.Context) (*ChaosResult, error) {
@@ -612,7 +682,7 @@ func (w *world) run(ctx context.Context) (*ChaosResult, error) {
 	}()
 	onceRng := rand.New(rand.NewPCG(faultRng.Uint64(), faultRng.Uint64()))
 	go func() {
-		faultErr <- w.e.injectOnce(ctx, stopFaults, onceRng, &w.faults, func() float64 { return float64(w.done.Load()) / float64(f.ops) })
+		faultErr <- w.e.injectOnce(ctx, stopFaults, onceRng, &w.faults, func() float64 { return float64(w.done.Load()) / float64(f.ops) }, w.quiet)
 	}()
 	sem := make(chan struct{}, f.workers)
 	var wg sync.WaitGroup
