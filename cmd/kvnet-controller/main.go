@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 
+	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -18,7 +19,9 @@ func main() {
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", true, "elect a leader among replicas")
 	webhookPort := flag.Int("webhook-port", 9443, "port of the admission webhooks; 0 disables them")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
-	zapOpts := zap.Options{}
+	// Millisecond timestamps: a live migration's switch-over is read from
+	// logs in milliseconds (--zap-time-encoding overrides it).
+	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -34,7 +35,9 @@ func main() {
 	flag.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "keep a kubeconfig for kvnet-cni here (e.g. /host/etc/cni/net.d/kvnet.d/kvnet.kubeconfig); empty: don't")
 	cniBinDir := flag.String("cni-bin-dir", "", "install kvnet-cni (and kvnet-ipam) into this directory at start; empty: don't")
 	cniSource := flag.String("cni-binary", "", "the kvnet-cni binary to install (default: kvnet-cni next to this executable)")
-	zapOpts := zap.Options{}
+	// Millisecond timestamps: a live migration's switch-over is read from
+	// logs in milliseconds (--zap-time-encoding overrides it).
+	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))

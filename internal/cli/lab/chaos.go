@@ -402,7 +402,7 @@ func runChaos(ctx context.Context, f *chaosFlags) (res *ChaosResult, err error) 
 		return nil, err
 	}
 	defer logf.Close()
-	ctrl.SetLogger(zap.New(zap.WriteTo(logf)))
+	ctrl.SetLogger(zap.New(zap.WriteTo(logf), nanoTimes))
 	start := time.Now()
 	e, err := setUpChaos(ctx, f, dir)
 	if err != nil {

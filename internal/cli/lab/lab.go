@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -178,11 +179,15 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// nanoTimes stamps log lines to the nanosecond, as kvnet-node and
+// kvnet-controller do: a migration's switch-over is read in milliseconds.
+func nanoTimes(o *zap.Options) { o.TimeEncoder = zapcore.RFC3339NanoTimeEncoder }
+
 func runForeground(ctx context.Context, flags *flagpole) error {
 	dir := flags.dir
 	ctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	ctrl.SetLogger(zap.New())
+	ctrl.SetLogger(zap.New(nanoTimes))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
