@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/netip"
@@ -57,6 +58,11 @@ var (
 const dnsServer = "192.0.2.53"
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if fuzzing() {
+		// Fuzz targets here are pure: no control plane for each worker.
+		os.Exit(m.Run())
+	}
 	if !testenv.Privileged() {
 		// The unit tests still run; the privileged ones skip (needsRoot).
 		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/node")
@@ -66,6 +72,17 @@ func TestMain(m *testing.M) {
 		env, c, tmpDir, kubeconfig, cniBinary = fx.Env, fx.Env.Client, fx.Dir, fx.Kubeconfig, fx.Bin("kvnet-cni")
 		return m.Run()
 	}))
+}
+
+// fuzzing reports whether the test binary runs a fuzz target (as the
+// coordinator or as one of its workers).
+func fuzzing() bool {
+	for _, name := range []string{"test.fuzz", "test.fuzzworker"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" && f.Value.String() != "false" {
+			return true
+		}
+	}
+	return false
 }
 
 func eventually(t testing.TB, what string, f func() error) {

@@ -1,8 +1,11 @@
 package node
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -19,8 +22,8 @@ import (
 const ethPRARP = 0x8035
 
 // announcements watches the Standby ports of migration targets on this
-// node for the guest's announce. On the first one it opens the port at
-// once (activate: the port's own rules, nothing else) and remembers the
+// node for the guest's first frame there (its first IP packet or QEMU's
+// announce, whichever comes first). On it, it opens the port at once (activate: the port's own rules, nothing else) and remembers the
 // MAC, so that the next plan also has the port off Standby, without
 // waiting for the API to say the migration completed.
 type announcements struct {
@@ -107,6 +110,12 @@ func (w *announcements) open(name string) (*os.File, error) {
 		if err != nil {
 			return err
 		}
+		// Only what the pod sends: the bridge also floods the source
+		// guest's broadcasts out of this port, with its MAC and address.
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+			unix.Close(fd)
+			return err
+		}
 		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifc.Index}); err != nil {
 			unix.Close(fd)
 			return err
@@ -117,8 +126,8 @@ func (w *announcements) open(name string) (*os.File, error) {
 	return f, err
 }
 
-// read waits for a RARP frame from p's MAC on f, opens p and records the
-// announcement.
+// read waits for the first frame on f that only p's guest can have sent
+// (see guestFrame), opens p and records the announcement.
 func (w *announcements) read(f *os.File, p datapath.Port) {
 	name, mac := p.HostIfName, p.MAC
 	buf := make([]byte, 256)
@@ -130,24 +139,80 @@ func (w *announcements) read(f *os.File, p datapath.Port) {
 			}
 			return
 		}
-		if n >= 14 && buf[12] == ethPRARP>>8 && buf[13] == ethPRARP&0xff && net.HardwareAddr(buf[6:12]).String() == mac.String() {
-			w.mu.Lock()
-			first := !w.announced[mac.String()]
-			w.announced[mac.String()] = true
-			w.mu.Unlock()
-			if first {
-				start := time.Now()
-				err := w.activate(p)
-				if err != nil {
-					// The next plan opens it.
-					w.log.Error(err, "open a migration target port at its guest's announce; the next plan does", "port", name)
-				}
-				w.log.Info("migrated guest announced itself; activated its port", "port", name, "mac", mac.String(),
-					"activateMs", float64(time.Since(start).Microseconds())/1000, "activated", err == nil)
-				w.kick()
+		what := guestFrame(buf[:n], p)
+		if what == "" {
+			continue
+		}
+		w.mu.Lock()
+		first := !w.announced[mac.String()]
+		w.announced[mac.String()] = true
+		w.mu.Unlock()
+		if first {
+			start := time.Now()
+			err := w.activate(p)
+			if err != nil {
+				// The next plan opens it.
+				w.log.Error(err, "open a migration target port at its guest's first frame; the next plan does", "port", name)
 			}
+			w.log.Info("migrated guest runs here; activated its port", "port", name, "mac", mac.String(), "frame", what,
+				"activateMs", float64(time.Since(start).Microseconds())/1000, "activated", err == nil)
+			w.kick()
 		}
 	}
+}
+
+// guestFrame says what frame (received on a migration target's Standby
+// port) shows that the port's guest runs there, "" if it does not: QEMU's
+// announce (RARP from the guest's MAC), or an IPv4 or IPv6 packet from the
+// guest's MAC and one of its addresses to a unicast address, which only
+// the running guest sends (the launcher pod's own stack holds neither
+// once plumbed). ARP and IPv6
+// neighbour discovery do not count: before plumbing, the pod's own stack
+// answers those for the guest's address with the guest's MAC. The first
+// IP frame comes before QEMU's RARP when the guest resumes with frames
+// queued, and QEMU's main loop is slow to announce.
+func guestFrame(b []byte, p datapath.Port) string {
+	if len(b) < 14 || !bytes.Equal(b[6:12], p.MAC) {
+		return ""
+	}
+	switch binary.BigEndian.Uint16(b[12:14]) {
+	case ethPRARP:
+		return "RARP"
+	case unix.ETH_P_IP:
+		if len(b) < 34 || b[14]>>4 != 4 {
+			return ""
+		}
+		src, dst := netip.AddrFrom4([4]byte(b[26:30])), netip.AddrFrom4([4]byte(b[30:34]))
+		// Unicast only: the pod's own stack may report its multicast
+		// groups (IGMP) from the guest's address before plumbing.
+		if hasIP(p.IPs, src) && !dst.IsMulticast() && dst != netip.AddrFrom4([4]byte{255, 255, 255, 255}) && b[23] != 2 {
+			return "IPv4 from " + src.String()
+		}
+	case unix.ETH_P_IPV6:
+		if len(b) < 54 || b[14]>>4 != 6 {
+			return ""
+		}
+		src, dst := netip.AddrFrom16([16]byte(b[22:38])), netip.AddrFrom16([16]byte(b[38:54]))
+		if src.IsLinkLocalUnicast() || dst.IsMulticast() || !hasIP(p.IPs, src) {
+			return ""
+		}
+		// Neighbour discovery right after the fixed header (the pod's
+		// own stack answers solicitations for the guest's address).
+		if b[20] == 58 && len(b) > 54 && b[54] >= 133 && b[54] <= 137 {
+			return ""
+		}
+		return "IPv6 from " + src.String()
+	}
+	return ""
+}
+
+func hasIP(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Addr().Unmap() == a {
+			return true
+		}
+	}
+	return false
 }
 
 // close stops every watch and waits for the readers.

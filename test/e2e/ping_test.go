@@ -70,11 +70,12 @@ func startPinger(netns string, dst netip.Addr, interval time.Duration) (*pinger,
 	return p, nil
 }
 
-// longestGap is the longest time without a reply between from and to.
-func (p *pinger) longestGap(from, to time.Time) time.Duration {
+// longestGapAt is the longest time without a reply between from and to,
+// and when it started (the last reply before it).
+func (p *pinger) longestGapAt(from, to time.Time) (time.Time, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	last, gap := from, time.Duration(0)
+	last, start, gap := from, from, time.Duration(0)
 	for _, r := range p.replies {
 		if r.Before(from) {
 			continue
@@ -82,10 +83,15 @@ func (p *pinger) longestGap(from, to time.Time) time.Duration {
 		if r.After(to) {
 			break
 		}
-		gap = max(gap, r.Sub(last))
+		if r.Sub(last) > gap {
+			start, gap = last, r.Sub(last)
+		}
 		last = r
 	}
-	return max(gap, to.Sub(last))
+	if to.Sub(last) > gap {
+		start, gap = last, to.Sub(last)
+	}
+	return start, gap
 }
 
 func (p *pinger) stop() {
