@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
@@ -37,6 +39,29 @@ func Create(t testing.TB, c client.Client, o client.Object) {
 	if err := c.Create(context.Background(), o); err != nil {
 		t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 	}
+}
+
+// FinalizeNamespace ends the deletion of namespace name (already deleted,
+// so terminating) by hand, as kube-controller-manager would but without
+// deleting what is in it, and waits until it is gone: what it held stays
+// stored, orphaned, as after an upstream race.
+func FinalizeNamespace(t testing.TB, c client.Client, name string) {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Spec.Finalizers = nil
+	if err := c.SubResource("finalize").Update(ctx, ns); err != nil {
+		t.Fatalf("finalize namespace %s: %v", name, err)
+	}
+	Eventually(t, 30*time.Second, "namespace "+name+" gone", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("namespace: %v", err)
+		}
+		return nil
+	})
 }
 
 // Controller is a kvnet-controller running against an Env in tests.

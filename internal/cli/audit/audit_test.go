@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -251,19 +248,7 @@ func TestAuditOrphaned(t *testing.T) {
 	if err := c.Delete(ctx, nsObj); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(nsObj), nsObj); err != nil {
-		t.Fatal(err)
-	}
-	nsObj.Spec.Finalizers = nil
-	if err := c.SubResource("finalize").Update(ctx, nsObj); err != nil {
-		t.Fatalf("finalize namespace: %v", err)
-	}
-	testenv.Eventually(t, 30*time.Second, "namespace gone", func() error {
-		if err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("namespace: %v", err)
-		}
-		return nil
-	})
+	testenv.FinalizeNamespace(t, c, ns)
 
 	out, stderr, err := kvnetAudit(t)
 	if !errors.Is(err, cliaudit.ErrFindings) {

@@ -632,19 +632,7 @@ func TestClaimOfDeletedNamespaceDeleted(t *testing.T) {
 	// A terminating namespace keeps its claim (the namespace controller,
 	// not kvnet, deletes it).
 	claimStatus(t, ns, "vm1.blue")
-	if err := c.Get(ctx, client.ObjectKey{Name: ns}, nsObj); err != nil {
-		t.Fatal(err)
-	}
-	nsObj.Spec.Finalizers = nil
-	if err := c.SubResource("finalize").Update(ctx, nsObj); err != nil {
-		t.Fatalf("finalize namespace: %v", err)
-	}
-	testenv.Eventually(t, 30*time.Second, "namespace gone", func() error {
-		if err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("namespace: %v", err)
-		}
-		return nil
-	})
+	testenv.FinalizeNamespace(t, c, ns)
 	testenv.Eventually(t, 30*time.Second, "orphaned claims deleted", func() error {
 		for _, name := range []string{"vm1.blue", "spare.blue"} {
 			err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ipamclaimv1alpha1.IPAMClaim{})
