@@ -27,6 +27,7 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/macpool"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -567,27 +568,12 @@ func buildVM(o *kubevirtv1.VirtualMachine) *VM {
 	if o.Spec.Template != nil {
 		v.Interfaces = interfaces(o.Namespace, &o.Spec.Template.Spec)
 		for _, i := range o.Spec.Template.Spec.Domain.Devices.Interfaces {
-			if i.MacAddress != "" && poolAssigns(i, o.Spec.Template.Spec.Networks) {
+			if i.MacAddress != "" && macpool.Considered(i, o.Spec.Template.Spec.Networks) {
 				v.PoolMACs[i.Name] = i.MacAddress
 			}
 		}
 	}
 	return v
-}
-
-// poolAssigns reports whether the MAC pool assigns iface's MAC:
-// masquerade, or any interface on a multus network (KubeMacPool's rule,
-// as kvnet-controller's pool applies it).
-func poolAssigns(iface kubevirtv1.Interface, networks []kubevirtv1.Network) bool {
-	if iface.Masquerade != nil {
-		return true
-	}
-	for _, n := range networks {
-		if n.Name == iface.Name {
-			return n.Multus != nil
-		}
-	}
-	return false
 }
 
 func buildVMI(o *kubevirtv1.VirtualMachineInstance) *VMI {

@@ -22,6 +22,8 @@ import (
 	"net"
 	"slices"
 	"sync"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 )
 
 var (
@@ -408,4 +410,19 @@ func clampInt(v uint64) int {
 		return math.MaxInt
 	}
 	return int(v)
+}
+
+// Considered reports whether iface gets a MAC from the pool: masquerade, or
+// any interface on a multus network (KubeMacPool's rule; bridge, passt and
+// l2bridge on the pod network keep the pod's MAC).
+func Considered(iface kubevirtv1.Interface, networks []kubevirtv1.Network) bool {
+	if iface.Masquerade != nil {
+		return true
+	}
+	for _, n := range networks {
+		if n.Name == iface.Name {
+			return n.Multus != nil
+		}
+	}
+	return false
 }

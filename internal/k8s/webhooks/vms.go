@@ -68,7 +68,7 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 	}
 	seen := map[string]string{} // MAC -> interface, for duplicates inside the VM
 	for i, iface := range spec.Domain.Devices.Interfaces {
-		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress == "" {
+		if !macpool.Considered(iface, spec.Networks) || iface.MacAddress == "" {
 			continue
 		}
 		mac, err := net.ParseMAC(iface.MacAddress)
@@ -105,7 +105,7 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 		}
 	}
 	for i, iface := range spec.Domain.Devices.Interfaces {
-		if !macpoolctl.Considered(iface, spec.Networks) || iface.MacAddress != "" {
+		if !macpool.Considered(iface, spec.Networks) || iface.MacAddress != "" {
 			continue
 		}
 		if prev, ok := previous[iface.Name]; ok {

@@ -139,21 +139,6 @@ func (m *Manager) ReleaseIfGone(ctx context.Context, holder string) bool {
 	return true
 }
 
-// Considered reports whether iface gets a MAC from the pool: masquerade, or
-// any interface on a multus network (KubeMacPool's rule; bridge, passt and
-// l2bridge on the pod network keep the pod's MAC).
-func Considered(iface kubevirtv1.Interface, networks []kubevirtv1.Network) bool {
-	if iface.Masquerade != nil {
-		return true
-	}
-	for _, n := range networks {
-		if n.Name == iface.Name {
-			return n.Multus != nil
-		}
-	}
-	return false
-}
-
 // VMMACs returns the explicit MACs of the considered interfaces of vm.
 func VMMACs(vm *kubevirtv1.VirtualMachine) map[string]string {
 	out := map[string]string{}
@@ -162,7 +147,7 @@ func VMMACs(vm *kubevirtv1.VirtualMachine) map[string]string {
 	}
 	spec := vm.Spec.Template.Spec
 	for _, iface := range spec.Domain.Devices.Interfaces {
-		if iface.MacAddress != "" && Considered(iface, spec.Networks) {
+		if iface.MacAddress != "" && macpool.Considered(iface, spec.Networks) {
 			out[iface.Name] = iface.MacAddress
 		}
 	}
