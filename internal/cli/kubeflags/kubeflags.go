@@ -1,4 +1,4 @@
-// Package kubeflags gives kvnet's cluster commands (get, audit) kubectl's
+// Package kubeflags gives kvnet's cluster commands (get, audit, why) kubectl's
 // way of finding a cluster: --kubeconfig, else the files in KUBECONFIG,
 // else ~/.kube/config (client-go's clientcmd loading rules, as kubectl
 // uses them), --context to pick a context, and the context's namespace
@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,12 +52,21 @@ func (f *Flags) ResolvedNamespace() (string, error) {
 	return ns, nil
 }
 
-// Client returns a client for the cluster, knowing every type the
-// inventory reads.
-func (f *Flags) Client() (client.Client, error) {
+// RESTConfig returns the connection to the cluster the flags select.
+func (f *Flags) RESTConfig() (*rest.Config, error) {
 	cfg, err := f.clientConfig().ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+// Client returns a client for the cluster, knowing every type the
+// inventory reads.
+func (f *Flags) Client() (client.Client, error) {
+	cfg, err := f.RESTConfig()
+	if err != nil {
+		return nil, err
 	}
 	scheme, err := inventory.Scheme()
 	if err != nil {

@@ -19,9 +19,9 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"kvnet.io/kvnet/internal/cli/kubeflags"
 	"kvnet.io/kvnet/internal/k8s/manager"
 )
 
@@ -93,8 +93,9 @@ var kinds = map[string]string{
 }
 
 type flagpole struct {
-	kubeconfig, context, namespace, kvnetNamespace string
-	timeout                                        time.Duration
+	kube           kubeflags.Flags
+	kvnetNamespace string
+	timeout        time.Duration
 }
 
 // NewCommand returns "kvnet why".
@@ -113,9 +114,8 @@ func NewCommand() *cobra.Command {
 			return run(cmd.Context(), cmd.OutOrStdout(), fl, args[0], args[1])
 		},
 	}
-	cmd.Flags().StringVar(&fl.kubeconfig, "kubeconfig", "", "path to the kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-	cmd.Flags().StringVar(&fl.context, "context", "", "the kubeconfig context to use")
-	cmd.Flags().StringVarP(&fl.namespace, "namespace", "n", "", "namespace of the object (default: the context's namespace)")
+	fl.kube.Add(cmd.Flags())
+	fl.kube.AddNamespace(cmd.Flags())
 	cmd.Flags().StringVar(&fl.kvnetNamespace, "kvnet-namespace", "kvnet-system", "namespace kvnet-controller runs in")
 	cmd.Flags().DurationVar(&fl.timeout, "timeout", 30*time.Second, "how long the API reads may take")
 	return cmd
@@ -126,18 +126,13 @@ func run(ctx context.Context, out io.Writer, fl *flagpole, kindArg, name string)
 	if !ok {
 		return fmt.Errorf("unknown kind %q: want pod, vm or vmi", kindArg)
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = fl.kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: fl.context})
-	cfg, err := cc.ClientConfig()
+	cfg, err := fl.kube.RESTConfig()
 	if err != nil {
-		return fmt.Errorf("load kubeconfig: %w", err)
+		return err
 	}
-	namespace := fl.namespace
-	if namespace == "" {
-		if namespace, _, err = cc.Namespace(); err != nil {
-			return fmt.Errorf("namespace from kubeconfig: %w", err)
-		}
+	namespace, err := fl.kube.ResolvedNamespace()
+	if err != nil {
+		return err
 	}
 	scheme, err := manager.NewScheme()
 	if err != nil {
