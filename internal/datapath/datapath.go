@@ -187,7 +187,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 
 // syncNodeRules programs the node namespace's kvnet tables. A Standby
 // port that Activate already opened stays open: the state s was planned
-// before the guest's announce reached its planner.
+// before the guest's first frame reached its planner.
 func (d *Datapath) syncNodeRules(s State) error {
 	d.rulesMu.Lock()
 	defer d.rulesMu.Unlock()
@@ -208,7 +208,7 @@ func (d *Datapath) syncNodeRules(s State) error {
 }
 
 // Activate ends the Standby of port p (a live-migration target whose guest
-// has just announced itself) at once: it rewrites the port's own
+// has just sent its first frame there) at once: it rewrites the port's own
 // anti-spoofing chain to that of an ordinary Migrating port in one
 // nftables transaction, without waiting for an Apply in progress, and
 // later Applies of a state still planned with p on Standby keep it open.

@@ -23,9 +23,10 @@ const ethPRARP = 0x8035
 
 // announcements watches the Standby ports of migration targets on this
 // node for the guest's first frame there (its first IP packet or QEMU's
-// announce, whichever comes first). On it, it opens the port at once (activate: the port's own rules, nothing else) and remembers the
-// MAC, so that the next plan also has the port off Standby, without
-// waiting for the API to say the migration completed.
+// announce, whichever comes first). On it, it opens the port at once
+// (activate: the port's own rules, nothing else) and remembers the MAC, so
+// that the next plan also has the port off Standby, without waiting for
+// the API to say the migration completed.
 type announcements struct {
 	netns    string // the datapath's network namespace ("" is ours)
 	activate func(datapath.Port) error

@@ -59,6 +59,12 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 // deleteIfOrphaned deletes claim when its namespace does not exist (asked
 // of the API server, not the cache); its delete event then frees its IPs.
 func (r *claimReconciler) deleteIfOrphaned(ctx context.Context, claim *metav1.PartialObjectMetadata) error {
+	if claim.DeletionTimestamp != nil {
+		// Already being deleted: a finalizer holds it, and asking again
+		// changes nothing (in a namespace that is gone, nothing can
+		// remove the finalizer: kvnet audit reports it as Orphaned).
+		return nil
+	}
 	var ns corev1.Namespace
 	err := r.apiReader.Get(ctx, client.ObjectKey{Name: claim.Namespace}, &ns)
 	if err == nil || !apierrors.IsNotFound(err) {
