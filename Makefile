@@ -26,6 +26,18 @@ tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin
 build: ## Build kvnet binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/... github.com/containernetworking/plugins/plugins/main/macvlan
 
+REGISTRY ?= ghcr.io/kvnet
+TAG ?= dev
+PLATFORMS ?= linux/amd64,linux/arm64
+
+.PHONY: images
+images: ## Build the kvnet-controller and kvnet-node images into _out/images (OCI layouts + docker-save tarballs; no daemon). REGISTRY, TAG, PLATFORMS
+	$(GO) run ./hack/images --out _out/images --registry $(REGISTRY) --tag $(TAG) --platforms $(PLATFORMS)
+
+.PHONY: install
+install: build ## Install kvnet into the current kubectl context's cluster with images $(REGISTRY)/<name>:$(TAG); then run: bin/kvnet check
+	$(BIN)/kvnet install --registry $(REGISTRY) --tag $(TAG)
+
 .PHONY: generate
 generate: ## Regenerate deepcopy code and CRDs from api/
 	hack/update-codegen.sh

@@ -25,3 +25,9 @@ var Webhooks []byte
 //
 //go:embed rbac/*.yaml node/rbac.yaml
 var RBAC embed.FS
+
+// Tree holds every kustomize directory, for `kvnet install`, which renders
+// default/ with the images the user names.
+//
+//go:embed default crd manager node policy rbac webhook
+var Tree embed.FS

@@ -18,6 +18,10 @@ func main() {
 	flag.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", true, "elect a leader among replicas")
 	webhookPort := flag.Int("webhook-port", 9443, "port of the admission webhooks; 0 disables them")
+	primaryAttachment := flag.String("primary-network-attachment", manager.PrimaryByMultus,
+		"how pods get their namespace's primary network: multus (kvnet's webhook selects it in k8s.v1.cni.cncf.io/networks as ovn-udn1; "+
+			"the cluster default network stays eth0) or default-network (the cluster's default network plugin attaches it)")
+	defaultNAD := flag.String("default-network-nad", "ovn-kubernetes/default", "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element (default-network mode only)")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
@@ -26,7 +30,8 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	if *webhookPort != 0 {
-		opts.Webhook = &manager.WebhookOptions{Port: *webhookPort, Namespace: os.Getenv("POD_NAMESPACE")}
+		opts.Webhook = &manager.WebhookOptions{Port: *webhookPort, Namespace: os.Getenv("POD_NAMESPACE"),
+			PrimaryAttachment: *primaryAttachment, DefaultNetworkNAD: *defaultNAD}
 	}
 
 	if err := manager.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), opts); err != nil {

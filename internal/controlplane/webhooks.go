@@ -19,12 +19,14 @@ import (
 // cluster, config/webhook points the API server at kvnet-controller's
 // Service. Install it before the controller starts: the controller
 // patches the caBundle of existing configurations when it starts.
-func InstallWebhooks(ctx context.Context, c client.Client, namespace string, port int) error {
+// primaryByMultus registers the primary-network webhook (see
+// webhooks.Configuration).
+func InstallWebhooks(ctx context.Context, c client.Client, namespace string, port int, primaryByMultus bool) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	wc, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port))
+	wc, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port), primaryByMultus)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,10 @@ import (
 // (deprecated upstream in favour of the default-network element, which wins).
 const LegacyPrimaryClaimAnnotation = "k8s.ovn.org/primary-udn-ipamclaim"
 
+// PrimaryInterface is the pod interface of the primary user-defined
+// network, as OVN-Kubernetes names it.
+const PrimaryInterface = multus.PrimaryInterface
+
 // ErrInvalidRequest marks a pod whose network request cannot be served as
 // written; the message names the annotation and the element.
 var ErrInvalidRequest = errors.New("invalid network request")
@@ -85,6 +89,27 @@ func PodAttachments(pod *corev1.Pod, namespaceLabelled bool, primaryKey string, 
 	seen := map[string]bool{}
 	for i, e := range elems {
 		key := e.Key()
+		if namespaceLabelled && key == primaryKey {
+			// The primary network attached through Multus: kvnet's webhook
+			// selects it here (interface ovn-udn1), with the claim, MAC and
+			// IPs of a VM; it is the primary attachment, not a second one.
+			where := fmt.Sprintf("annotation %s element %d (%s)", multus.NetworksAnnotation, i, key)
+			if e.InterfaceRequest != PrimaryInterface {
+				return nil, fmt.Errorf("%w: %s: the namespace's primary network is attached as %s, not %q", ErrInvalidRequest, where, PrimaryInterface, e.InterfaceRequest)
+			}
+			if seen[key] {
+				return nil, fmt.Errorf("%w: %s: the primary network is selected twice", ErrInvalidRequest, where)
+			}
+			seen[key] = true
+			if e.IPAMClaimReference != "" || len(e.IPRequest) > 0 || e.MacRequest != "" {
+				p := &out[0]
+				p.ClaimRef = e.IPAMClaimReference
+				if err := request(p, e, where, true); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
 		s, found, err := lookup(key)
 		if err != nil {
 			return nil, err

@@ -44,11 +44,31 @@ func TestPodAttachments(t *testing.T) {
 		got[1].NADKey != "ns/kv" || got[1].MAC.String() != "02:00:00:00:00:05" || got[2].ClaimRef != "vm1.mig" {
 		t.Fatalf("attachments %+v", got)
 	}
+	// Multus mode: the primary network is an element of the networks
+	// annotation (ovn-udn1), carrying a VM's claim, MAC and IPs; it is the
+	// primary attachment, not a secondary one.
+	got, err = PodAttachments(pod(map[string]string{
+		multus.NetworksAnnotation: `[{"name":"primary","interface":"ovn-udn1","ipam-claim-reference":"vm1.pod","ips":["10.0.0.9"],"mac":"02:00:00:00:00:09"},{"name":"kv"}]`,
+	}), true, "ns/primary", testLookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Role != podnetworks.RolePrimary || got[0].ClaimRef != "vm1.pod" || got[0].IPs[0].String() != "10.0.0.9" ||
+		got[0].MAC.String() != "02:00:00:00:00:09" || got[1].NADKey != "ns/kv" {
+		t.Fatalf("multus-mode attachments %+v", got)
+	}
+	// A plain pod's element (no claim) leaves the primary request empty.
+	got, err = PodAttachments(pod(map[string]string{multus.NetworksAnnotation: `primary@ovn-udn1`}), true, "ns/primary", testLookup)
+	if err != nil || len(got) != 1 || got[0].ClaimRef != "" || got[0].Role != podnetworks.RolePrimary {
+		t.Fatalf("plain multus-mode pod: %+v, %v", got, err)
+	}
 	for _, tt := range []struct {
 		ann  map[string]string
 		want error
 		msg  string
 	}{
+		{map[string]string{multus.NetworksAnnotation: "primary@net1"}, ErrInvalidRequest, `attached as ovn-udn1, not "net1"`},
+		{map[string]string{multus.NetworksAnnotation: "primary@ovn-udn1,primary@ovn-udn1"}, ErrInvalidRequest, "primary network is selected twice"},
 		{map[string]string{multus.NetworksAnnotation: "kv,kv"}, ErrInvalidRequest, "NAD ns/kv is selected twice"},
 		{map[string]string{multus.NetworksAnnotation: "nope"}, ErrMissingNAD, "ns/nope (annotation k8s.v1.cni.cncf.io/networks element 0)"},
 		{map[string]string{multus.NetworksAnnotation: `[{"name":"kv","mac":"02:00:00:00:00:00:00:01"}]`}, ErrInvalidRequest, `mac "02:00:00:00:00:00:00:01"`},

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -94,4 +95,56 @@ func MarshalSelection(elems []NetworkSelectionElement) (string, error) {
 		return "", fmt.Errorf("marshal network selection: %w", err)
 	}
 	return string(b), nil
+}
+
+// PrimaryInterface is the pod interface of a primary user-defined network,
+// as OVN-Kubernetes names it.
+const PrimaryInterface = "ovn-udn1"
+
+// WithPrimaryElement returns the networks annotation value with an element
+// selecting NAD primaryKey ("<ns>/<name>") as interface PrimaryInterface,
+// set by fill when fill is not nil; elements that already select the NAD
+// are updated (there must be at most one, naming that interface or none).
+// The other elements are kept as they are. changed is false when the
+// annotation already says so.
+func WithPrimaryElement(value, podNamespace, primaryKey string, fill func(*NetworkSelectionElement)) (out string, changed bool, err error) {
+	elems, err := ParseSelection(NetworksAnnotation, value, podNamespace)
+	if err != nil {
+		return "", false, err
+	}
+	ns, name, ok := strings.Cut(primaryKey, "/")
+	if !ok {
+		return "", false, fmt.Errorf("primary network %q is not <namespace>/<name>", primaryKey)
+	}
+	idx := -1
+	for i, e := range elems {
+		if e.Key() != primaryKey {
+			continue
+		}
+		if idx >= 0 {
+			return "", false, fmt.Errorf("%w: annotation %s selects the namespace's primary network %s twice", ErrInvalidSelection, NetworksAnnotation, primaryKey)
+		}
+		if e.InterfaceRequest != "" && e.InterfaceRequest != PrimaryInterface {
+			return "", false, fmt.Errorf("%w: annotation %s element %d: the namespace's primary network %s is attached as %s, not %q", ErrInvalidSelection, NetworksAnnotation, i, primaryKey, PrimaryInterface, e.InterfaceRequest)
+		}
+		idx = i
+	}
+	if idx < 0 {
+		// First, so that Multus attaches it right after the cluster
+		// default network.
+		elems = append([]NetworkSelectionElement{{Name: name, Namespace: ns}}, elems...)
+		idx = 0
+		changed = true
+	}
+	before := elems[idx]
+	el := &elems[idx]
+	el.InterfaceRequest = PrimaryInterface
+	if fill != nil {
+		fill(el)
+	}
+	if !changed && reflect.DeepEqual(before, *el) {
+		return value, false, nil
+	}
+	out, err = MarshalSelection(elems)
+	return out, true, err
 }

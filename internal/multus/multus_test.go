@@ -3,6 +3,7 @@ package multus
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -65,4 +66,43 @@ func FuzzParseSelection(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestWithPrimaryElement(t *testing.T) {
+	// Added first, other elements kept.
+	out, changed, err := WithPrimaryElement("kv@net1", "ns", "ns/blue", nil)
+	if err != nil || !changed {
+		t.Fatalf("WithPrimaryElement = %v, %v", changed, err)
+	}
+	got, _ := ParseSelection(NetworksAnnotation, out, "ns")
+	want := []NetworkSelectionElement{{Name: "blue", Namespace: "ns", InterfaceRequest: PrimaryInterface}, {Name: "kv", Namespace: "ns", InterfaceRequest: "net1"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	// Idempotent; then filled in place.
+	if again, changed, err := WithPrimaryElement(out, "ns", "ns/blue", nil); changed || err != nil || again != out {
+		t.Errorf("second call changed=%v err=%v", changed, err)
+	}
+	out2, changed, err := WithPrimaryElement(out, "ns", "ns/blue", func(e *NetworkSelectionElement) { e.IPAMClaimReference = "vm.pod" })
+	if err != nil || !changed {
+		t.Fatal(changed, err)
+	}
+	got, _ = ParseSelection(NetworksAnnotation, out2, "ns")
+	if len(got) != 2 || got[0].IPAMClaimReference != "vm.pod" || got[0].InterfaceRequest != PrimaryInterface {
+		t.Errorf("filled: %+v", got)
+	}
+	// An element without an interface is completed.
+	out3, changed, _ := WithPrimaryElement(`[{"name":"blue"}]`, "ns", "ns/blue", nil)
+	if got, _ := ParseSelection(NetworksAnnotation, out3, "ns"); !changed || len(got) != 1 || got[0].InterfaceRequest != PrimaryInterface {
+		t.Errorf("completed: %s", out3)
+	}
+	for _, tc := range []struct{ value, msg string }{
+		{"blue@net1", `attached as ovn-udn1, not "net1"`},
+		{"blue,blue@ovn-udn1", "twice"},
+		{"[{", "k8s.v1.cni.cncf.io/networks"},
+	} {
+		if _, _, err := WithPrimaryElement(tc.value, "ns", "ns/blue", nil); !errors.Is(err, ErrInvalidSelection) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("WithPrimaryElement(%q) error %v, want one containing %q", tc.value, err, tc.msg)
+		}
+	}
 }

@@ -410,6 +410,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
 	applyErr := a.dp.Apply(ctx, plan.State)
 	a.announce.sync(plan.State.Ports)

@@ -155,7 +155,7 @@ func (e *Env) WebhookOptions(ctx context.Context) (manager.Options, error) {
 	if err != nil {
 		return manager.Options{}, err
 	}
-	if err := controlplane.InstallWebhooks(ctx, e.Client, "kvnet-system", port); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, e.Client, "kvnet-system", port, false); err != nil {
 		return manager.Options{}, err
 	}
 	return manager.Options{Webhook: &manager.WebhookOptions{

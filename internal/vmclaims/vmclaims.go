@@ -108,6 +108,11 @@ type PodOptions struct {
 	// Create is true for CREATE requests (a pre-set default-network
 	// annotation is denied then).
 	Create bool
+	// PrimaryInNetworks: the primary network is attached by Multus as an
+	// element of the networks annotation (interface ovn-udn1), so the
+	// claim, MAC and IPs go in that element; DefaultNetworkNAD is unused
+	// and the cluster default network stays the pod's eth0.
+	PrimaryInNetworks bool
 }
 
 // MutatePod returns the annotations a launcher pod must have so the IPAM
@@ -152,6 +157,26 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 	if primary == nil {
 		return out, nil
 	}
+	if opts.PrimaryInNetworks {
+		mac, err := primaryMAC(vmi, primary.LogicalNet)
+		if err != nil {
+			return nil, err
+		}
+		ips, err := requestedIPs(vmi, primary.LogicalNet, primarySubnets)
+		if err != nil {
+			return nil, err
+		}
+		v, changed, err := multus.WithPrimaryElement(out[multus.NetworksAnnotation], pod.Namespace, primary.NADKey, func(e *multus.NetworkSelectionElement) {
+			e.IPAMClaimReference, e.MacRequest, e.IPRequest = primary.Name, mac, ips
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrDeny, err)
+		}
+		if changed {
+			out[multus.NetworksAnnotation] = v
+		}
+		return out, nil
+	}
 	if _, ok := pod.Annotations[multus.DefaultNetworkAnnotation]; ok && opts.Create {
 		return nil, fmt.Errorf("%w: pod already has annotation %s; kvnet sets it for VMs on a primary user-defined network with persistent IPs", ErrDeny, multus.DefaultNetworkAnnotation)
 	}
@@ -161,16 +186,11 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 		return nil, fmt.Errorf("default network NAD %q is not <namespace>/<name>", opts.DefaultNetworkNAD)
 	}
 	el := multus.NetworkSelectionElement{Name: name, Namespace: nsName, IPAMClaimReference: primary.Name}
-	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
-		if iface.Name == primary.LogicalNet {
-			// The allocator takes MAC-48 only; refuse here, naming the
-			// VMI's field, rather than have the pod wait for an address.
-			if hw, err := net.ParseMAC(iface.MacAddress); iface.MacAddress != "" && (err != nil || len(hw) != 6) {
-				return nil, fmt.Errorf("%w: VMI %s interface %q: macAddress %q is not a MAC-48 address", ErrDeny, vmi.Name, iface.Name, iface.MacAddress)
-			}
-			el.MacRequest = iface.MacAddress
-		}
+	mac, err := primaryMAC(vmi, primary.LogicalNet)
+	if err != nil {
+		return nil, err
 	}
+	el.MacRequest = mac
 	ips, err := requestedIPs(vmi, primary.LogicalNet, primarySubnets)
 	if err != nil {
 		return nil, err
@@ -184,6 +204,22 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 	}
 	out[multus.DefaultNetworkAnnotation] = s
 	return out, nil
+}
+
+// primaryMAC returns the macAddress of the VMI's interface iface ("" if
+// none). The allocator takes MAC-48 only; refuse here, naming the VMI's
+// field, rather than have the pod wait for an address.
+func primaryMAC(vmi *kubevirtv1.VirtualMachineInstance, iface string) (string, error) {
+	for _, i := range vmi.Spec.Domain.Devices.Interfaces {
+		if i.Name != iface {
+			continue
+		}
+		if hw, err := net.ParseMAC(i.MacAddress); i.MacAddress != "" && (err != nil || len(hw) != 6) {
+			return "", fmt.Errorf("%w: VMI %s interface %q: macAddress %q is not a MAC-48 address", ErrDeny, vmi.Name, i.Name, i.MacAddress)
+		}
+		return i.MacAddress, nil
+	}
+	return "", nil
 }
 
 // requestedIPs reads the VMI annotation network.kubevirt.io/addresses

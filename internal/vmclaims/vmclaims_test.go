@@ -102,14 +102,29 @@ func FuzzMutatePod(f *testing.F) {
 		}
 		vmi.Spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", MacAddress: mac}, {Name: "sec"}}
 
-		out, err := vmclaims.MutatePod(pod, vmi, claims, primarySubnets, vmclaims.PodOptions{DefaultNetworkNAD: "ovn-kubernetes/default", Create: create})
+		// Both ways a primary network is attached: by the default network
+		// plugin (default-network element) and by Multus (networks element).
+		for _, inNetworks := range []bool{false, true} {
+			checkMutatePod(t, pod, vmi, claims, primarySubnets, lookup, vmclaims.PodOptions{DefaultNetworkNAD: "ovn-kubernetes/default", Create: create, PrimaryInNetworks: inNetworks})
+		}
+	})
+}
+
+func checkMutatePod(t *testing.T, pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims []vmclaims.Claim, primarySubnets []netip.Prefix, lookup ipam.NADLookup, opts vmclaims.PodOptions) {
+	t.Helper()
+	{
+		out, err := vmclaims.MutatePod(pod, vmi, claims, primarySubnets, opts)
 		if err != nil {
 			if !errors.Is(err, vmclaims.ErrDeny) {
 				t.Fatalf("error is no denial: %v", err)
 			}
 			return
 		}
-		if out[ipam.LegacyPrimaryClaimAnnotation] != "vm1.default" {
+		if opts.PrimaryInNetworks {
+			if _, ok := out[multus.DefaultNetworkAnnotation]; ok {
+				t.Fatalf("multus mode wrote %s", multus.DefaultNetworkAnnotation)
+			}
+		} else if out[ipam.LegacyPrimaryClaimAnnotation] != "vm1.default" {
 			t.Fatalf("legacy claim annotation %q", out[ipam.LegacyPrimaryClaimAnnotation])
 		}
 		// What the webhook writes, the allocator takes as written, unless
@@ -137,5 +152,5 @@ func FuzzMutatePod(f *testing.F) {
 				t.Fatalf("secondary attachment %+v without its claim", a)
 			}
 		}
-	})
+	}
 }

@@ -340,7 +340,7 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	if err := controlplane.InstallRBAC(ctx, e.c); err != nil {
 		return nil, fmt.Errorf("install RBAC: %w", err)
 	}
-	if err := controlplane.InstallWebhooks(ctx, e.c, controlplane.KvnetNamespace, e.webhookPort); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, e.c, controlplane.KvnetNamespace, e.webhookPort, false); err != nil {
 		return nil, fmt.Errorf("install webhooks: %w", err)
 	}
 	ctrlCfg, err := e.cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.ControllerServiceAccount, tokenTTL)

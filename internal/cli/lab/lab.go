@@ -242,7 +242,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err := controlplane.InstallRBAC(ctx, c); err != nil {
 		return fmt.Errorf("install RBAC: %w", err)
 	}
-	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort, false); err != nil {
 		return fmt.Errorf("install webhooks: %w", err)
 	}
 	ctrlCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.ControllerServiceAccount, tokenTTL)

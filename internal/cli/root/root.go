@@ -7,6 +7,7 @@ import (
 	"kvnet.io/kvnet/internal/cli/audit"
 	"kvnet.io/kvnet/internal/cli/demo"
 	"kvnet.io/kvnet/internal/cli/get"
+	"kvnet.io/kvnet/internal/cli/install"
 	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/cli/why"
 )
@@ -19,6 +20,7 @@ func NewCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(lab.NewCommand(), lab.NewChaosCommand(), demo.NewCommand(), get.NewCommand(), audit.NewCommand(), why.NewCommand())
+	cmd.AddCommand(lab.NewCommand(), lab.NewChaosCommand(), demo.NewCommand(), get.NewCommand(), audit.NewCommand(), why.NewCommand(),
+		install.NewCommand(), install.NewUninstallCommand(), install.NewCheckCommand())
 	return cmd
 }

@@ -75,6 +75,12 @@ type Options struct {
 	Webhook *WebhookOptions
 }
 
+// How pods get their namespace's primary network (WebhookOptions.PrimaryAttachment).
+const (
+	PrimaryByMultus         = "multus"
+	PrimaryByDefaultNetwork = "default-network"
+)
+
 // WebhookOptions configures the webhook server.
 type WebhookOptions struct {
 	Host string // listen address; "" = all
@@ -85,9 +91,16 @@ type WebhookOptions struct {
 	// DNS names.
 	DNSNames []string
 	IPs      []net.IP
+	// PrimaryAttachment says how pods get their namespace's primary
+	// network: PrimaryByMultus (an element of the networks annotation that
+	// kvnet's webhook adds; the cluster default network stays eth0) or
+	// PrimaryByDefaultNetwork (the cluster's default network plugin
+	// attaches it, as OVN-Kubernetes does, and the lab's kubelet;
+	// the default when empty).
+	PrimaryAttachment string
 	// DefaultNetworkNAD is the cluster default network NAD written in
-	// launcher pods' default-network element (default "ovn-kubernetes/default",
-	// as ipam-extensions).
+	// launcher pods' default-network element in PrimaryByDefaultNetwork
+	// mode (default "ovn-kubernetes/default", as ipam-extensions).
 	DefaultNetworkNAD string
 	// MACRangeConfigMap is the name of the MAC range ConfigMap (default
 	// kvnet-mac-range-config).
@@ -197,6 +210,13 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 
 func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (healthz.Checker, error) {
 	w := opts.Webhook
+	switch w.PrimaryAttachment {
+	case "":
+		w.PrimaryAttachment = PrimaryByDefaultNetwork
+	case PrimaryByDefaultNetwork, PrimaryByMultus:
+	default:
+		return nil, fmt.Errorf("primary network attachment %q: want %q or %q", w.PrimaryAttachment, PrimaryByMultus, PrimaryByDefaultNetwork)
+	}
 	if w.DefaultNetworkNAD == "" {
 		w.DefaultNetworkNAD = "ovn-kubernetes/default"
 	}
@@ -215,6 +235,10 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (heal
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv.Register(webhooks.LauncherPodPath, &webhook.Admission{Handler: &webhooks.LauncherPodMutator{
 		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
+		PrimaryInNetworks: w.PrimaryAttachment == PrimaryByMultus,
+	}})
+	srv.Register(webhooks.PrimaryPodPath, &webhook.Admission{Handler: &webhooks.PrimaryPodMutator{
+		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, Multus: w.PrimaryAttachment == PrimaryByMultus,
 	}})
 	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	// Renewals and caBundle upkeep, on every replica.

@@ -39,6 +39,10 @@ type LauncherPodMutator struct {
 	// DefaultNetworkNAD is "<ns>/<name>" of the cluster default network,
 	// written in the default-network element for primary networks.
 	DefaultNetworkNAD string
+	// PrimaryInNetworks: primary networks are attached through Multus (see
+	// PrimaryPodMutator), so a VM's primary claim goes in the networks
+	// element, not in a default-network element.
+	PrimaryInNetworks bool
 	// VMIRetries and VMIRetryDelay bound the wait for a VMI the reader
 	// does not see yet (default 4 × 500 ms, as ipam-extensions).
 	VMIRetries    int
@@ -102,6 +106,7 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	ann, err := vmclaims.MutatePod(&pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
 		DefaultNetworkNAD: m.DefaultNetworkNAD,
 		Create:            req.Operation == admissionv1.Create,
+		PrimaryInNetworks: m.PrimaryInNetworks,
 	})
 	if err != nil {
 		if errors.Is(err, vmclaims.ErrDeny) {

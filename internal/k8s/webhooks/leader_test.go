@@ -144,7 +144,7 @@ func httpStatus(t *testing.T, url string) int {
 func pointWebhooksAt(t *testing.T, port int) {
 	t.Helper()
 	ctx := context.Background()
-	want, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port))
+	want, err := webhooks.Configuration(fmt.Sprintf("https://127.0.0.1:%d", port), false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,145 @@
+// Package install implements "kvnet install", "kvnet uninstall" and
+// "kvnet check": kvnet's manifests, embedded in the binary, rendered with
+// the images the user names and server-side applied; and a check of the
+// cluster for what kvnet needs and for kvnet itself.
+package install
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"kvnet.io/kvnet/internal/cli/kubeflags"
+	"kvnet.io/kvnet/internal/install"
+)
+
+// ErrNotReady is returned by check when something kvnet needs is missing.
+var ErrNotReady = errors.New("cluster not ready for kvnet")
+
+type options struct {
+	conn   kubeflags.Flags
+	images install.Options
+	dryRun bool
+	crds   bool
+}
+
+func (o *options) addImageFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&o.images.Registry, "registry", "", "registry (and path) of the kvnet-controller and kvnet-node images (default: config/default's, ghcr.io/kvnet)")
+	cmd.Flags().StringVar(&o.images.Tag, "tag", "", "tag of the images (default: config/default's)")
+}
+
+// NewCommand returns "kvnet install".
+func NewCommand() *cobra.Command {
+	o := &options{}
+	cmd := &cobra.Command{
+		Use:   "install",
+		Short: "Install kvnet into the cluster (config/default, with the images you name)",
+		Long: "Renders config/default (embedded in this binary) with kustomize, pointing kvnet-controller\n" +
+			"and kvnet-node at <registry>/<name>:<tag>, and applies it with server-side apply (field\n" +
+			"manager kvnet-install): CRDs, RBAC, the kvnet-system namespace, the Deployment, the DaemonSet,\n" +
+			"the webhooks and the admission policy. Run it again to upgrade. `kvnet check` reports what is\n" +
+			"missing; --dry-run prints the manifests instead of applying them.",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rendered, err := install.Render(o.images)
+			if err != nil {
+				return err
+			}
+			if o.dryRun {
+				_, err := cmd.OutOrStdout().Write(rendered)
+				return err
+			}
+			objs, err := install.Objects(rendered)
+			if err != nil {
+				return err
+			}
+			c, err := o.conn.Client()
+			if err != nil {
+				return err
+			}
+			if err := install.Apply(cmd.Context(), c, objs, cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "installed; `kvnet check` reports when kvnet is ready")
+			return nil
+		},
+	}
+	o.conn.Add(cmd.Flags())
+	o.addImageFlags(cmd)
+	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the manifests, apply nothing")
+	return cmd
+}
+
+// NewUninstallCommand returns "kvnet uninstall".
+func NewUninstallCommand() *cobra.Command {
+	o := &options{}
+	cmd := &cobra.Command{
+		Use:   "uninstall",
+		Short: "Remove what kvnet install applied (CRDs only with --crds)",
+		Long: "Deletes every object of config/default in reverse order. CRDs stay unless --crds is given:\n" +
+			"deleting them deletes every UserDefinedNetwork, NAD and IPAMClaim in the cluster, and with\n" +
+			"the claims the VMs' addresses.",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rendered, err := install.Render(o.images)
+			if err != nil {
+				return err
+			}
+			objs, err := install.Objects(rendered)
+			if err != nil {
+				return err
+			}
+			c, err := o.conn.Client()
+			if err != nil {
+				return err
+			}
+			return install.Delete(cmd.Context(), c, objs, o.crds, cmd.OutOrStdout())
+		},
+	}
+	o.conn.Add(cmd.Flags())
+	cmd.Flags().BoolVar(&o.crds, "crds", false, "also delete kvnet's CRDs, and with them every object of their kinds")
+	return cmd
+}
+
+// NewCheckCommand returns "kvnet check".
+func NewCheckCommand() *cobra.Command {
+	o := &options{}
+	var checkOpts install.CheckOptions
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Check the cluster for what kvnet needs (Multus, KubeVirt, l2bridge) and for kvnet itself",
+		Long: "Prints one line per check: ok, warning (a feature will not work) or missing (kvnet cannot\n" +
+			"work), with the fix. Exits 1 if anything is missing. --prerequisites checks only what must be\n" +
+			"there before `kvnet install`.",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.conn.Client()
+			if err != nil {
+				return err
+			}
+			fs, err := install.Check(cmd.Context(), c, checkOpts)
+			if err != nil {
+				return err
+			}
+			missing := 0
+			for _, f := range fs {
+				fmt.Fprintln(cmd.OutOrStdout(), f)
+				if f.Status == install.Missing {
+					missing++
+				}
+			}
+			if missing > 0 {
+				return fmt.Errorf("%w: %d missing", ErrNotReady, missing)
+			}
+			return nil
+		},
+	}
+	o.conn.Add(cmd.Flags())
+	cmd.Flags().StringVar(&checkOpts.Namespace, "kvnet-namespace", "kvnet-system", "namespace kvnet runs in")
+	cmd.Flags().BoolVar(&checkOpts.Prerequisites, "prerequisites", false, "check only what kvnet install needs")
+	return cmd
+}

@@ -1,0 +1,204 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Status of a Finding.
+type Status string
+
+const (
+	OK      Status = "ok"
+	Missing Status = "missing" // kvnet cannot work without it
+	Warning Status = "warning" // some features will not work
+)
+
+// Finding is one result of Check.
+type Finding struct {
+	Status Status
+	What   string
+	Detail string
+	// Fix tells the user what to do, when Status is not OK.
+	Fix string
+}
+
+func (f Finding) String() string {
+	s := fmt.Sprintf("%-8s %s: %s", f.Status, f.What, f.Detail)
+	if f.Fix != "" {
+		s += "\n         fix: " + f.Fix
+	}
+	return s
+}
+
+// CheckOptions say where kvnet runs.
+type CheckOptions struct {
+	// Namespace of kvnet-controller and kvnet-node (default kvnet-system).
+	Namespace string
+	// Prerequisites only: skip the checks of kvnet itself (before
+	// installing).
+	Prerequisites bool
+}
+
+var (
+	crdGVK       = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
+	kubevirtGVK  = schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "KubeVirtList"}
+	dsListGVK    = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "DaemonSetList"}
+	deployGVK    = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
+	daemonSetGVK = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "DaemonSet"}
+	mwcGVK       = schema.GroupVersionKind{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"}
+)
+
+// Check reports what kvnet needs from the cluster and, unless
+// Prerequisites, whether kvnet itself runs. Errors are only for a cluster
+// that cannot be read at all.
+func Check(ctx context.Context, c client.Client, o CheckOptions) ([]Finding, error) {
+	if o.Namespace == "" {
+		o.Namespace = "kvnet-system"
+	}
+	var out []Finding
+	crd := func(name, what, fix string, status Status) error {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(crdGVK)
+		err := c.Get(ctx, client.ObjectKey{Name: name}, u)
+		switch {
+		case err == nil:
+			out = append(out, Finding{Status: OK, What: what, Detail: "CRD " + name + " is installed"})
+		case apierrors.IsNotFound(err):
+			out = append(out, Finding{Status: status, What: what, Detail: "CRD " + name + " is not installed", Fix: fix})
+		default:
+			return fmt.Errorf("read CRD %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := crd("network-attachment-definitions.k8s.cni.cncf.io", "Multus",
+		"install Multus (thin or thick), which brings the NetworkAttachmentDefinition CRD", Missing); err != nil {
+		return nil, err
+	}
+	multus, err := findMultus(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, multus)
+	if err := crd("virtualmachines.kubevirt.io", "KubeVirt",
+		"install KubeVirt (virt-operator and a KubeVirt CR); without it kvnet still serves pods", Warning); err != nil {
+		return nil, err
+	}
+	if out[len(out)-1].Status == OK {
+		f, err := checkBinding(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	if o.Prerequisites {
+		return out, nil
+	}
+	for _, name := range []string{"ipamclaims.k8s.cni.cncf.io", "userdefinednetworks.k8s.ovn.org", "clusteruserdefinednetworks.k8s.ovn.org"} {
+		if err := crd(name, "kvnet CRDs", "kvnet install", Missing); err != nil {
+			return nil, err
+		}
+	}
+	for _, w := range []struct {
+		gvk  schema.GroupVersionKind
+		key  client.ObjectKey
+		what string
+	}{
+		{deployGVK, client.ObjectKey{Namespace: o.Namespace, Name: "kvnet-controller"}, "kvnet-controller"},
+		{daemonSetGVK, client.ObjectKey{Namespace: o.Namespace, Name: "kvnet-node"}, "kvnet-node"},
+		{mwcGVK, client.ObjectKey{Name: "kvnet-mutator"}, "kvnet webhooks"},
+	} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(w.gvk)
+		if err := c.Get(ctx, w.key, u); err != nil {
+			if apierrors.IsNotFound(err) {
+				out = append(out, Finding{Status: Missing, What: w.what, Detail: fmt.Sprintf("%s %s not found", w.gvk.Kind, w.key), Fix: "kvnet install"})
+				continue
+			}
+			return nil, fmt.Errorf("read %s %s: %w", w.gvk.Kind, w.key, err)
+		}
+		out = append(out, workloadReady(w.what, u))
+	}
+	return out, nil
+}
+
+// workloadReady reads a Deployment's or DaemonSet's status.
+func workloadReady(what string, u *unstructured.Unstructured) Finding {
+	name := u.GetKind() + " " + u.GetNamespace() + "/" + u.GetName()
+	switch u.GetKind() {
+	case "Deployment":
+		want, _, _ := unstructured.NestedInt64(u.Object, "spec", "replicas")
+		ready, _, _ := unstructured.NestedInt64(u.Object, "status", "readyReplicas")
+		if ready == 0 || ready < want {
+			return Finding{Status: Missing, What: what, Detail: fmt.Sprintf("%s: %d of %d replicas ready", name, ready, want),
+				Fix: "kubectl -n " + u.GetNamespace() + " describe deployment " + u.GetName() + " (image pull? see its pods' events and logs)"}
+		}
+		return Finding{Status: OK, What: what, Detail: fmt.Sprintf("%s: %d of %d replicas ready", name, ready, want)}
+	case "DaemonSet":
+		want, _, _ := unstructured.NestedInt64(u.Object, "status", "desiredNumberScheduled")
+		ready, _, _ := unstructured.NestedInt64(u.Object, "status", "numberReady")
+		if ready < want || want == 0 {
+			return Finding{Status: Missing, What: what, Detail: fmt.Sprintf("%s: %d of %d nodes ready", name, ready, want),
+				Fix: "kubectl -n " + u.GetNamespace() + " describe daemonset " + u.GetName()}
+		}
+		return Finding{Status: OK, What: what, Detail: fmt.Sprintf("%s: %d of %d nodes ready", name, ready, want)}
+	}
+	return Finding{Status: OK, What: what, Detail: name + " exists"}
+}
+
+// findMultus looks for Multus's DaemonSet by name in any namespace.
+func findMultus(ctx context.Context, c client.Client) (Finding, error) {
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(dsListGVK)
+	if err := c.List(ctx, l); err != nil {
+		return Finding{}, fmt.Errorf("list DaemonSets: %w", err)
+	}
+	for _, ds := range l.Items {
+		if strings.Contains(ds.GetName(), "multus") {
+			f := workloadReady("Multus DaemonSet", &ds)
+			if f.Status != OK {
+				f.Status = Warning
+			}
+			return f, nil
+		}
+	}
+	return Finding{Status: Warning, What: "Multus DaemonSet", Detail: "no DaemonSet named *multus* found in any namespace",
+		Fix: "make sure Multus runs on every node (kvnet's interfaces are attached by Multus)"}, nil
+}
+
+// checkBinding checks that the KubeVirt CR registers the l2bridge binding
+// plugin, which VMs on a primary UDN use.
+func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
+	const what = "KubeVirt l2bridge binding"
+	fix := `kubectl patch kubevirt -n <ns> <name> --type merge -p '{"spec":{"configuration":{"network":{"binding":{"l2bridge":{"domainAttachmentType":"managedTap","migration":{}}}}}}}'`
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(kubevirtGVK)
+	if err := c.List(ctx, l); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return Finding{Status: Warning, What: what, Detail: "no KubeVirt CRD (kubevirts.kubevirt.io)", Fix: "install virt-operator"}, nil
+		}
+		return Finding{}, fmt.Errorf("list KubeVirt: %w", err)
+	}
+	if len(l.Items) == 0 {
+		return Finding{Status: Warning, What: what, Detail: "no KubeVirt CR", Fix: "create the KubeVirt CR"}, nil
+	}
+	kv := l.Items[0]
+	b, found, _ := unstructured.NestedMap(kv.Object, "spec", "configuration", "network", "binding", "l2bridge")
+	if !found {
+		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers no l2bridge binding: VMs on a primary UDN cannot start", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
+	}
+	if t, _ := b["domainAttachmentType"].(string); t != "managedTap" {
+		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s: l2bridge has domainAttachmentType %q, want managedTap", kv.GetNamespace(), kv.GetName(), t), Fix: fix}, nil
+	}
+	if _, ok := b["migration"]; !ok {
+		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s: l2bridge has no migration: {} (VMs using it cannot migrate)", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
+	}
+	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers l2bridge (managedTap, migration)", kv.GetNamespace(), kv.GetName())}, nil
+}

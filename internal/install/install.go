@@ -1,0 +1,216 @@
+// Package install renders kvnet's manifests (config/default, embedded in
+// the binary) with the images the user names, applies them to a cluster
+// with server-side apply, removes them again, and checks a cluster for what
+// kvnet needs (Multus, KubeVirt, the binding plugin) and for kvnet itself.
+package install
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"regexp"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"kvnet.io/kvnet/config"
+)
+
+// FieldOwner is the server-side apply field manager of kvnet install.
+const FieldOwner = "kvnet-install"
+
+// Images are the image names config/ uses, which Render points at
+// <registry>/<name>:<tag>.
+var Images = []string{"kvnet-controller", "kvnet-node"}
+
+// Options choose the images.
+type Options struct {
+	// Registry is the registry and path the images are under
+	// ("ghcr.io/kvnet", "localhost:5000"); empty keeps config/default's.
+	Registry string
+	// Tag of the images; empty keeps config/default's.
+	Tag string
+}
+
+var (
+	registryRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$`)
+	tagRE      = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+)
+
+// Validate reports a registry or tag that no image reference can have.
+func (o Options) Validate() error {
+	if o.Registry != "" && !registryRE.MatchString(o.Registry) {
+		return fmt.Errorf("registry %q: not a registry host[:port][/path] in lower case", o.Registry)
+	}
+	if o.Tag != "" && !tagRE.MatchString(o.Tag) {
+		return fmt.Errorf("tag %q: a tag is 1-128 of [A-Za-z0-9_.-], not starting with . or -", o.Tag)
+	}
+	return nil
+}
+
+// Render returns config/default rendered by kustomize, with the images
+// set from o.
+func Render(o Options) ([]byte, error) {
+	o.Registry = strings.TrimSuffix(o.Registry, "/")
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	mem := filesys.MakeFsInMemory()
+	err := fs.WalkDir(config.Tree, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := config.Tree.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return mem.WriteFile(path.Join("/config", p), b)
+	})
+	if err != nil {
+		return nil, err
+	}
+	kpath := "/config/default/kustomization.yaml"
+	b, err := mem.ReadFile(kpath)
+	if err != nil {
+		return nil, err
+	}
+	var k types.Kustomization
+	if err := yaml.Unmarshal(b, &k); err != nil {
+		return nil, fmt.Errorf("config/default/kustomization.yaml: %w", err)
+	}
+	for _, im := range Images {
+		i := indexOfImage(k.Images, im)
+		if i < 0 {
+			return nil, fmt.Errorf("config/default/kustomization.yaml: no images entry for %s", im)
+		}
+		if o.Registry != "" {
+			k.Images[i].NewName = strings.TrimSuffix(o.Registry, "/") + "/" + im
+		}
+		if o.Tag != "" {
+			k.Images[i].NewTag = o.Tag
+		}
+	}
+	if b, err = yaml.Marshal(&k); err != nil {
+		return nil, err
+	}
+	if err := mem.WriteFile(kpath, b); err != nil {
+		return nil, err
+	}
+	// Namespaces and CRDs first, webhooks last, as kubectl kustomize
+	// orders them: Apply goes in this order.
+	kopts := krusty.MakeDefaultOptions()
+	kopts.Reorder = krusty.ReorderOptionLegacy
+	rm, err := krusty.MakeKustomizer(kopts).Run(mem, "/config/default")
+	if err != nil {
+		return nil, fmt.Errorf("kustomize config/default: %w", err)
+	}
+	return rm.AsYaml()
+}
+
+func indexOfImage(ims []types.Image, name string) int {
+	for i, im := range ims {
+		if im.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Objects splits rendered YAML into objects, in order.
+func Objects(rendered []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("object %d: %w", len(out)+1, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: m}
+		if u.GetKind() == "" || u.GetName() == "" {
+			return nil, fmt.Errorf("object %d: no kind or name", len(out)+1)
+		}
+		out = append(out, u)
+	}
+}
+
+// ContainerImages lists every container image the objects run.
+func ContainerImages(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, u := range objs {
+		for _, field := range [][]string{{"spec", "template", "spec", "containers"}, {"spec", "template", "spec", "initContainers"}} {
+			cs, _, _ := unstructured.NestedSlice(u.Object, field...)
+			for _, c := range cs {
+				if m, ok := c.(map[string]any); ok {
+					if im, ok := m["image"].(string); ok {
+						out = append(out, im)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Apply server-side applies the objects in order (kustomize puts
+// namespaces and CRDs first), taking ownership of conflicting fields.
+// A CRD is waited for until the API server serves it, so that objects of
+// its kind later in the list apply.
+func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, log io.Writer) error {
+	for _, u := range objs {
+		obj := u.DeepCopy()
+		obj.SetResourceVersion("")
+		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // unstructured apply
+			return fmt.Errorf("apply %s %s: %w", u.GetKind(), objName(u), err)
+		}
+		fmt.Fprintf(log, "applied %s %s\n", u.GetKind(), objName(u))
+	}
+	return nil
+}
+
+// Delete removes the objects in reverse order; CRDs only when crds is set
+// (deleting a CRD deletes every object of its kind: the users' networks
+// and claims). Objects already gone are skipped.
+func Delete(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, crds bool, log io.Writer) error {
+	var errs []error
+	for i := len(objs) - 1; i >= 0; i-- {
+		u := objs[i]
+		if u.GetKind() == "CustomResourceDefinition" && !crds {
+			fmt.Fprintf(log, "kept %s %s (--crds deletes it with every object of its kind)\n", u.GetKind(), objName(u))
+			continue
+		}
+		err := c.Delete(ctx, u.DeepCopy(), client.PropagationPolicy("Background"))
+		switch {
+		case err == nil:
+			fmt.Fprintf(log, "deleted %s %s\n", u.GetKind(), objName(u))
+		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		default:
+			errs = append(errs, fmt.Errorf("delete %s %s: %w", u.GetKind(), objName(u), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func objName(u *unstructured.Unstructured) string {
+	if u.GetNamespace() != "" {
+		return u.GetNamespace() + "/" + u.GetName()
+	}
+	return u.GetName()
+}

@@ -1,0 +1,185 @@
+package install_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kvnet.io/kvnet/internal/install"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+var c client.Client
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) error {
+		c = e.Client
+		return nil
+	}))
+}
+
+// TestRenderImages: config/default renders with every image resolved to
+// a registry and tag, the default ones and the ones asked for.
+func TestRenderImages(t *testing.T) {
+	for _, tc := range []struct {
+		opts install.Options
+		want []string
+	}{
+		{install.Options{}, []string{"ghcr.io/kvnet/kvnet-controller:dev", "ghcr.io/kvnet/kvnet-node:dev"}},
+		{install.Options{Registry: "localhost:5000/lab/", Tag: "v1.2.3"}, []string{"localhost:5000/lab/kvnet-controller:v1.2.3", "localhost:5000/lab/kvnet-node:v1.2.3"}},
+	} {
+		rendered, err := install.Render(tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := install.Objects(rendered)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := install.ContainerImages(objs)
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("Render(%+v) images %v, want %v", tc.opts, got, tc.want)
+		}
+		kinds := map[string]int{}
+		for _, o := range objs {
+			kinds[o.GetKind()]++
+		}
+		for _, k := range []string{"CustomResourceDefinition", "Namespace", "Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"} {
+			if kinds[k] == 0 {
+				t.Errorf("rendered config/default has no %s (kinds %v)", k, kinds)
+			}
+		}
+	}
+}
+
+func TestRenderBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		opts  install.Options
+		field string
+	}{
+		{install.Options{Registry: "Ghcr.io/KVNET"}, `registry "Ghcr.io/KVNET"`},
+		{install.Options{Registry: "host:port/x"}, `registry "host:port/x"`},
+		{install.Options{Tag: "-rc1"}, `tag "-rc1"`},
+		{install.Options{Tag: "v1:2"}, `tag "v1:2"`},
+	} {
+		_, err := install.Render(tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Render(%+v) error %v, want one naming %s", tc.opts, err, tc.field)
+		}
+	}
+}
+
+func get(t *testing.T, apiVersion, kind, ns, name string) error {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion(apiVersion)
+	u.SetKind(kind)
+	return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u)
+}
+
+func findings(t *testing.T, o install.CheckOptions) map[string]install.Finding {
+	t.Helper()
+	fs, err := install.Check(context.Background(), c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]install.Finding{}
+	for _, f := range fs {
+		if prev, ok := out[f.What]; ok && prev.Status != install.OK {
+			continue // keep the first problem of a kind
+		}
+		out[f.What] = f
+	}
+	return out
+}
+
+// TestApplyCheckDelete installs config/default into a real API server,
+// checks it, registers the binding plugin, and uninstalls.
+func TestApplyCheckDelete(t *testing.T) {
+	ctx := context.Background()
+	before := findings(t, install.CheckOptions{})
+	if f := before["kvnet-controller"]; f.Status != install.Missing {
+		t.Errorf("before install: kvnet-controller %v, want missing", f)
+	}
+	if f := before["Multus"]; f.Status != install.OK {
+		t.Errorf("Multus CRD finding %v, want ok (the control plane has the NAD CRD)", f)
+	}
+
+	rendered, err := install.Render(install.Options{Registry: "registry.test/kvnet", Tag: "t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := install.Objects(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	if err := install.Apply(ctx, c, objs, &log); err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	// Applying again (an upgrade) changes nothing and fails nothing.
+	if err := install.Apply(ctx, c, objs, &log); err != nil {
+		t.Fatalf("second apply: %v", err)
+	}
+	if err := get(t, "apps/v1", "DaemonSet", "kvnet-system", "kvnet-node"); err != nil {
+		t.Fatalf("kvnet-node DaemonSet after install: %v", err)
+	}
+
+	// No kubelet runs here: the Deployment exists but is not ready, and
+	// check says so; nothing else kvnet installs is missing.
+	after := findings(t, install.CheckOptions{})
+	if f := after["kvnet-controller"]; f.Status != install.Missing || !strings.Contains(f.Detail, "0 of 1 replicas ready") {
+		t.Errorf("kvnet-controller finding %v, want missing with 0 of 1 ready", f)
+	}
+	if f := after["kvnet webhooks"]; f.Status != install.OK {
+		t.Errorf("webhooks finding %v, want ok", f)
+	}
+	if f := after["kvnet CRDs"]; f.Status != install.OK {
+		t.Errorf("CRDs finding %v, want ok", f)
+	}
+	if f := after["Multus DaemonSet"]; f.Status != install.Warning || !strings.Contains(f.Detail, "no DaemonSet named *multus*") {
+		t.Errorf("Multus DaemonSet finding %v, want a warning", f)
+	}
+
+	// The binding plugin: none registered, then registered.
+	kv := &unstructured.Unstructured{}
+	kv.SetAPIVersion("kubevirt.io/v1")
+	kv.SetKind("KubeVirt")
+	kv.SetNamespace("default")
+	kv.SetName("kubevirt")
+	kv.Object["spec"] = map[string]any{"configuration": map[string]any{}}
+	testenv.Create(t, c, kv)
+	if f := findings(t, install.CheckOptions{Prerequisites: true})["KubeVirt l2bridge binding"]; f.Status != install.Warning || !strings.Contains(f.Fix, "managedTap") {
+		t.Errorf("binding finding without l2bridge: %v", f)
+	}
+	if err := unstructured.SetNestedMap(kv.Object, map[string]any{"domainAttachmentType": "managedTap", "migration": map[string]any{}},
+		"spec", "configuration", "network", "binding", "l2bridge"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Update(ctx, kv); err != nil {
+		t.Fatal(err)
+	}
+	if f := findings(t, install.CheckOptions{Prerequisites: true})["KubeVirt l2bridge binding"]; f.Status != install.OK {
+		t.Errorf("binding finding with l2bridge: %v", f)
+	}
+
+	if err := install.Delete(ctx, c, objs, false, &log); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(t, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "", "kvnet-mutator"); !apierrors.IsNotFound(err) {
+		t.Errorf("webhook configuration after uninstall: %v, want not found", err)
+	}
+	if err := get(t, "apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "ipamclaims.k8s.cni.cncf.io"); err != nil {
+		t.Errorf("IPAMClaim CRD after uninstall without --crds: %v, want kept", err)
+	}
+	// Uninstalling twice is fine.
+	if err := install.Delete(ctx, c, objs, false, &log); err != nil {
+		t.Errorf("second uninstall: %v", err)
+	}
+}

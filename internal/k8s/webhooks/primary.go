@@ -1,0 +1,85 @@
+package webhooks
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"kvnet.io/kvnet/internal/multus"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// PrimaryPodPath is where the primary-network pod mutator is served.
+const PrimaryPodPath = "/mutate-pod-primary-network"
+
+// PrimaryPodMutator attaches a namespace's primary user-defined network to
+// its pods through Multus: it adds an element selecting the primary NAD as
+// interface ovn-udn1 to the pod's k8s.v1.cni.cncf.io/networks annotation.
+// Multus then calls the cluster default network for eth0 (which stays, for
+// the kubelet) and kvnet-cni for ovn-udn1, whose default route replaces
+// eth0's. It is registered for pods in namespaces labelled
+// k8s.ovn.org/primary-user-defined-network; when Multus is false (the
+// cluster's default network plugin attaches primary networks itself, as
+// OVN-Kubernetes does) it changes nothing.
+type PrimaryPodMutator struct {
+	Reader  client.Reader
+	Cache   client.Reader
+	Decoder admission.Decoder
+	Multus  bool
+}
+
+// Handle implements admission.Handler.
+func (m *PrimaryPodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	defer func() { admissionSeconds.WithLabelValues("primary-pod").Observe(time.Since(start).Seconds()) }()
+	if !m.Multus {
+		return admission.Allowed("primary networks are attached by the cluster's default network plugin")
+	}
+	var pod corev1.Pod
+	if err := m.Decoder.Decode(req, &pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace
+	}
+	if pod.Spec.HostNetwork {
+		return admission.Allowed("host network pod")
+	}
+	l := &LauncherPodMutator{Reader: m.Reader, Cache: m.Cache}
+	labelled, primaryKey, err := l.primary(ctx, pod.Namespace)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if !labelled {
+		return admission.Allowed("namespace has no primary network")
+	}
+	if primaryKey == "" {
+		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but has no primary network yet (its UserDefinedNetwork's NetworkAttachmentDefinition does not exist): pod %s is refused until it does, so that it is not started on the cluster default network alone",
+			pod.Namespace, udn.PrimaryNamespaceLabel, podName(&pod)))
+	}
+	v, changed, err := multus.WithPrimaryElement(pod.Annotations[multus.NetworksAnnotation], pod.Namespace, primaryKey, nil)
+	if err != nil {
+		return admission.Denied(fmt.Sprintf("pod %s: %v", podName(&pod), err))
+	}
+	if !changed {
+		return admission.Allowed("primary network already selected")
+	}
+	ann := map[string]string{}
+	for k, val := range pod.Annotations {
+		ann[k] = val
+	}
+	ann[multus.NetworksAnnotation] = v
+	return patchAnnotations(req.Object.Raw, ann)
+}
+
+func podName(p *corev1.Pod) string {
+	if p.Name == "" {
+		return p.Namespace + "/" + p.GenerateName + "*"
+	}
+	return p.Namespace + "/" + p.Name
+}
