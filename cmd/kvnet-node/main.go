@@ -28,6 +28,9 @@ func main() {
 	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "LAB ONLY: network namespace of a simulated node's datapath, used by kvnet lab; on a real node leave it unset (default: this process's namespace)")
 	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
 	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP (default: the nameservers of /etc/resolv.conf)")
+	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
+		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
+			"by default only the node (kubelet probes) and replies to the pod's own connections get in")
 	flag.StringVar(&cfg.StatusFile, "status-file", "", "status file read by kvnet-cni STATUS (default /run/kvnet/cni-status.json)")
 	flag.DurationVar(&cfg.Resync, "resync", time.Minute, "re-apply the datapath this often even without changes")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9464", "address of the Prometheus metrics endpoint; 0 disables it")

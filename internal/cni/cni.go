@@ -322,6 +322,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
 		return types.NewError(types.ErrInternal, "set up pod interface", err.Error())
 	}
+	if r.served.IsPrimary() && args.IfName != datapath.DefaultNetworkIfName {
+		if err := restrictDefaultNetwork(r, args.Netns); err != nil {
+			return types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
+		}
+	}
 	// kvnet-node attaches the host end to the network's bridge (it knows
 	// the network ID and owns the bridge); the alias tells it which pod and
 	// network the port is, since the name only encodes the container.
@@ -405,6 +410,10 @@ type Status struct {
 	// kvnet-node's --mtu): ADD uses it for networks that set no MTU, so
 	// pods, bridges and DHCP option 26 agree.
 	PodMTU int `json:"podMTU,omitempty"`
+	// AllowDefaultNetwork (kvnet-node --allow-default-network) leaves the
+	// cluster default network interface (eth0) of primary-UDN pods open;
+	// by default ADD restricts it to the node (kubelet probes) and replies.
+	AllowDefaultNetwork bool `json:"allowDefaultNetwork,omitempty"`
 }
 
 // statusPath is the status file of a request.
@@ -472,4 +481,24 @@ func nadKeyOf(r *request, a podnetworks.Attachment) string {
 		return r.served.Conf.NADName
 	}
 	return a.Network
+}
+
+// restrictDefaultNetwork keeps the pod's cluster-default-network interface
+// (eth0, attached by Multus before the primary network) for the kubelet:
+// only the node's addresses and replies get in. A pod without eth0 (the
+// primary network attached the OVN-Kubernetes way) has nothing to
+// restrict. An unreadable status file restricts: the safe default.
+func restrictDefaultNetwork(r *request, netnsPath string) error {
+	if st, err := readStatus(statusPath(r)); err == nil && st.AllowDefaultNetwork {
+		return nil
+	}
+	addrs, err := datapath.HostAddresses()
+	if err != nil {
+		return err
+	}
+	err = datapath.RestrictDefaultNetwork(netnsPath, datapath.DefaultNetworkIfName, addrs)
+	if errors.Is(err, datapath.ErrNoDefaultInterface) {
+		return nil
+	}
+	return err
 }

@@ -150,7 +150,7 @@ func Build(ctx context.Context, o Options) ([]Result, error) {
 	for _, im := range Images {
 		ref := refs[im.Name]
 		res := Result{Image: im, Ref: ref.String(), Layout: filepath.Join(o.Out, im.Name), Tarballs: map[Platform]string{}}
-		var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+		idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 		for _, p := range o.Platforms {
 			img, err := image(im, p, binDirs[p], o)
 			if err != nil {

@@ -260,5 +260,5 @@ func goCommand() string {
 	if g := os.Getenv("GO"); g != "" {
 		return g
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	return "go"
 }

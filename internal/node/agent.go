@@ -44,6 +44,10 @@ type Config struct {
 	Datapath datapath.NodeConfig
 	// DNS servers handed out by DHCP (option 6).
 	DNS []netip.Addr
+	// AllowDefaultNetwork tells kvnet-cni (through the status file) to
+	// leave the cluster default network interface of primary-UDN pods
+	// open; by default it admits only the node and replies.
+	AllowDefaultNetwork bool
 	// StatusFile is written for kvnet-cni's STATUS verb; "" means
 	// cni.DefaultStatusFile, "-" disables it.
 	StatusFile string

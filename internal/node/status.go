@@ -18,7 +18,7 @@ func (a *Agent) writeStatus(ctx context.Context, ready bool, exhausted []string)
 	if a.cfg.StatusFile == "-" {
 		return
 	}
-	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted, PodMTU: a.dp.MTU()}
+	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted, PodMTU: a.dp.MTU(), AllowDefaultNetwork: a.cfg.AllowDefaultNetwork}
 	if st.ExhaustedNetworks == nil {
 		st.ExhaustedNetworks = []string{}
 	}
