@@ -23,11 +23,13 @@ const PrimaryIfName = "ovn-udn1"
 
 // attachment is one CNI attachment of a pod.
 type attachment struct {
-	nad     string // "<namespace>/<name>"
+	nad     string // "<namespace>/<name>"; the network name for the cluster default network
 	ifName  string
 	primary bool
-	list    *libcni.NetworkConfigList
-	capArgs map[string]any
+	// clusterDefault marks the cluster default network of Multus mode.
+	clusterDefault bool
+	list           *libcni.NetworkConfigList
+	capArgs        map[string]any
 }
 
 // plugin names the attachment's plugin(s) for messages.
@@ -53,8 +55,17 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
+// ClusterDefaultIfName is the interface of the cluster default network in
+// Multus mode, as Multus names it.
+const ClusterDefaultIfName = "eth0"
+
 // attachments computes the pod's attachments as Multus does for kvnet.
-func attachments(ctx context.Context, c client.Reader, pod *corev1.Pod) ([]*attachment, error) {
+// With clusterDefault (Multus mode) the pod gets it as eth0, then only
+// what its networks annotation selects: a primary network is attached
+// only when selected there (kvnet's webhook does that). Without it, the
+// namespace's primary network comes first as ovn-udn1, as OVN-Kubernetes
+// attaches it.
+func attachments(ctx context.Context, c client.Reader, pod *corev1.Pod, clusterDefault *libcni.NetworkConfigList) ([]*attachment, error) {
 	if pod.Spec.HostNetwork {
 		return nil, nil
 	}
@@ -62,6 +73,10 @@ func attachments(ctx context.Context, c client.Reader, pod *corev1.Pod) ([]*atta
 	labelled, primaryKey, err := nads.Primary(ctx, c, pod.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("primary network of namespace %q: %w", pod.Namespace, err)
+	}
+	if clusterDefault != nil {
+		out = append(out, &attachment{nad: clusterDefault.Name, ifName: ClusterDefaultIfName, clusterDefault: true, list: clusterDefault})
+		labelled = false
 	}
 	if labelled {
 		if primaryKey == "" {
@@ -88,6 +103,7 @@ func attachments(ctx context.Context, c client.Reader, pod *corev1.Pod) ([]*atta
 			if err != nil {
 				return nil, fmt.Errorf("annotation %s element %d: %w", multus.NetworksAnnotation, i, err)
 			}
+			a.primary = clusterDefault != nil && e.Key() == primaryKey
 			if len(e.CNIArgs) > 0 {
 				if a.list, err = withCNIArgs(a.list, e.CNIArgs); err != nil {
 					return nil, fmt.Errorf("annotation %s element %d: %s: cni-args: %w", multus.NetworksAnnotation, i, a, err)

@@ -67,6 +67,14 @@ type Config struct {
 	// loopback is another one). Run listens on each address inside the
 	// node namespace and relays connections to the same address outside.
 	LoopbackForwards []string
+	// ClusterDefaultNetwork, when set, is the CNI configuration (a plugin
+	// or a list) of the cluster default network, and the kubelet behaves
+	// like stock Multus: every pod gets it as eth0, then what its networks
+	// annotation selects, nothing else; the pod's IPs are eth0's; and the
+	// kubelet writes k8s.v1.cni.cncf.io/network-status as Multus does (the
+	// cluster default network's entry marked default). Without it, the
+	// primary network is attached as OVN-Kubernetes does (see package doc).
+	ClusterDefaultNetwork []byte
 	// Workers bounds how many pods are set up or torn down at once
 	// (default 8).
 	Workers int
@@ -160,8 +168,11 @@ type kubelet struct {
 	cs     kubernetes.Interface
 	reader client.Reader
 	cni    *libcni.CNIConfig
-	store  cache.Store
-	queue  workqueue.TypedRateLimitingInterface[string]
+	// clusterDefault is the parsed Config.ClusterDefaultNetwork (Multus
+	// mode), or nil.
+	clusterDefault *libcni.NetworkConfigList
+	store          cache.Store
+	queue          workqueue.TypedRateLimitingInterface[string]
 
 	mu   sync.Mutex
 	pods map[string]*podState // by "<namespace>/<name>"
@@ -207,8 +218,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("simkubelet: %w", err)
 	}
+	var clusterDefault *libcni.NetworkConfigList
+	if cfg.ClusterDefaultNetwork != nil {
+		if clusterDefault, err = parseConfig(cfg.ClusterDefaultNetwork); err != nil {
+			return fmt.Errorf("simkubelet: ClusterDefaultNetwork: %w", err)
+		}
+	}
 	k := &kubelet{
-		cfg: cfg, log: log, cs: cs, reader: reader,
+		cfg: cfg, log: log, cs: cs, reader: reader, clusterDefault: clusterDefault,
 		cni: libcni.NewCNIConfigWithCacheDir([]string{cfg.CNIBinDir}, cfg.CNICacheDir,
 			&nsExec{ip: ip, netns: cfg.NodeNetNS, env: cfg.Env, log: log}),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -384,7 +401,7 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 func (k *kubelet) setup(ctx context.Context, key string, pod *corev1.Pod) error {
 	st := &podState{uid: pod.UID}
 	k.setState(key, st)
-	atts, err := attachments(ctx, k.reader, pod)
+	atts, err := attachments(ctx, k.reader, pod, k.clusterDefault)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -407,6 +424,7 @@ func (k *kubelet) setup(ctx context.Context, key string, pod *corev1.Pod) error 
 		return fmt.Errorf("pod %s: %w", key, err)
 	}
 	var chosen *current.Result
+	var statuses []networkStatus
 	for _, a := range atts {
 		res, err := k.add(ctx, pod, path, a)
 		if err != nil {
@@ -418,10 +436,23 @@ func (k *kubelet) setup(ctx context.Context, key string, pod *corev1.Pod) error 
 			k.setNotReady(ctx, key, pod, err.Error())
 			return fmt.Errorf("pod %s: %w", key, err)
 		}
-		if a.primary || chosen == nil && len(res.IPs) > 0 {
+		switch {
+		case k.clusterDefault != nil:
+			if a.clusterDefault {
+				chosen = res
+			}
+			statuses = append(statuses, statusOf(a, res))
+		case a.primary || chosen == nil && len(res.IPs) > 0:
 			chosen = res
 		}
 		k.log.V(1).Info("attachment added", "pod", key, "attachment", a.String())
+	}
+	if k.clusterDefault != nil {
+		if err := k.writeNetworkStatus(ctx, pod, statuses); err != nil {
+			k.teardown(ctx, key, pod.UID)
+			k.setNotReady(ctx, key, pod, err.Error())
+			return fmt.Errorf("pod %s: %w", key, err)
+		}
 	}
 	st.ready, st.ips = true, podIPs(chosen)
 	if started, err := k.startContainers(ctx, key, pod, path); !started {

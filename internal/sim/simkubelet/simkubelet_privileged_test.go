@@ -8,8 +8,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -65,7 +67,12 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	privileged = true
-	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni"}},
+	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{
+		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
+		// The stand-in cluster default network of Multus mode.
+		"bridge":     "github.com/containernetworking/plugins/plugins/main/bridge",
+		"host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local",
+	}},
 		func(fx *testenv.Fixture) int { return run(m, fx) }))
 }
 
@@ -673,5 +680,130 @@ func waitTornDown(t *testing.T, what, nsPath string, pod *corev1.Pod) {
 			return errors.New("host end still there")
 		}
 		return nil
+	})
+}
+
+// TestMultusMode: the kubelet behaves like stock Multus over a stand-in
+// cluster default network (bridge cni0 + host-local, 10.244.0.0/24). A pod
+// of a primary-UDN namespace whose networks annotation selects the primary
+// NAD as ovn-udn1 (what kvnet's webhook writes) gets eth0 on the default
+// network and ovn-udn1 from kvnet-cni with the default route; its
+// network-status is Multus's (eth0 default); its eth0 admits the node and
+// not a pod of the default network, which still reaches the node.
+func TestMultusMode(t *testing.T) {
+	needRoot(t)
+	const ns, plainNS = "sk-multus", "sk-multus-plain"
+	primaryNetwork(t, ns, "10.30.0.0/24")
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: plainNS}})
+	def := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"cluster-default","plugins":[{"type":"bridge","bridge":"cni0","isGateway":true,
+		"ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":%q}}]}`,
+		filepath.Join(t.TempDir(), "host-local"))
+	k := startKubelet(t, func(cfg *simkubelet.Config) { cfg.ClusterDefaultNetwork = []byte(def) })
+	testenv.Create(t, c, newPod(ns, "udn", map[string]string{"k8s.v1.cni.cncf.io/networks": "net@ovn-udn1"}))
+	testenv.Create(t, c, newPod(plainNS, "plain", nil))
+	pod := waitRunning(t, ns, "udn")
+	plain := waitRunning(t, plainNS, "plain")
+	alloc := primaryAllocation(t, pod, ns+"/net")
+	udnIP := netip.MustParsePrefix(alloc.IPAddresses[0]).Addr()
+
+	// Pod IPs are eth0's, as kubelet reports the default network's.
+	eth0IP, err := netip.ParseAddr(pod.Status.PodIP)
+	if err != nil || !netip.MustParsePrefix("10.244.0.0/24").Contains(eth0IP) {
+		t.Fatalf("pod IP %q, want one of the cluster default network", pod.Status.PodIP)
+	}
+	var statuses []struct {
+		Name, Interface string
+		IPs             []string
+		Default         bool
+	}
+	if err := json.Unmarshal([]byte(pod.Annotations[simkubelet.NetworkStatusAnnotation]), &statuses); err != nil {
+		t.Fatalf("network-status %q: %v", pod.Annotations[simkubelet.NetworkStatusAnnotation], err)
+	}
+	if len(statuses) != 2 || statuses[0].Interface != "eth0" || !statuses[0].Default || statuses[0].Name != "cluster-default" ||
+		statuses[1].Interface != simkubelet.PrimaryIfName || statuses[1].Name != ns+"/net" || statuses[1].Default ||
+		len(statuses[1].IPs) != 1 || statuses[1].IPs[0] != udnIP.String() {
+		t.Fatalf("network-status %+v", statuses)
+	}
+
+	nsPath := simkubelet.PodNetNS(k.cfg, pod)
+	var defaultVia string
+	c2 := func() error {
+		h, err := nl.NewHandle(nsPath)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{}, 0)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+				l, err := h.LinkByIndex(r.LinkIndex)
+				if err != nil {
+					return err
+				}
+				if defaultVia != "" {
+					return fmt.Errorf("two default routes (%s and %s)", defaultVia, l.Attrs().Name)
+				}
+				defaultVia = l.Attrs().Name
+			}
+		}
+		return nil
+	}
+	if err := c2(); err != nil || defaultVia != simkubelet.PrimaryIfName {
+		t.Fatalf("default route via %q (%v), want only %s", defaultVia, err, simkubelet.PrimaryIfName)
+	}
+
+	// eth0: the node (cni0's 10.244.0.1, the kubelet) gets in, the plain
+	// pod does not; the plain pod's own eth0 is open (control).
+	plainPath := simkubelet.PodNetNS(k.cfg, plain)
+	listenIn(t, nsPath)
+	listenIn(t, plainPath)
+	if err := connect(nl.NSPath(nodeNS), eth0IP.String()); err != nil {
+		t.Errorf("node -> primary-UDN pod eth0 %s: %v, want the kubelet's probes to get in", eth0IP, err)
+	}
+	if err := connect(nsPath, plain.Status.PodIP); err != nil {
+		t.Errorf("control: primary-UDN pod -> plain pod %s over eth0: %v", plain.Status.PodIP, err)
+	}
+	if err := connect(plainPath, eth0IP.String()); err == nil {
+		t.Errorf("plain pod -> primary-UDN pod eth0 %s connected; only the node may", eth0IP)
+	}
+}
+
+const probePort = "9090"
+
+// listenIn accepts (and closes) TCP connections on probePort in the
+// namespace at nsPath until the test ends.
+func listenIn(t *testing.T, nsPath string) {
+	t.Helper()
+	var ln net.Listener
+	if err := nl.Do(nsPath, func() (err error) {
+		ln, err = net.Listen("tcp4", ":"+probePort)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+}
+
+// connect opens a TCP connection from the namespace at nsPath to
+// dst:probePort.
+func connect(nsPath, dst string) error {
+	return nl.Do(nsPath, func() error {
+		conn, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, probePort), time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
 	})
 }

@@ -59,7 +59,7 @@ func pod(networks string) *corev1.Pod {
 
 func TestAttachmentsLikeMultus(t *testing.T) {
 	r := fakeReader(t, true, map[string]string{"tenant/net": kvnetPrimary, "tenant/blue": kvnetSecond, "other/br": bridgeList})
-	atts, err := attachments(context.Background(), r, pod(`blue, other/br@eth9, blue@third`))
+	atts, err := attachments(context.Background(), r, pod(`blue, other/br@eth9, blue@third`), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,9 +81,42 @@ func TestAttachmentsLikeMultus(t *testing.T) {
 	}
 }
 
+// In Multus mode the cluster default network is eth0, and the primary
+// network is attached only where the networks annotation selects it.
+func TestAttachmentsMultusMode(t *testing.T) {
+	r := fakeReader(t, true, map[string]string{"tenant/net": kvnetPrimary, "tenant/blue": kvnetSecond})
+	def, err := parseConfig([]byte(`{"cniVersion":"1.0.0","name":"cluster-default","type":"bridge"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		networks string
+		want     []string
+	}{
+		{"", []string{"attachment eth0 (NAD cluster-default, plugin bridge)"}},
+		{"net@ovn-udn1, blue", []string{"attachment eth0 (NAD cluster-default, plugin bridge)",
+			"attachment ovn-udn1 (NAD tenant/net, plugin kvnet-cni)", "attachment net2 (NAD tenant/blue, plugin kvnet-cni)"}},
+	} {
+		atts, err := attachments(context.Background(), r, pod(tc.networks), def)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, a := range atts {
+			got = append(got, a.String())
+		}
+		if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+			t.Errorf("networks %q: attachments\n%s\nwant\n%s", tc.networks, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+		}
+		if !atts[0].clusterDefault || len(atts) > 1 && !atts[1].primary {
+			t.Errorf("networks %q: cluster default / primary marks wrong", tc.networks)
+		}
+	}
+}
+
 func TestAttachmentsElementOptions(t *testing.T) {
 	r := fakeReader(t, false, map[string]string{"tenant/blue": kvnetSecond})
-	atts, err := attachments(context.Background(), r, pod(`[{"name":"blue","ips":["10.1.0.9/24"],"mac":"02:00:00:00:00:09","cni-args":{"foo":"bar"}}]`))
+	atts, err := attachments(context.Background(), r, pod(`[{"name":"blue","ips":["10.1.0.9/24"],"mac":"02:00:00:00:00:09","cni-args":{"foo":"bar"}}]`), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +154,7 @@ func TestAttachmentErrors(t *testing.T) {
 		{"interface twice", false, map[string]string{"tenant/blue": kvnetSecond, "other/br": bridgeList}, "blue@x, other/br@x", true, `interface "x" is used twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := attachments(context.Background(), fakeReader(t, tc.labelled, tc.nads), pod(tc.networks))
+			_, err := attachments(context.Background(), fakeReader(t, tc.labelled, tc.nads), pod(tc.networks), nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
