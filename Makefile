@@ -24,7 +24,7 @@ tools: ## Build etcd, kube-apiserver and kube-controller-manager into .cache/bin
 
 .PHONY: build
 build: ## Build kvnet binaries into bin/
-	$(GO) build -o $(BIN)/ ./cmd/... github.com/containernetworking/plugins/plugins/main/macvlan
+	$(GO) build -o $(BIN)/ ./cmd/... github.com/containernetworking/plugins/plugins/main/macvlan github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local
 
 REGISTRY ?= ghcr.io/kvnet
 TAG ?= dev

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/testenv"
@@ -28,7 +34,9 @@ func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 		t.Fatal(err)
 	}
 	binDir := t.TempDir()
-	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni", "github.com/containernetworking/plugins/plugins/main/macvlan")
+	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni",
+		"github.com/containernetworking/plugins/plugins/main/macvlan", "github.com/containernetworking/plugins/plugins/main/bridge",
+		"github.com/containernetworking/plugins/plugins/ipam/host-local")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kvnet: %v\n%s", err, out)
@@ -67,6 +75,27 @@ func showLabLogOnFailure(t *testing.T, dir string) {
 	})
 }
 
+// demoTrafficChecks are lines the demo prints only when the traffic it
+// checks is right (it fails by itself otherwise; these prove it ran).
+var demoTrafficChecks = []string{
+	`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 10\.0\.0\.\d+ \(node-2\)`,
+	`reached\s+red-namespace/red-1 \(node-2\)\s+-> blue-namespace/blue-1 203\.203\.0\.\d+ \(node-3\)`,
+	`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
+	`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
+	`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
+	`live migration vm-a-migration-\w+: node-\d -> node-\d`,
+	`reached udn-demo/web-1 \(node-1\) -> vm-a 10\.0\.0\.\d+`,
+	// The guest itself: its lease, and a connection across the
+	// live migration.
+	`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
+	`kept its open TCP connection from udn-demo/web-1`,
+	`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
+	// The masquerade VM: the forwarded port through the pod address.
+	`the guest answered "vm-m"`,
+	`guest DHCP lease eth0 10\.0\.2\.2/24 router 10\.0\.2\.1`,
+	`blocked udn-demo/web-1 -> 10\.0\.0\.\d+:7 \(not in ports`,
+}
+
 func TestLabDemo(t *testing.T) {
 	root, run := buildKvnet(t)
 	dir := t.TempDir()
@@ -94,24 +123,7 @@ func TestLabDemo(t *testing.T) {
 	// As root the lab has simulated nodes, and the demo pings between pods
 	// (it fails by itself when traffic is wrong; these lines prove it ran).
 	if os.Geteuid() == 0 {
-		for _, re := range []string{
-			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 10\.0\.0\.\d+ \(node-2\)`,
-			`reached\s+red-namespace/red-1 \(node-2\)\s+-> blue-namespace/blue-1 203\.203\.0\.\d+ \(node-3\)`,
-			`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
-			`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
-			`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
-			`live migration vm-a-migration-\w+: node-\d -> node-\d`,
-			`reached udn-demo/web-1 \(node-1\) -> vm-a 10\.0\.0\.\d+`,
-			// The guest itself: its lease, and a connection across the
-			// live migration.
-			`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
-			`kept its open TCP connection from udn-demo/web-1`,
-			`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
-			// The masquerade VM: the forwarded port through the pod address.
-			`the guest answered "vm-m"`,
-			`guest DHCP lease eth0 10\.0\.2\.2/24 router 10\.0\.2\.1`,
-			`blocked udn-demo/web-1 -> 10\.0\.0\.\d+:7 \(not in ports`,
-		} {
+		for _, re := range demoTrafficChecks {
 			if !regexp.MustCompile(re).MatchString(out) {
 				t.Errorf("demo output lacks /%s/:\n%s", re, out)
 			}
@@ -199,4 +211,56 @@ func labNetnsPrefix(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(kubelet))
+}
+
+// TestLabDemoMultus runs the demo in a lab whose kubelets behave like
+// stock Multus over a stand-in cluster default network (kvnet lab up
+// --multus): primary networks come through kvnet's webhook and Multus, the
+// pods keep eth0, and every traffic check of the demo passes as in the
+// default lab. kvnet-node marks the primary attachment default in the
+// network-status Multus wrote, where KubeVirt looks for the pod network.
+func TestLabDemoMultus(t *testing.T) {
+	testenv.NeedsRoot(t)
+	root, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--multus")
+	defer run("lab", "down", "--dir", dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	out := run("demo", "--kubeconfig", kubeconfig, "--examples", filepath.Join(root, "examples"))
+	for _, re := range demoTrafficChecks {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("demo output lacks /%s/:\n%s", re, out)
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statuses []struct {
+		Name, Interface string
+		Default         bool
+	}
+	testenv.Eventually(t, time.Minute, "web-1's network-status marks ovn-udn1 default", func() error {
+		pod, err := cs.CoreV1().Pods("udn-demo").Get(context.Background(), "web-1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		v := pod.Annotations["k8s.v1.cni.cncf.io/network-status"]
+		if err := json.Unmarshal([]byte(v), &statuses); err != nil {
+			return fmt.Errorf("network-status %q: %w", v, err)
+		}
+		got := map[string]bool{}
+		for _, s := range statuses {
+			got[s.Interface] = s.Default
+		}
+		if d, ok := got["eth0"]; !ok || d || !got["ovn-udn1"] {
+			return fmt.Errorf("network-status %s: want eth0 (not default) and ovn-udn1 (default)", v)
+		}
+		return nil
+	})
 }

@@ -357,7 +357,7 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	if err := e.startController(ctx); err != nil {
 		return nil, err
 	}
-	if e.cl, _, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, false); err != nil {
+	if e.cl, _, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, false, false); err != nil {
 		return nil, fmt.Errorf("simulated nodes: %w", err)
 	}
 	for i := range f.nodes {

@@ -63,6 +63,7 @@ type flagpole struct {
 	foreground bool
 	timeout    time.Duration
 	nodes      int
+	multus     bool
 }
 
 // NewCommand returns "kvnet lab".
@@ -87,6 +88,8 @@ func NewCommand() *cobra.Command {
 	}
 	up.Flags().BoolVar(&flags.foreground, "foreground", false, "run in the foreground until interrupted")
 	up.Flags().DurationVar(&flags.timeout, "timeout", 3*time.Minute, "how long to wait for the lab to be ready")
+	up.Flags().BoolVar(&flags.multus, "multus", false, "attach primary networks as on a cluster with stock Multus: pods keep eth0 on a stand-in cluster default network, "+
+		"kvnet's webhook selects the primary network as ovn-udn1 (kvnet-controller --primary-network-attachment=multus); default: as OVN-Kubernetes does")
 	up.Flags().IntVar(&flags.nodes, "nodes", 3, "simulated nodes (network namespaces, each with kvnet-node and a simulated kubelet); needs root, 0 for none")
 	down := &cobra.Command{
 		Use:   "down",
@@ -144,7 +147,7 @@ func startBackground(flags *flagpole) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(self, "lab", "up", "--foreground", "--dir", flags.dir, "--nodes", strconv.Itoa(flags.nodes))
+	cmd := exec.Command(self, "lab", "up", "--foreground", "--dir", flags.dir, "--nodes", strconv.Itoa(flags.nodes), "--multus="+strconv.FormatBool(flags.multus))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -242,7 +245,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err := controlplane.InstallRBAC(ctx, c); err != nil {
 		return fmt.Errorf("install RBAC: %w", err)
 	}
-	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort, false); err != nil {
+	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort, flags.multus); err != nil {
 		return fmt.Errorf("install webhooks: %w", err)
 	}
 	ctrlCfg, err := cp.ServiceAccountConfig(ctx, controlplane.KvnetNamespace, controlplane.ControllerServiceAccount, tokenTTL)
@@ -251,7 +254,8 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	}
 	mgr, err := manager.New(ctrlCfg, manager.Options{
 		MetricsAddr: metricsAddr, ProbeAddr: probeAddr,
-		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
+		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+			PrimaryAttachment: primaryAttachment(flags.multus)},
 	})
 	if err != nil {
 		return err
@@ -288,7 +292,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
 	case flags.nodes > 0:
 		start := time.Now()
-		cl, launcher, err := startNodes(ctx, dir, cp, c, flags.nodes, true)
+		cl, launcher, err := startNodes(ctx, dir, cp, c, flags.nodes, true, flags.multus)
 		if err != nil {
 			return fmt.Errorf("simulated nodes: %w", err)
 		}
@@ -413,4 +417,13 @@ func printConsole(w io.Writer, dir, namespace, name string) error {
 	defer f.Close()
 	_, err = io.Copy(w, f)
 	return err
+}
+
+// primaryAttachment is the controller's primary network attachment mode
+// for the lab (see flagpole.multus).
+func primaryAttachment(multus bool) string {
+	if multus {
+		return manager.PrimaryByMultus
+	}
+	return manager.PrimaryByDefaultNetwork
 }

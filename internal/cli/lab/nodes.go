@@ -88,7 +88,10 @@ func shippedBinary(name string) (string, error) {
 // stand in for components that are not kvnet's, are admins.
 //
 // Without guests, no QEMU runs: a launcher pod is its network namespace.
-func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
+//
+// With multus, the kubelets behave like stock Multus over a stand-in
+// cluster default network (simcluster.Config.MultusDefaultNetwork).
+func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests, multus bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
 	nodeBin, err := shippedBinary("kvnet-node")
 	if err != nil {
 		return nil, nil, err
@@ -118,11 +121,15 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 	cfg.AgentBinary, cfg.CNIBinary = nodeBin, cniBin
 	// Reference CNI plugins built next to kvnet (make build), for NADs
 	// such as a macvlan migration network with kvnet-ipam.
-	for _, name := range []string{"macvlan"} {
-		if p, err := shippedBinary(name); err == nil {
+	for _, name := range []string{"macvlan", "bridge", "host-local"} {
+		p, err := shippedBinary(name)
+		if err == nil {
 			cfg.ExtraCNIPlugins = append(cfg.ExtraCNIPlugins, p)
+		} else if multus && name != "macvlan" {
+			return nil, nil, fmt.Errorf("the stand-in cluster default network needs the %s CNI plugin: %w", name, err)
 		}
 	}
+	cfg.MultusDefaultNetwork = multus
 	cfg.Kubelets, cfg.Virt = true, true
 	cfg.Log = ctrl.Log
 	// KubeVirt's part: the KubeVirt CR (registering the l2bridge binding

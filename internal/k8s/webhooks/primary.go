@@ -7,9 +7,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -59,7 +62,17 @@ func (m *PrimaryPodMutator) Handle(ctx context.Context, req admission.Request) a
 		return admission.Allowed("namespace has no primary network")
 	}
 	if primaryKey == "" {
-		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but has no primary network yet (its UserDefinedNetwork's NetworkAttachmentDefinition does not exist): pod %s is refused until it does, so that it is not started on the cluster default network alone",
+		// Applied together with its network (kubectl apply -f dir/), the pod
+		// may come before kvnet made the NAD: select the NAD the namespace's
+		// primary UDN or CUDN will get (named after it). Multus then fails
+		// the pod's sandbox until the NAD exists, and kubelet retries, as
+		// upstream keeps such a pod pending.
+		if primaryKey, err = m.pendingPrimary(ctx, pod.Namespace); err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+	}
+	if primaryKey == "" {
+		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but no primary UserDefinedNetwork or ClusterUserDefinedNetwork serves it: pod %s is refused until one does, so that it is not started on the cluster default network alone",
 			pod.Namespace, udn.PrimaryNamespaceLabel, podName(&pod)))
 	}
 	v, changed, err := multus.WithPrimaryElement(pod.Annotations[multus.NetworksAnnotation], pod.Namespace, primaryKey, nil)
@@ -82,4 +95,42 @@ func podName(p *corev1.Pod) string {
 		return p.Namespace + "/" + p.GenerateName + "*"
 	}
 	return p.Namespace + "/" + p.Name
+}
+
+// pendingPrimary returns "<namespace>/<name>" of the NAD the namespace's
+// primary network will have: its primary UserDefinedNetwork's, else that
+// of a primary ClusterUserDefinedNetwork selecting it; "" if there is
+// none. The NAD is named after the UDN or CUDN.
+func (m *PrimaryPodMutator) pendingPrimary(ctx context.Context, namespace string) (string, error) {
+	var udns udnv1.UserDefinedNetworkList
+	if err := m.Reader.List(ctx, &udns, client.InNamespace(namespace)); err != nil {
+		return "", fmt.Errorf("list UserDefinedNetworks of namespace %s: %w", namespace, err)
+	}
+	for i := range udns.Items {
+		if u := &udns.Items[i]; u.DeletionTimestamp == nil && udn.SpecOfUDN(u).IsPrimary() {
+			return namespace + "/" + u.Name, nil
+		}
+	}
+	var ns corev1.Namespace
+	if err := m.Reader.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err != nil {
+		return "", fmt.Errorf("read namespace %s: %w", namespace, err)
+	}
+	var cudns udnv1.ClusterUserDefinedNetworkList
+	if err := m.Reader.List(ctx, &cudns); err != nil {
+		return "", fmt.Errorf("list ClusterUserDefinedNetworks: %w", err)
+	}
+	for i := range cudns.Items {
+		cu := &cudns.Items[i]
+		if cu.DeletionTimestamp != nil || !udn.SpecOfCUDN(cu).IsPrimary() {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&cu.Spec.NamespaceSelector)
+		if err != nil {
+			continue // the CUDN controller reports it
+		}
+		if sel.Matches(labels.Set(ns.Labels)) {
+			return namespace + "/" + cu.Name, nil
+		}
+	}
+	return "", nil
 }

@@ -75,7 +75,7 @@ func TestPrimaryPodMutatorMultus(t *testing.T) {
 	mkNS(t, "pm-early", labels)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "pm-early", Name: "p"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
-	if resp, _ := admit(t, primary, pod); resp.Allowed || !strings.Contains(resp.Result.Message, "has no primary network yet") {
+	if resp, _ := admit(t, primary, pod); resp.Allowed || !strings.Contains(resp.Result.Message, "no primary UserDefinedNetwork or ClusterUserDefinedNetwork serves it") {
 		t.Fatalf("pod before the primary NAD exists: allowed=%v %q", resp.Allowed, resp.Result.Message)
 	}
 

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,6 +97,13 @@ type Config struct {
 
 	// Kubelets runs a simulated kubelet on each node.
 	Kubelets bool
+	// MultusDefaultNetwork makes the kubelets behave like stock Multus
+	// (simkubelet.Config.ClusterDefaultNetwork) over a stand-in cluster
+	// default network: on each node a bridge cni0 with host-local IPAM,
+	// 10.244.<i>.0/24 on the i-th node (no routes between nodes), as
+	// Flannel's per-node bridge. CNIBinDir must hold the bridge and
+	// host-local plugins (ExtraCNIPlugins).
+	MultusDefaultNetwork bool
 	// Runtime runs the pods' "containers" on every node's kubelet (the
 	// lab's QEMU guests: simlauncher.Launcher); nil runs none.
 	Runtime simkubelet.Runtime
@@ -344,7 +352,21 @@ func (cfg Config) KubeletConfig(n string) simkubelet.Config {
 		Env:            cfg.CNIEnv(n),
 		Runtime:        cfg.Runtime,
 		Log:            cfg.Log.WithName("simkubelet").WithValues("node", name),
+
+		ClusterDefaultNetwork: cfg.clusterDefaultNetwork(n),
 	}
+}
+
+// clusterDefaultNetwork is node n's stand-in cluster default network
+// configuration, or nil (see MultusDefaultNetwork).
+func (cfg Config) clusterDefaultNetwork(n string) []byte {
+	if !cfg.MultusDefaultNetwork {
+		return nil
+	}
+	i := slices.Index(cfg.Nodes, n) + 1
+	return fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":"cluster-default","plugins":[{"type":"bridge","bridge":"cni0","isGateway":true,`+
+		`"ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.%d.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":%q}}]}`,
+		i, filepath.Join(cfg.nodeDir(n), "host-local"))
 }
 
 func (c *Cluster) nodeDir(n string) string { return c.cfg.nodeDir(n) }
