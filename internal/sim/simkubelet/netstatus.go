@@ -38,9 +38,7 @@ func statusOf(a *attachment, res *current.Result) networkStatus {
 			st.Mac = i.Mac
 		}
 	}
-	for _, ip := range podIPs(res) {
-		st.IPs = append(st.IPs, ip)
-	}
+	st.IPs = podIPs(res)
 	for _, r := range res.Routes {
 		if ones, _ := r.Dst.Mask.Size(); ones == 0 && r.GW != nil {
 			st.Gateway = append(st.Gateway, r.GW.String())
