@@ -12,6 +12,9 @@ command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)
 command -v make >/dev/null || need+=(make)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# skopeo: the images test checks that an independent OCI tool reads what
+# make images writes.
+command -v skopeo >/dev/null || need+=(skopeo)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" != 0 ]; then

@@ -123,6 +123,7 @@ func TestBuild(t *testing.T) {
 				}
 			}
 			checkRuns(t, dir, res.Image.Binaries)
+			checkSkopeo(t, res, host)
 		})
 	}
 }
@@ -261,4 +262,33 @@ func goCommand() string {
 		return g
 	}
 	return "go"
+}
+
+// checkSkopeo has skopeo, an OCI implementation that shares no code with
+// the builder, read the layout (by its tag) and the tarball: both must be
+// the platform built, with the entrypoint asked for.
+func checkSkopeo(t *testing.T, res images.Result, p images.Platform) {
+	t.Helper()
+	if _, err := exec.LookPath("skopeo"); err != nil {
+		// Fail, not skip: a missing tool must not pass as green.
+		t.Fatalf("skopeo not in PATH (hack/install-deps.sh installs it): %v", err)
+	}
+	for _, ref := range []string{"oci:" + res.Layout + ":v9.9.9", "docker-archive:" + res.Tarballs[p]} {
+		out, err := exec.Command("skopeo", "inspect", "--config", ref).Output()
+		if err != nil {
+			t.Errorf("skopeo inspect --config %s: %v", ref, err)
+			continue
+		}
+		var cf struct {
+			Architecture, OS string
+			Config           struct{ Entrypoint []string }
+		}
+		if err := json.Unmarshal(out, &cf); err != nil {
+			t.Errorf("skopeo inspect %s: %v\n%s", ref, err, out)
+			continue
+		}
+		if cf.Architecture != p.Arch || cf.OS != p.OS || len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != images.BinDir+"/"+res.Image.Binaries[0] {
+			t.Errorf("skopeo reads %s as %s/%s entrypoint %v", ref, cf.OS, cf.Architecture, cf.Config.Entrypoint)
+		}
+	}
 }
