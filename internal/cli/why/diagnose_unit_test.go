@@ -556,3 +556,21 @@ func TestPrintBroken(t *testing.T) {
 		t.Fatalf("unexpected layout:\n%s", b.String())
 	}
 }
+
+func TestPrimaryClaimEvidence(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		want string
+	}{
+		{map[string]string{multus.DefaultNetworkAnnotation: `[{"name":"default","namespace":"ovn-kubernetes","ipam-claim-reference":"vm.a"}]`}, `IPAMClaim "vm.a"`},
+		{map[string]string{multus.NetworksAnnotation: `[{"name":"net","interface":"ovn-udn1","ipam-claim-reference":"vm.b"}]`}, `IPAMClaim "vm.b" for its primary network (k8s.v1.cni.cncf.io/networks element ns/net as ovn-udn1)`},
+		{map[string]string{multus.NetworksAnnotation: `[{"name":"sec","interface":"net1","ipam-claim-reference":"vm.c"}]`}, ""},
+		{nil, ""},
+	} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Annotations: tc.ann}}
+		got := strings.Join(primaryClaimEvidence(pod), "; ")
+		if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("%v: evidence %q, want %q", tc.ann, got, tc.want)
+		}
+	}
+}

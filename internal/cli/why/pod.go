@@ -117,6 +117,16 @@ func primaryClaimEvidence(pod *corev1.Pod) []string {
 			return []string{fmt.Sprintf("pod %s references IPAMClaim %q for its primary network (annotation %s)", pod.Name, elems[0].IPAMClaimReference, multus.DefaultNetworkAnnotation)}
 		}
 	}
+	// Multus mode: the claim rides on the primary network's element.
+	if v, ok := pod.Annotations[multus.NetworksAnnotation]; ok {
+		if elems, err := multus.ParseSelection(multus.NetworksAnnotation, v, pod.Namespace); err == nil {
+			for _, e := range elems {
+				if e.InterfaceRequest == multus.PrimaryInterface && e.IPAMClaimReference != "" {
+					return []string{fmt.Sprintf("pod %s references IPAMClaim %q for its primary network (%s element %s as %s)", pod.Name, e.IPAMClaimReference, multus.NetworksAnnotation, e.Key(), multus.PrimaryInterface)}
+				}
+			}
+		}
+	}
 	if v := pod.Annotations[ipam.LegacyPrimaryClaimAnnotation]; v != "" {
 		return []string{fmt.Sprintf("pod %s references IPAMClaim %q for its primary network (annotation %s)", pod.Name, v, ipam.LegacyPrimaryClaimAnnotation)}
 	}
