@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/testenv"
 )
