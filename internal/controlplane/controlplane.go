@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"kvnet.io/kvnet/internal/manifests"
 )
 
 // BinDirEnv names the environment variable that overrides where the
@@ -134,7 +136,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			return nil, err
 		}
 		for _, m := range cfg.Manifests {
-			objs, err := DecodeManifests(m)
+			objs, err := manifests.Decode(m)
 			if err != nil {
 				return nil, fmt.Errorf("decode manifest: %w", err)
 			}

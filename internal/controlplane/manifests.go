@@ -1,11 +1,8 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -13,36 +10,13 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kvnet.io/kvnet/internal/manifests"
 )
 
 // FieldOwner is the server-side-apply field manager of manifests kvnet applies.
 const FieldOwner = "kvnet"
-
-// DecodeManifests splits multi-document YAML (or JSON) into objects,
-// skipping empty documents and kustomization files' contents.
-func DecodeManifests(data []byte) ([]*unstructured.Unstructured, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return nil, err
-		}
-		if len(obj) == 0 {
-			continue
-		}
-		u := &unstructured.Unstructured{Object: obj}
-		if u.GetKind() == "" || u.GetAPIVersion() == "" {
-			return nil, fmt.Errorf("document %d has no kind or apiVersion", len(out)+1)
-		}
-		out = append(out, u)
-	}
-}
 
 // ApplyFiles server-side applies every object in the YAML files of dir
 // (kustomization.yaml excepted), in file-name order.
@@ -79,7 +53,7 @@ func ApplyFile(ctx context.Context, c client.Client, fsys fs.FS, name string) er
 	if err != nil {
 		return err
 	}
-	objs, err := DecodeManifests(data)
+	objs, err := manifests.Decode(data)
 	if err != nil {
 		return fmt.Errorf("decode %s: %w", name, err)
 	}

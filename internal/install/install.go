@@ -5,7 +5,6 @@
 package install
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/types"
@@ -26,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kvnet.io/kvnet/config"
+	"kvnet.io/kvnet/internal/manifests"
 )
 
 // FieldOwner is the server-side apply field manager of kvnet install.
@@ -130,25 +129,7 @@ func indexOfImage(ims []types.Image, name string) int {
 
 // Objects splits rendered YAML into objects, in order.
 func Objects(rendered []byte) ([]*unstructured.Unstructured, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return nil, fmt.Errorf("object %d: %w", len(out)+1, err)
-		}
-		if len(m) == 0 {
-			continue
-		}
-		u := &unstructured.Unstructured{Object: m}
-		if u.GetKind() == "" || u.GetName() == "" {
-			return nil, fmt.Errorf("object %d: no kind or name", len(out)+1)
-		}
-		out = append(out, u)
-	}
+	return manifests.Decode(rendered)
 }
 
 // ContainerImages lists every container image the objects run.

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/manifests"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -160,7 +160,7 @@ type change struct {
 func TestTypedRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "roundtrip"}})
-	objs, err := controlplane.DecodeManifests([]byte(manifest))
+	objs, err := manifests.Decode([]byte(manifest))
 	if err != nil {
 		t.Fatal(err)
 	}

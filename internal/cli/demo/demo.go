@@ -36,6 +36,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/manifests"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -103,7 +104,7 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 		if err != nil {
 			return err
 		}
-		objs, err := controlplane.DecodeManifests(data)
+		objs, err := manifests.Decode(data)
 		if err != nil {
 			return fmt.Errorf("decode %s: %w", f, err)
 		}

@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/cli/kubeflags"
 	"kvnet.io/kvnet/internal/install"
@@ -29,6 +31,21 @@ func (o *options) addImageFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.images.Tag, "tag", "", "tag of the images (default: config/default's)")
 }
 
+// objects renders config/default with o's images and connects to the
+// cluster.
+func (o *options) objects() ([]*unstructured.Unstructured, client.Client, error) {
+	rendered, err := install.Render(o.images)
+	if err != nil {
+		return nil, nil, err
+	}
+	objs, err := install.Objects(rendered)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := o.conn.Client()
+	return objs, c, err
+}
+
 // NewCommand returns "kvnet install".
 func NewCommand() *cobra.Command {
 	o := &options{}
@@ -43,19 +60,15 @@ func NewCommand() *cobra.Command {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rendered, err := install.Render(o.images)
-			if err != nil {
-				return err
-			}
 			if o.dryRun {
-				_, err := cmd.OutOrStdout().Write(rendered)
+				rendered, err := install.Render(o.images)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(rendered)
 				return err
 			}
-			objs, err := install.Objects(rendered)
-			if err != nil {
-				return err
-			}
-			c, err := o.conn.Client()
+			objs, c, err := o.objects()
 			if err != nil {
 				return err
 			}
@@ -84,15 +97,7 @@ func NewUninstallCommand() *cobra.Command {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rendered, err := install.Render(o.images)
-			if err != nil {
-				return err
-			}
-			objs, err := install.Objects(rendered)
-			if err != nil {
-				return err
-			}
-			c, err := o.conn.Client()
+			objs, c, err := o.objects()
 			if err != nil {
 				return err
 			}
