@@ -7,10 +7,12 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // migrationState is node nd's State while VM x (MAC shared by src on one
@@ -214,5 +216,82 @@ func TestActivateOpensStandbyPort(t *testing.T) {
 	}
 	if dump := nodeRuleDump(t, c.nodes[2].dp); !strings.Contains(dump, standbyRule) {
 		t.Fatalf("a failed Activate changed the rules:\n%s", dump)
+	}
+}
+
+// A migration target's Standby port passes the guest's first unicast IP
+// frame there at once, before any announce or activation: the frame
+// reaches its peer on another node and teaches that node's VXLAN device
+// the guest's new place, so the guest's first answer after the pause is
+// not lost and the answers to it go to the target.
+func TestStandbyPassesGuestFirstFrame(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 3)
+	rt := gatewayRoutes("10.1.1.1")
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	nets := []Network{tenantA}
+	c.applyAll(nets)
+	startEcho(t, x)
+	xIP := addr("10.1.1.3")
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x" {
+		t.Fatalf("before the migration: answered by %q (%v), want x", token, err)
+	}
+	x2 := c.addPod(c.nodes[2], "x2", "tenant-a_udn", x.mac, x.ips, rt)
+	startEcho(t, x2)
+	for _, nd := range c.nodes {
+		if err := nd.dp.Apply(context.Background(), c.migrationState(nd, nets, x, x2, false)); err != nil {
+			t.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+	vtepOnN1 := func() string {
+		t.Helper()
+		var vtep string
+		if err := withHandle(c.nodes[0].ns, func(h *nl.Handle) error {
+			entries, err := vxlanFDB(h, 1)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				if isSelf(e) && e.HardwareAddr.String() == x.mac.String() {
+					vtep = e.IP.String()
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return vtep
+	}
+	if got, want := vtepOnN1(), c.nodes[1].ip.String(); got != want {
+		t.Fatalf("during the migration n1 sends %s to %q, want the source %s", x.mac, got, want)
+	}
+	// The source pauses; the guest resumes on the target and its first
+	// frame there is a datagram queued for y.
+	if err := podLink(x, func(h *nl.Handle, l netlink.Link) error { return h.LinkSetDown(l) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendRawFrame(x2, udpFrame(x.mac, y.mac, xIP, addr("10.1.1.2"), 9, 9, []byte("queued before the pause"))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "n1 learns the guest on the target from its first frame", func() error {
+		if got, want := vtepOnN1(), c.nodes[2].ip.String(); got != want {
+			return fmt.Errorf("n1 sends %s to %q, want the target %s", x.mac, got, want)
+		}
+		return nil
+	})
+	if dump := nodeRuleDump(t, c.nodes[2].dp); !strings.Contains(dump, "standby until the guest announces itself") {
+		t.Fatalf("the target port left Standby by itself:\n%s", dump)
+	}
+	// kvnet-node activates the port on that frame; y reaches the guest there.
+	for _, p := range c.migrationState(c.nodes[2], nets, x, x2, false).Ports {
+		if p.HostIfName == x2.hostIf {
+			if err := c.nodes[2].dp.Activate(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if token, err := echoSession(y, xIP, 1); err != nil || token != "x2" {
+		t.Fatalf("after the activation: answered by %q (%v), want x2", token, err)
 	}
 }

@@ -189,15 +189,32 @@ func (b *ruleBuilder) arpSha(mac net.HardwareAddr, neq bool) *ruleBuilder {
 
 // ipProtoUDP matches the IPv4 protocol field (bridge family, where the
 // frame is already known to be IPv4).
-func (b *ruleBuilder) ipProtoUDP() *ruleBuilder {
-	return b.match("ip protocol udp", expr.PayloadBaseNetworkHeader, ip4ProtoOff, []byte{unix.IPPROTO_UDP}, nil, false)
+func (b *ruleBuilder) ipProtoUDP() *ruleBuilder { return b.ipProto(unix.IPPROTO_UDP, false) }
+
+// ipProto matches (neq: does not match) the IPv4 protocol field (bridge
+// family, where the frame is already known to be IPv4).
+func (b *ruleBuilder) ipProto(proto byte, neq bool) *ruleBuilder {
+	return b.match(fmt.Sprintf("ip protocol %s%s", neqText(neq), protoNames[proto]), expr.PayloadBaseNetworkHeader, ip4ProtoOff, []byte{proto}, nil, neq)
 }
 
+// protoNames renders IP protocols the way nft does.
+var protoNames = map[byte]string{unix.IPPROTO_UDP: "udp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
+
 // l4protoUDP matches UDP in the inet family, either IP version.
-func (b *ruleBuilder) l4protoUDP() *ruleBuilder {
-	return b.add("meta l4proto udp",
+func (b *ruleBuilder) l4protoUDP() *ruleBuilder { return b.l4proto(unix.IPPROTO_UDP) }
+
+// l4proto matches the transport protocol (after IPv6 extension headers).
+func (b *ruleBuilder) l4proto(proto byte) *ruleBuilder {
+	return b.add("meta l4proto "+protoNames[proto],
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}})
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+}
+
+// icmpv6TypeRange matches ICMPv6 types from..to (after l4proto).
+func (b *ruleBuilder) icmpv6TypeRange(from, to byte) *ruleBuilder {
+	return b.add(fmt.Sprintf("icmpv6 type %d-%d", from, to),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{from}, ToData: []byte{to}})
 }
 
 func (b *ruleBuilder) udpSport(p uint16) *ruleBuilder {
@@ -431,30 +448,13 @@ var (
 func portRules(p Port) []nftRule {
 	c := func(what string) string { return fmt.Sprintf("port %s: %s", p.HostIfName, what) }
 	rules := []nftRule{newRule().etherSaddr(p.MAC, true).counter().drop(c("spoofed source MAC"))}
+	v4, v6 := portAddrs(p)
 	if p.Standby {
-		// A migration target before the guest runs there: only QEMU's
-		// announce (RARP) passes, so the bridges learn the guest's new
-		// place from it and nothing the pod itself sends with the
-		// guest's MAC and IP (its own stack) can be taken for the guest.
-		return append(rules,
-			newRule().etherType(ethPRARP, false).ret(c("RARP announce")),
-			newRule().counter().drop(c("standby until the guest announces itself")))
+		return append(rules, standbyRules(p, v4, v6, c)...)
 	}
 	if len(p.IPs) == 0 {
 		return rules // pure L2 port: the MAC is all it was given
 	}
-	var v4, v6 []netip.Addr
-	for _, ip := range p.IPs {
-		if a := ip.Addr().Unmap(); a.Is4() {
-			v4 = append(v4, a)
-		} else {
-			v6 = append(v6, a)
-		}
-	}
-	slices.SortFunc(v4, netip.Addr.Compare)
-	slices.SortFunc(v6, netip.Addr.Compare)
-	v4 = slices.Compact(v4)
-	v6 = slices.Compact(v6)
 
 	for _, a := range v4 {
 		rules = append(rules, newRule().etherType(unix.ETH_P_IP, false).ipSaddr(hostPrefix(a), false).ret(c("IPv4 source "+a.String())))
@@ -481,6 +481,58 @@ func portRules(p Port) []nftRule {
 		newRule().etherType(unix.ETH_P_IPV6, false).counter().drop(c("spoofed IPv6 source")),
 		newRule().etherType(unix.ETH_P_IP, true).etherType(unix.ETH_P_ARP, true).etherType(unix.ETH_P_IPV6, true).
 			counter().drop(c("non-IP ethertype")))
+}
+
+// portAddrs returns p's IPv4 and IPv6 addresses, sorted, without
+// duplicates.
+func portAddrs(p Port) (v4, v6 []netip.Addr) {
+	for _, ip := range p.IPs {
+		if a := ip.Addr().Unmap(); a.Is4() {
+			v4 = append(v4, a)
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	slices.SortFunc(v4, netip.Addr.Compare)
+	slices.SortFunc(v6, netip.Addr.Compare)
+	return slices.Compact(v4), slices.Compact(v6)
+}
+
+// Multicast ranges and the limited broadcast address: what the launcher
+// pod's own stack may send from the guest's address before plumbing.
+var (
+	multicast4 = netip.MustParsePrefix("224.0.0.0/4")
+	broadcast4 = netip.MustParsePrefix("255.255.255.255/32")
+	multicast6 = netip.MustParsePrefix("ff00::/8")
+)
+
+// standbyRules is the rest of the chain of a migration target's port
+// before its guest runs there. What passes is what only the running guest
+// sends, so that its very first frame on the target reaches its peer and
+// teaches every bridge and VXLAN device on the way the guest's new place
+// (the same frames kvnet-node's watcher takes as the guest's arrival):
+// QEMU's announce (RARP), and unicast IP from one of the guest's
+// addresses. Everything else is dropped: the pod's own stack holds the
+// guest's MAC and addresses until the launcher plumbs them to the guest,
+// and answers ARP and neighbour discovery for them or reports multicast
+// groups (IGMP, MLD) with them; taken for the guest's, those would draw
+// its traffic away from the source while it still runs there.
+func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule {
+	rules := []nftRule{newRule().etherType(ethPRARP, false).ret(c("RARP announce"))}
+	for _, a := range v4 {
+		rules = append(rules, newRule().etherType(unix.ETH_P_IP, false).ipSaddr(hostPrefix(a), false).
+			ipDaddr(multicast4, true).ipDaddr(broadcast4, true).ipProto(unix.IPPROTO_IGMP, true).
+			ret(c("the guest's unicast IPv4 from "+a.String())))
+	}
+	if len(v6) > 0 {
+		rules = append(rules, newRule().etherType(unix.ETH_P_IPV6, false).l4proto(unix.IPPROTO_ICMPV6).icmpv6TypeRange(133, 137).
+			counter().drop(c("standby: neighbour discovery is the pod's own stack")))
+	}
+	for _, a := range v6 {
+		rules = append(rules, newRule().etherType(unix.ETH_P_IPV6, false).ip6Saddr(hostPrefix(a), false).
+			ip6Daddr(multicast6, true).ret(c("the guest's unicast IPv6 from "+a.String())))
+	}
+	return append(rules, newRule().counter().drop(c("standby until the guest announces itself")))
 }
 
 // routerRules returns the kvnet table of network n's router namespace:

@@ -68,8 +68,9 @@ type Port struct {
 	// guest's first frame (QEMU's announce), before the API says so.
 	Migrating bool
 	// Standby marks a Migrating port whose guest has not announced itself
-	// yet (the migration target): it passes only RARP frames, QEMU's
-	// announce, until the node makes it an ordinary Migrating port.
+	// yet (the migration target): it passes only what the running guest
+	// alone sends (QEMU's RARP announce, unicast IP from the guest's
+	// addresses), until the node makes it an ordinary Migrating port.
 	Standby bool
 }
 
