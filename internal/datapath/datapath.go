@@ -37,6 +37,10 @@ type Datapath struct {
 	// Activate's) and guards activated; taken after mu.
 	rulesMu   sync.Mutex
 	activated map[string]string // Standby port activated early -> its MAC
+
+	// learning is the bridge ports' learning flag by interface index,
+	// read once per Apply (nil until then); guarded by mu.
+	learning map[int]bool
 }
 
 // New opens the datapath of the node described by cfg. It changes nothing
@@ -130,6 +134,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 		return fmt.Errorf("apply datapath state on node %q: %w", d.cfg.Name, ErrClosed)
 	}
 
+	d.learning = nil // read again by the first port this Apply checks
 	nets := slices.Clone(s.Networks)
 	slices.SortFunc(nets, func(a, b Network) int { return cmp.Compare(a.ID, b.ID) })
 	var errs []error

@@ -178,9 +178,22 @@ func (d *Datapath) ensurePort(l, br netlink.Link, learning bool) error {
 			return fmt.Errorf("attach %q to bridge %q: %w", l.Attrs().Name, br.Attrs().Name, err)
 		}
 	}
+	// Set only when it differs: every write notifies link watchers
+	// (kvnet-node's own among them) even when nothing changes.
+	if d.learning == nil {
+		have, err := d.h.BridgePortLearning()
+		if err != nil {
+			return err
+		}
+		d.learning = have
+	}
+	if have, ok := d.learning[l.Attrs().Index]; ok && have == learning {
+		return nil
+	}
 	if err := d.h.LinkSetLearning(l, learning); err != nil {
 		return fmt.Errorf("set learning on bridge port %q: %w", l.Attrs().Name, err)
 	}
+	d.learning[l.Attrs().Index] = learning
 	return nil
 }
 

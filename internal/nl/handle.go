@@ -239,3 +239,47 @@ func (h *Handle) NeighDel(n *netlink.Neigh) error {
 	}
 	return nil
 }
+
+// BridgePortLearning reports, by interface index, whether learning is on
+// for every bridge port in the handle's namespace, from one dump of the
+// AF_BRIDGE link table (the library reads one port per dump).
+func (h *Handle) BridgePortLearning() (map[int]bool, error) {
+	out := map[int]bool{}
+	err := Retry(func() error {
+		clear(out)
+		return Do(h.nsPath, func() error {
+			req := vnl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
+			req.AddData(vnl.NewIfInfomsg(unix.AF_BRIDGE))
+			msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				info := vnl.DeserializeIfInfomsg(m)
+				attrs, err := vnl.ParseRouteAttr(m[info.Len():])
+				if err != nil {
+					return fmt.Errorf("parse bridge port %d: %w", info.Index, err)
+				}
+				for _, a := range attrs {
+					if a.Attr.Type&^unix.NLA_F_NESTED != unix.IFLA_PROTINFO {
+						continue
+					}
+					port, err := vnl.ParseRouteAttr(a.Value)
+					if err != nil {
+						return fmt.Errorf("parse bridge port %d: %w", info.Index, err)
+					}
+					for _, p := range port {
+						if p.Attr.Type == vnl.IFLA_BRPORT_LEARNING && len(p.Value) > 0 {
+							out[int(info.Index)] = p.Value[0] != 0
+						}
+					}
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list bridge ports: %w", err)
+	}
+	return out, nil
+}
