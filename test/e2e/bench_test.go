@@ -188,6 +188,27 @@ func BenchmarkMigrationBlackout(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		var vmi kubevirtv1.VirtualMachineInstance
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-1"}, &vmi); err != nil {
+			b.Fatal(err)
+		}
+		guestMAC, err := net.ParseMAC(vmi.Status.Interfaces[0].MAC)
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodeNS := map[string]string{}
+		for i := 1; i <= 3; i++ {
+			nodeNS[lab.NodeName(i)] = filepath.Join("/run/netns", labNetnsPrefix(b, dir)+"-"+lab.NodeName(i))
+		}
+		tap, err := startFrameTap(nodeNS, guestMAC)
+		if err != nil {
+			b.Fatal(err)
+		}
+		type window struct {
+			target     string
+			start, end time.Time
+		}
+		var windows []window
 
 		var blackouts, pingGaps []time.Duration
 		var gapSpans [][2]time.Time
@@ -214,6 +235,10 @@ func BenchmarkMigrationBlackout(b *testing.B) {
 			})
 			// Let the switch-over settle before the next migration.
 			time.Sleep(2 * time.Second)
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-1"}, &vmi); err != nil {
+				b.Fatal(err)
+			}
+			windows = append(windows, window{target: vmi.Status.NodeName, start: migStart, end: time.Now()})
 			start, g := ping.longestGapAt(migStart, time.Now())
 			pingGaps = append(pingGaps, g)
 			gapSpans = append(gapSpans, [2]time.Time{start, start.Add(g)})
@@ -227,11 +252,85 @@ func BenchmarkMigrationBlackout(b *testing.B) {
 		}
 		mon.stop()
 		ping.stop()
+		tap.stop()
 		run("lab", "down", "--dir", dir)
 
-		downtimes, qemuPauses := migrationDowntimes(b, dir)
+		downtimes, qemuPauses, resumes := migrationDowntimes(b, dir)
 		if len(blackouts) == 0 || len(downtimes) == 0 || len(qemuPauses) != len(downtimes) {
 			b.Fatalf("%d blackouts, %d QEMU downtimes, %d guest pauses measured", len(blackouts), len(downtimes), len(qemuPauses))
+		}
+		// The switch-over as the target's pod port saw it: when the
+		// guest's first frame came out there (after QEMU's RESUME), how
+		// long each echo request the peer sent after that frame took to
+		// reach the guest's new port (kvnet's part), how many went
+		// elsewhere, and how long the guest took to answer the first.
+		var toFirstFrame, toAnyFrame, reqDelays, guestAnswers []time.Duration
+		misdelivered, requests := 0, 0
+		for i, w := range windows {
+			if i >= len(resumes) {
+				break
+			}
+			frames := tap.between(w.target, resumes[i].Add(-20*time.Millisecond), w.end)
+			var first, firstAny time.Time
+			for _, f := range frames {
+				if f.fromGuest && firstAny.IsZero() {
+					firstAny = f.at
+				}
+				if f.fromGuest && f.guestOnly {
+					first = f.at
+					break
+				}
+			}
+			if first.IsZero() {
+				b.Errorf("migration %d: no frame of the guest seen on %s after it resumed", i, w.target)
+				continue
+			}
+			toFirstFrame = append(toFirstFrame, first.Sub(resumes[i]))
+			toAnyFrame = append(toAnyFrame, firstAny.Sub(resumes[i]))
+			delivered, replied := map[int]time.Time{}, map[int]time.Time{}
+			for _, f := range frames {
+				if f.echoReq >= 0 && !f.at.Before(first) {
+					if _, seen := delivered[f.echoReq]; !seen {
+						delivered[f.echoReq] = f.at
+					}
+				}
+				if f.echoReply >= 0 {
+					if _, seen := replied[f.echoReply]; !seen {
+						replied[f.echoReply] = f.at
+					}
+				}
+			}
+			sent := ping.sentBetween(first, first.Add(time.Second))
+			var firstSeq int
+			var firstSent time.Time
+			for seq, at := range sent {
+				requests++
+				d, ok := delivered[seq]
+				if !ok {
+					misdelivered++
+					continue
+				}
+				reqDelays = append(reqDelays, d.Sub(at))
+				if firstSent.IsZero() || at.Before(firstSent) {
+					firstSeq, firstSent = seq, at
+				}
+			}
+			if r, ok := replied[firstSeq]; ok && !firstSent.IsZero() {
+				guestAnswers = append(guestAnswers, r.Sub(delivered[firstSeq]))
+			}
+		}
+		if len(reqDelays) > 0 {
+			b.ReportMetric(pct(toFirstFrame, 50).Seconds()*1000, "resume-to-first-frame-p50-ms")
+			b.ReportMetric(pct(reqDelays, 50).Seconds()*1000, "request-to-new-port-p50-ms")
+			b.ReportMetric(pct(reqDelays, 99).Seconds()*1000, "request-to-new-port-p99-ms")
+			b.ReportMetric(float64(misdelivered), "requests-misdelivered")
+			b.Logf("the guest's first frame of any kind on the target came %s (p50; p99 %s) after QEMU's RESUME", pct(toAnyFrame, 50), pct(toAnyFrame, 99))
+			b.Logf("the guest's first RARP or unicast IP frame on the target came %s (p50; p99 %s) after QEMU's RESUME; of the %d echo requests the peer sent in the second after it, %d reached the new port, in %s (p50; p99 %s), %d did not",
+				pct(toFirstFrame, 50), pct(toFirstFrame, 99), requests, len(reqDelays), pct(reqDelays, 50), pct(reqDelays, 99), misdelivered)
+		}
+		if len(guestAnswers) > 0 {
+			b.ReportMetric(pct(guestAnswers, 50).Seconds()*1000, "guest-first-answer-p50-ms")
+			b.Logf("the resumed guest answered the first request that reached it in %s (p50; p99 %s)", pct(guestAnswers, 50), pct(guestAnswers, 99))
 		}
 		// What each migration's blackout adds to the guest's own pause:
 		// kvnet's switch-over, the guest's first answer, and for TCP the
@@ -378,9 +477,9 @@ func activations(b *testing.B, dir string) []time.Time {
 
 // migrationDowntimes reads, from the lab's log (the launcher's "guest
 // migrated" lines, one per migration in order), QEMU's reported downtime
-// of every migration and the guest's pause (source STOP to target RESUME,
-// QEMU's event timestamps).
-func migrationDowntimes(b *testing.B, dir string) (downtimes, pauses []time.Duration) {
+// of every migration, the guest's pause (source STOP to target RESUME,
+// QEMU's event timestamps) and when the guest resumed.
+func migrationDowntimes(b *testing.B, dir string) (downtimes, pauses []time.Duration, resumes []time.Time) {
 	b.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "lab.log"))
 	if err != nil {
@@ -391,15 +490,17 @@ func migrationDowntimes(b *testing.B, dir string) (downtimes, pauses []time.Dura
 			continue
 		}
 		var rec struct {
-			DowntimeMS int64    `json:"downtimeMs"`
-			PauseMS    *float64 `json:"pauseMs"`
+			DowntimeMS int64     `json:"downtimeMs"`
+			PauseMS    *float64  `json:"pauseMs"`
+			Resumed    time.Time `json:"resumed"`
 		}
 		if err := json.Unmarshal([]byte(line), &rec); err == nil {
 			downtimes = append(downtimes, time.Duration(rec.DowntimeMS)*time.Millisecond)
 			if rec.PauseMS != nil {
 				pauses = append(pauses, time.Duration(*rec.PauseMS*float64(time.Millisecond)))
+				resumes = append(resumes, rec.Resumed)
 			}
 		}
 	}
-	return downtimes, pauses
+	return downtimes, pauses, resumes
 }

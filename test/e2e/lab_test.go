@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/testenv"
@@ -198,11 +204,63 @@ func readPID(t *testing.T, path string) int {
 
 // labNetnsPrefix is the lab's namespace prefix: every namespace a lab in
 // dir makes starts with it.
-func labNetnsPrefix(t *testing.T, dir string) string {
+func labNetnsPrefix(t testing.TB, dir string) string {
 	t.Helper()
 	kubelet, err := os.ReadFile(filepath.Join(dir, "netns-prefix"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(kubelet))
+}
+
+// TestLabDemoMultus runs the demo in a lab whose kubelets behave like
+// stock Multus over a stand-in cluster default network (kvnet lab up
+// --multus): primary networks come through kvnet's webhook and Multus, the
+// pods keep eth0, and every traffic check of the demo passes as in the
+// default lab. kvnet-node marks the primary attachment default in the
+// network-status Multus wrote, where KubeVirt looks for the pod network.
+func TestLabDemoMultus(t *testing.T) {
+	testenv.NeedsRoot(t)
+	root, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("lab", "up", "--dir", dir, "--multus")
+	defer run("lab", "down", "--dir", dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	out := run("demo", "--kubeconfig", kubeconfig, "--examples", filepath.Join(root, "examples"))
+	for _, re := range demoTrafficChecks {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("demo output lacks /%s/:\n%s", re, out)
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statuses []struct {
+		Name, Interface string
+		Default         bool
+	}
+	testenv.Eventually(t, time.Minute, "web-1's network-status marks ovn-udn1 default", func() error {
+		pod, err := cs.CoreV1().Pods("udn-demo").Get(context.Background(), "web-1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		v := pod.Annotations["k8s.v1.cni.cncf.io/network-status"]
+		if err := json.Unmarshal([]byte(v), &statuses); err != nil {
+			return fmt.Errorf("network-status %q: %w", v, err)
+		}
+		got := map[string]bool{}
+		for _, s := range statuses {
+			got[s.Interface] = s.Default
+		}
+		if d, ok := got["eth0"]; !ok || d || !got["ovn-udn1"] {
+			return fmt.Errorf("network-status %s: want eth0 (not default) and ovn-udn1 (default)", v)
+		}
+		return nil
+	})
 }

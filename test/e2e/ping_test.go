@@ -18,8 +18,10 @@ import (
 type pinger struct {
 	conn    *icmp.PacketConn
 	dst     net.Addr
+	id      int
 	mu      sync.Mutex
 	replies []time.Time
+	sent    map[int]time.Time // echo request sequence number -> sent
 	done    chan struct{}
 	wg      sync.WaitGroup
 }
@@ -32,8 +34,8 @@ func startPinger(netns string, dst netip.Addr, interval time.Duration) (*pinger,
 	}); err != nil {
 		return nil, err
 	}
-	p := &pinger{conn: conn, dst: &net.IPAddr{IP: dst.AsSlice()}, done: make(chan struct{})}
 	id := os.Getpid() & 0xffff
+	p := &pinger{conn: conn, id: id, dst: &net.IPAddr{IP: dst.AsSlice()}, sent: map[int]time.Time{}, done: make(chan struct{})}
 	p.wg.Go(func() {
 		buf := make([]byte, 1500)
 		for {
@@ -63,6 +65,9 @@ func startPinger(netns string, dst netip.Addr, interval time.Duration) (*pinger,
 			}
 			msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: []byte("kvnet")}}
 			if b, err := msg.Marshal(nil); err == nil {
+				p.mu.Lock()
+				p.sent[seq&0xffff] = time.Now()
+				p.mu.Unlock()
 				_, _ = conn.WriteTo(b, p.dst)
 			}
 		}
@@ -92,6 +97,20 @@ func (p *pinger) longestGapAt(from, to time.Time) (time.Time, time.Duration) {
 		start, gap = last, to.Sub(last)
 	}
 	return start, gap
+}
+
+// sentBetween returns the sequence numbers of the requests sent between
+// from and to, with when each was sent.
+func (p *pinger) sentBetween(from, to time.Time) map[int]time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[int]time.Time{}
+	for seq, at := range p.sent {
+		if !at.Before(from) && !at.After(to) {
+			out[seq] = at
+		}
+	}
+	return out
 }
 
 func (p *pinger) stop() {
