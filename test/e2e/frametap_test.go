@@ -34,8 +34,8 @@ type tappedFrame struct {
 	// guestOnly: a frame only the running guest sends (QEMU's RARP, or
 	// IP to a unicast address), the frames kvnet-node switches on.
 	guestOnly bool
-	echoReq   int  // sequence number of an ICMP echo request to the guest, else -1
-	echoReply int  // sequence number of an ICMP echo reply from the guest, else -1
+	echoReq   int // sequence number of an ICMP echo request to the guest, else -1
+	echoReply int // sequence number of an ICMP echo reply from the guest, else -1
 }
 
 // startFrameTap taps the node namespaces (node name -> namespace path)

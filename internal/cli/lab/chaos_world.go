@@ -309,6 +309,19 @@ func (w *world) createPod(ctx context.Context, rng *rand.Rand) (bool, error) {
 		w.mu.Lock()
 		delete(w.created, k)
 		w.mu.Unlock()
+		if p.claim != "" {
+			// The workload never started: its claim goes too, or the
+			// audit rightly finds it leaked. The pod may exist after all
+			// (created, its answer lost, the retries refused): it goes
+			// with it.
+			cleanup := []client.Object{&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name}},
+				&ipamclaimv1alpha1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.claim}}}
+			for _, o := range cleanup {
+				if derr := w.delete(ctx, o); derr != nil {
+					err = errors.Join(err, fmt.Errorf("clean up %s: %w", o.GetName(), derr))
+				}
+			}
+		}
 		return false, fmt.Errorf("pod %s: %w", k, err)
 	}
 	w.mu.Lock()

@@ -292,8 +292,9 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	l.mu.Unlock()
 	kv := []any{"vmi", source.vmi.String(), "from", source.pod, "to", target.pod,
 		"totalMs", info.TotalTimeMS, "downtimeMs", info.DowntimeMS}
-	if pause, ok := guestPause(ctx, source, target); ok {
-		kv = append(kv, "pauseMs", float64(pause.Microseconds())/1000)
+	if stop, resume, ok := guestPause(ctx, source, target); ok {
+		kv = append(kv, "pauseMs", float64(resume.Sub(stop).Microseconds())/1000,
+			"stopped", stop.UTC().Format(time.RFC3339Nano), "resumed", resume.UTC().Format(time.RFC3339Nano))
 	}
 	l.cfg.Log.Info("guest migrated", kv...)
 	return nil
@@ -303,27 +304,27 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 // QEMU's last STOP event (the migration's final stage stops the guest) to
 // the target QEMU's RESUME, both stamped by QEMU on this machine's clock.
 // QEMU's own "downtime" figure ends when the source sent the last state,
-// before the target has loaded it and started the guest. It waits a few
-// seconds for the target's RESUME; ok is false without both events.
-func guestPause(ctx context.Context, source, target *running) (time.Duration, bool) {
-	var stop time.Time
+// before the target has loaded it and started the guest. It returns both
+// stamps, waiting a few seconds for the target's RESUME; ok is false
+// without both events.
+func guestPause(ctx context.Context, source, target *running) (stop, resume time.Time, ok bool) {
 	for _, ev := range source.vm.QMP().Events() {
 		if ev.Name == "STOP" {
 			stop = ev.Time
 		}
 	}
 	if stop.IsZero() {
-		return 0, false
+		return stop, resume, false
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		for _, ev := range target.vm.QMP().Events() {
 			if ev.Name == "RESUME" && ev.Time.After(stop) {
-				return ev.Time.Sub(stop), true
+				return stop, ev.Time, true
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return 0, false
+			return stop, resume, false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
