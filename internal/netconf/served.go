@@ -25,6 +25,31 @@ type IPAMConf struct {
 	AllowPersistentIPs bool `json:"allowPersistentIPs,omitempty"`
 }
 
+// OVNOverlayType is OVN-Kubernetes' CNI type for its networks (the NADs
+// it renders for UDNs, and hand-written secondary networks). A NAD written
+// for OVN-Kubernetes carries it; kvnet serves the same configuration as
+// PluginType, whose fields it shares.
+const OVNOverlayType = "ovn-k8s-cni-overlay"
+
+// ForeignOverlay reports whether a NAD's spec.config is an
+// OVN-Kubernetes network (type OVNOverlayType, alone or first in a list)
+// that kvnet could serve with only its type changed.
+func ForeignOverlay(config string) bool {
+	var top struct {
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal([]byte(config), &top) != nil {
+		return false
+	}
+	if len(top.Plugins) > 0 {
+		return top.Plugins[0].Type == OVNOverlayType
+	}
+	return top.Type == OVNOverlayType
+}
+
 // Served is a NAD configuration kvnet allocates for: either a kvnet-cni
 // network (Conf) or another plugin with kvnet-ipam (IPAM).
 type Served struct {

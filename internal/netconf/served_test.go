@@ -69,3 +69,22 @@ func FuzzParseServed(f *testing.F) {
 		}
 	})
 }
+
+func TestForeignOverlay(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		want   bool
+	}{
+		{`{"type":"ovn-k8s-cni-overlay","name":"n","topology":"layer2"}`, true},
+		{`{"plugins":[{"type":"ovn-k8s-cni-overlay"},{"type":"tuning"}]}`, true},
+		{`{"plugins":[{"type":"tuning"},{"type":"ovn-k8s-cni-overlay"}]}`, false},
+		{`{"type":"kvnet-cni","name":"n"}`, false},
+		{`{"type":"bridge","name":"n"}`, false},
+		{`not json`, false},
+		{``, false},
+	} {
+		if got := ForeignOverlay(tc.config); got != tc.want {
+			t.Errorf("ForeignOverlay(%q) = %v, want %v", tc.config, got, tc.want)
+		}
+	}
+}

@@ -29,6 +29,10 @@ const (
 	// kvnet-controller while pods wait for a free address of it; kvnet-node
 	// reports the network to kvnet-cni's STATUS verb. Kept on update.
 	PoolExhaustedAnnotation = "kvnet.io/pool-exhausted"
+	// NotServedAnnotation on a hand-written NAD says why kvnet does not
+	// serve it and what to change (an OVN-Kubernetes NAD, type
+	// ovn-k8s-cni-overlay); it goes when the NAD changes.
+	NotServedAnnotation = "kvnet.io/not-served"
 	// reservedAnnotationPrefix: CR annotations with this prefix are not
 	// copied to NADs, and NAD annotations with it are kept on update.
 	reservedAnnotationPrefix = "k8s.ovn.org/"

@@ -21,7 +21,7 @@ import (
 // ovnOverlayType is OVN-Kubernetes' CNI type for UDN NADs. Manifests
 // written for OVN-Kubernetes carry it; kvnet serves the same networks as
 // "kvnet-cni".
-const ovnOverlayType = "ovn-k8s-cni-overlay"
+const ovnOverlayType = netconf.OVNOverlayType
 
 // netFacts are the namespace-level objects the network checks read.
 type netFacts struct {

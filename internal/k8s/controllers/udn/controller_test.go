@@ -891,3 +891,51 @@ func TestCUDNPrimaryNeedsNamespaceLabel(t *testing.T) {
 		t.Fatalf("NAD rendered for a primary network in an unlabelled namespace (err=%v)", err)
 	}
 }
+
+// TestForeignOverlayNAD: a hand-written NAD of OVN-Kubernetes' type
+// (ovn-k8s-cni-overlay) is never ignored in silence: kvnet marks it with
+// kvnet.io/not-served and a warning event naming the one-field change,
+// gives it no network ID, and once the type is kvnet-cni drops the mark
+// and serves it.
+func TestForeignOverlayNAD(t *testing.T) {
+	const ns = "ovn-written"
+	mkNS(t, ns, nil)
+	nad := &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "l2"}}
+	nad.Spec.Config = `{"cniVersion":"0.4.0","type":"ovn-k8s-cni-overlay","name":"ovn-written-l2","netAttachDefName":"ovn-written/l2","topology":"layer2","subnets":"10.97.0.0/24"}`
+	create(t, nad)
+	testenv.Eventually(t, timeout, "the OVN-Kubernetes NAD is marked not served", func() error {
+		got, err := getNAD(ns, "l2")
+		if err != nil {
+			return err
+		}
+		msg := got.Annotations[udn.NotServedAnnotation]
+		if !strings.Contains(msg, `"type": "ovn-k8s-cni-overlay"`) || !strings.Contains(msg, `"type": "kvnet-cni"`) {
+			return fmt.Errorf("annotation %s = %q, want it to name both types", udn.NotServedAnnotation, msg)
+		}
+		return nil
+	})
+	waitEvent(t, nad, corev1.EventTypeWarning, "NotServed")
+	if got, _ := getNAD(ns, "l2"); udn.NetworkIDOf(got) != 0 {
+		t.Errorf("a NAD kvnet does not serve got a network ID: %v", got.Annotations)
+	}
+
+	// The one-field change: served, the mark gone.
+	got, err := getNAD(ns, "l2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.Config = strings.Replace(got.Spec.Config, "ovn-k8s-cni-overlay", "kvnet-cni", 1)
+	if err := c.Update(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, timeout, "the fixed NAD is served", func() error {
+		got, err := getNAD(ns, "l2")
+		if err != nil {
+			return err
+		}
+		if _, marked := got.Annotations[udn.NotServedAnnotation]; marked || udn.NetworkIDOf(got) == 0 {
+			return fmt.Errorf("annotations %v: want a network ID and no %s", got.Annotations, udn.NotServedAnnotation)
+		}
+		return nil
+	})
+}

@@ -55,6 +55,9 @@ func (r *handwrittenReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err != nil || nad.DeletionTimestamp != nil {
 		return ctrl.Result{}, r.releaseUnused(ctx)
 	}
+	if err := r.notServed(ctx, &nad); err != nil {
+		return ctrl.Result{}, err
+	}
 	conf, err := netconf.Parse(nad.Spec.Config)
 	if err != nil || conf == nil {
 		return ctrl.Result{}, nil // not ours, or invalid (the allocator reports that on pods)
@@ -83,6 +86,39 @@ func (r *handwrittenReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	logger.Info("gave a hand-written NetworkAttachmentDefinition its network ID", "nad", req.String(), "id", id)
 	return ctrl.Result{}, nil
+}
+
+// notServedMessage is what a NAD written for OVN-Kubernetes is told.
+const notServedMessage = `spec.config has "type": "` + netconf.OVNOverlayType + `" (OVN-Kubernetes); kvnet serves this network only with "type": "` + netconf.PluginType + `": change that field, the rest of the configuration stays; until then no pod gets an interface on it`
+
+// notServed marks a NAD written for OVN-Kubernetes (type
+// ovn-k8s-cni-overlay), which no kvnet component serves, with
+// NotServedAnnotation and a warning event naming the one-line change, so
+// that it never passes in silence; it removes the mark once the type
+// changed. The event goes out when the mark is set, not on every resync.
+func (r *handwrittenReconciler) notServed(ctx context.Context, nad *nadv1.NetworkAttachmentDefinition) error {
+	foreign := netconf.ForeignOverlay(nad.Spec.Config)
+	have, marked := nad.Annotations[udn.NotServedAnnotation]
+	if foreign == marked && (!foreign || have == notServedMessage) {
+		return nil
+	}
+	patch := client.MergeFrom(nad.DeepCopy())
+	if foreign {
+		if nad.Annotations == nil {
+			nad.Annotations = map[string]string{}
+		}
+		nad.Annotations[udn.NotServedAnnotation] = notServedMessage
+	} else {
+		delete(nad.Annotations, udn.NotServedAnnotation)
+	}
+	if err := r.client.Patch(ctx, nad, patch); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if foreign {
+		r.recorder.Eventf(nad, nil, corev1.EventTypeWarning, "NotServed", "Serve", "%s", notServedMessage)
+		log.FromContext(ctx).Info("a NetworkAttachmentDefinition written for OVN-Kubernetes is not served", "nad", client.ObjectKeyFromObject(nad).String())
+	}
+	return nil
 }
 
 // releaseUnused frees the IDs of hand-written networks none of whose NADs
