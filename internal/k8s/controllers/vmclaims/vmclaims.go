@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -144,6 +145,23 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, r.releaseIfGone(ctx, req.NamespacedName, vm, vmi)
 }
 
+// claimOwner is who owns vmi's claims: its VM, so that the claims (and
+// IPs) outlive the VMI across stop/start; the VMI itself only when no VM
+// controls it. A VMI controlled by a VM the cache has not seen yet (just
+// created) names its VM in its controller reference, and that is enough:
+// owning by the VMI then would hand the claims to garbage collection at
+// the next stop.
+func claimOwner(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (metav1.Object, schema.GroupVersionKind) {
+	vmKind := kubevirtv1.GroupVersion.WithKind("VirtualMachine")
+	if vm != nil {
+		return vm, vmKind
+	}
+	if ref := metav1.GetControllerOf(vmi); ref != nil && ref.Kind == vmKind.Kind && ref.APIVersion == vmKind.GroupVersion().String() {
+		return &metav1.ObjectMeta{Namespace: vmi.Namespace, Name: ref.Name, UID: ref.UID}, vmKind
+	}
+	return vmi, kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance")
+}
+
 // ensureClaims creates the claims vmi needs that do not exist yet.
 func (r *reconciler) ensureClaims(ctx context.Context, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) error {
 	primaryKey, err := r.primaryNAD(ctx, vmi.Namespace)
@@ -154,11 +172,7 @@ func (r *reconciler) ensureClaims(ctx context.Context, vm *kubevirtv1.VirtualMac
 	if err != nil {
 		return err
 	}
-	var owner metav1.Object = vmi
-	gvk := kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance")
-	if vm != nil {
-		owner, gvk = vm, kubevirtv1.GroupVersion.WithKind("VirtualMachine")
-	}
+	owner, gvk := claimOwner(vm, vmi)
 	t := true
 	for _, cl := range claims {
 		claim := &ipamclaimv1alpha1.IPAMClaim{
