@@ -257,9 +257,9 @@ func vmSnapshot(ctx context.Context, c client.Client, peer labPod, timeout time.
 		return vmState{}, fmt.Errorf("VirtualMachineInstance %s/%s has no pod or multus network", demoVMNamespace, demoVM)
 	}
 	for _, f := range ifaces {
-		var claim ipamv1alpha1.IPAMClaim
-		if err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: f.claim}, &claim); err != nil {
-			return vmState{}, fmt.Errorf("IPAMClaim %s/%s of network %s (the demo's networks are persistent): %w", demoVMNamespace, f.claim, f.network, err)
+		claim, err := claimWithIPs(ctx, c, f, timeout)
+		if err != nil {
+			return vmState{}, err
 		}
 		is := ifaceState{vmIface: f}
 		for _, s := range claim.Status.IPs {
@@ -293,6 +293,29 @@ func vmSnapshot(ctx context.Context, c client.Client, peer labPod, timeout time.
 		}
 	}
 	return st, nil
+}
+
+// claimWithIPs reads the IPAMClaim of f, waiting up to timeout for its
+// status.ips: kvnet-controller records them on the claim as it allocates
+// the launcher pod, in a write of its own that may land after the pod
+// runs. A claim still without them is returned as it is (checkPlumbed
+// reports it).
+func claimWithIPs(ctx context.Context, c client.Client, f vmIface, timeout time.Duration) (ipamv1alpha1.IPAMClaim, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var claim ipamv1alpha1.IPAMClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: f.claim}, &claim); err != nil {
+			return claim, fmt.Errorf("IPAMClaim %s/%s of network %s (the demo's networks are persistent): %w", demoVMNamespace, f.claim, f.network, err)
+		}
+		if len(claim.Status.IPs) > 0 || time.Now().After(deadline) {
+			return claim, nil
+		}
+		select {
+		case <-ctx.Done():
+			return claim, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // primaryNetwork is the VM network on the launcher pod's primary
