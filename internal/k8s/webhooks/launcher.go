@@ -88,6 +88,12 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 		if key == primaryKey {
 			primaryNet = s
 		}
+		if err == nil && !found && key != primaryKey {
+			// As for the primary NAD above: admitted now, the pod would
+			// get no claim reference on this network, and its IPs there
+			// would not persist.
+			return nil, false, fmt.Errorf("%w: NetworkAttachmentDefinition %s, named by a network of VMI %s, does not exist (yet): the launcher pod is refused until it does, so that the VM's IPs on it persist", vmclaims.ErrDeny, key, vmiName)
+		}
 		return s, found, err
 	}
 	claims, err := vmclaims.Claims(vmi, vmi.Name, primaryKey, lookup)

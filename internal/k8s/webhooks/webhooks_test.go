@@ -695,3 +695,46 @@ func TestMACPoolDuplicateReported(t *testing.T) {
 		return errors.New("no DuplicateMAC event yet")
 	})
 }
+
+// A launcher pod of a VM with a secondary network whose NAD does not exist
+// yet (VM and UDN applied together) is refused, naming the NAD, until the
+// NAD exists; admitted earlier, it would carry no claim reference for that
+// network and the VM's IP there would not persist.
+func TestLauncherPodWaitsForSecondaryNAD(t *testing.T) {
+	const ns = "lp-sec-early"
+	mkNS(t, ns, nil)
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+				{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}},
+				{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}},
+			}}},
+			Networks: []kubevirtv1.Network{
+				{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
+				{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}},
+			},
+		},
+	}
+	create(t, vmi)
+	ann, err := launcher.Annotations(vmi, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Create(context.Background(), launcherPod(ns, "vm1", ann))
+	if err == nil || !strings.Contains(err.Error(), "NetworkAttachmentDefinition "+ns+"/blue, named by a network of VMI vm1, does not exist (yet)") {
+		t.Fatalf("err = %v, want the missing-NAD denial naming %s/blue", err, ns)
+	}
+	mkUDN(t, ns, "blue", udnv1.NetworkRoleSecondary, "192.168.11.0/24")
+	pod := launcherPod(ns, "vm1", ann)
+	testenv.Eventually(t, timeout, "launcher pod admitted once the NAD exists", func() error {
+		return c.Create(context.Background(), pod)
+	})
+	elems, err := multus.ParseSelection(multus.NetworksAnnotation, pod.Annotations[multus.NetworksAnnotation], ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(elems) != 1 || elems[0].IPAMClaimReference != "vm1.blue-net" {
+		t.Fatalf("networks annotation after admission: %+v, want the claim reference vm1.blue-net", elems)
+	}
+}

@@ -17,14 +17,18 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/k8s/nads"
@@ -62,6 +66,20 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		}
 		return nil
 	})
+	// A NAD that appears (VM and network applied together) gives the VMIs
+	// of its namespace the claims they could not have without it.
+	c := mgr.GetClient()
+	vmisOfNamespace := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var list kubevirtv1.VirtualMachineInstanceList
+		if err := c.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(list.Items))
+		for _, vmi := range list.Items {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}})
+		}
+		return out
+	})
 	// Metadata only: labels, owners and finalizers are all this controller
 	// reads of claims, and full claims are not cached.
 	claim := &metav1.PartialObjectMetadata{}
@@ -74,6 +92,11 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("vmclaims").
 		For(&kubevirtv1.VirtualMachineInstance{}).
 		Watches(&kubevirtv1.VirtualMachine{}, byName).
+		Watches(&nadv1.NetworkAttachmentDefinition{}, vmisOfNamespace, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return true },
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+			DeleteFunc: func(event.DeleteEvent) bool { return false },
+		})).
 		WatchesRawSource(claims).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 8, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
