@@ -88,19 +88,7 @@ func launcherPod(ns, vmi string, annotations map[string]string) *corev1.Pod {
 func TestLauncherPodSecondary(t *testing.T) {
 	mkNS(t, "lp-sec", nil)
 	mkUDN(t, "lp-sec", "blue", udnv1.NetworkRoleSecondary, "192.168.10.0/24")
-	vmi := &kubevirtv1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lp-sec", Name: "vm1"},
-		Spec: kubevirtv1.VirtualMachineInstanceSpec{
-			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
-				{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}},
-				{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:aa:00:00:00:01"},
-			}}},
-			Networks: []kubevirtv1.Network{
-				{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
-				{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}},
-			},
-		},
-	}
+	vmi := blueVMI("lp-sec", "02:aa:00:00:00:01")
 	create(t, vmi)
 	// The annotations a virt-controller would template.
 	ann, err := launcher.Annotations(vmi, nil)
@@ -118,6 +106,24 @@ func TestLauncherPodSecondary(t *testing.T) {
 	}
 	if _, ok := pod.Annotations[multus.DefaultNetworkAnnotation]; ok {
 		t.Fatal("default-network set for a VM without a primary UDN")
+	}
+}
+
+// blueVMI is VMI vm1 in ns: masquerade on the pod network and a bridge
+// interface (MAC mac, if set) on the secondary network of NAD "blue".
+func blueVMI(ns, mac string) *kubevirtv1.VirtualMachineInstance {
+	return &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
+				{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}},
+				{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: mac},
+			}}},
+			Networks: []kubevirtv1.Network{
+				{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
+				{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}},
+			},
+		},
 	}
 }
 
@@ -703,19 +709,7 @@ func TestMACPoolDuplicateReported(t *testing.T) {
 func TestLauncherPodWaitsForSecondaryNAD(t *testing.T) {
 	const ns = "lp-sec-early"
 	mkNS(t, ns, nil)
-	vmi := &kubevirtv1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm1"},
-		Spec: kubevirtv1.VirtualMachineInstanceSpec{
-			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
-				{Name: "default", Masquerade: &kubevirtv1.InterfaceMasquerade{}},
-				{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}},
-			}}},
-			Networks: []kubevirtv1.Network{
-				{Name: "default", Pod: &kubevirtv1.PodNetwork{}},
-				{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}},
-			},
-		},
-	}
+	vmi := blueVMI(ns, "")
 	create(t, vmi)
 	ann, err := launcher.Annotations(vmi, nil)
 	if err != nil {
