@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -134,14 +135,16 @@ func TestLabVMStopStartAndRestart(t *testing.T) {
 		t.Fatalf("first lease %+v, want an address of 10.50.0.0/24 via 10.50.0.1", first)
 	}
 
+	// As `kubectl patch` does: a merge patch without a resourceVersion, so
+	// the lab's own status writes to the VM cannot make it conflict.
 	setRunStrategy := func(rs string) {
 		t.Helper()
-		if err := c.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+		patch := []byte(fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, rs))
+		if err := c.Patch(ctx, vm, client.RawPatch(types.MergePatchType, patch)); err != nil {
 			t.Fatal(err)
 		}
-		vm.Spec.RunStrategy = &rs
-		if err := c.Update(ctx, vm); err != nil {
-			t.Fatal(err)
+		if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != rs {
+			t.Fatalf("after the patch the VM's runStrategy is %v, want %s", vm.Spec.RunStrategy, rs)
 		}
 	}
 	setRunStrategy("Halted")
