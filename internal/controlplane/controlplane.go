@@ -52,7 +52,9 @@ type Config struct {
 	WebhookDirs []string
 	// NoControllerManager skips kube-controller-manager.
 	NoControllerManager bool
-	// LogDir receives kube-controller-manager's log; empty discards it.
+	// LogDir receives kube-apiserver's and kube-controller-manager's logs;
+	// empty discards the API server's and keeps the controller manager's in
+	// the control plane's scratch directory.
 	LogDir string
 	// EtcdDataDir keeps etcd's data across runs (the lab's objects survive
 	// a restart); empty is a temporary directory removed on Stop.
@@ -69,8 +71,9 @@ type ControlPlane struct {
 	Kubeconfig []byte
 
 	kcm     *exec.Cmd
-	dir     string // scratch directory owned by the control plane
-	certDir string // kube-apiserver's certificates, under dir
+	apiLog  *os.File // kube-apiserver's log in Config.LogDir, or nil
+	dir     string   // scratch directory owned by the control plane
+	certDir string   // kube-apiserver's certificates, under dir
 }
 
 // Start starts etcd, kube-apiserver and (unless disabled)
@@ -109,12 +112,25 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: cfg.EtcdDataDir}
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	var apiLog *os.File
+	if cfg.LogDir != "" {
+		// Appended to across restarts (RestartAPIServer keeps the writer).
+		apiLog, err = os.OpenFile(filepath.Join(cfg.LogDir, "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("kube-apiserver log: %w", err)
+		}
+		env.ControlPlane.APIServer.Out, env.ControlPlane.APIServer.Err = apiLog, apiLog
+	}
 	restCfg, err := env.Start()
 	if err != nil {
+		if apiLog != nil {
+			_ = apiLog.Close()
+		}
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir}
+	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir, apiLog: apiLog}
 	ok := false
 	defer func() {
 		if !ok {
@@ -282,6 +298,10 @@ func (cp *ControlPlane) Stop() error {
 			errs = append(errs, err)
 		}
 		cp.Env = nil
+	}
+	if cp.apiLog != nil {
+		_ = cp.apiLog.Close()
+		cp.apiLog = nil
 	}
 	if cp.dir != "" {
 		_ = os.RemoveAll(cp.dir)

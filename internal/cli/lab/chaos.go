@@ -98,7 +98,7 @@ namespaces (root is needed for those).`,
 	fl.Float64Var(&f.rate, "rate", 25, "operations started per second")
 	fl.IntVar(&f.workers, "workers", 8, "operations in flight at most")
 	fl.DurationVar(&f.killEvery, "kill-every", 3*time.Second, "mean interval between kvnet-controller kills")
-	fl.DurationVar(&f.quiesce, "quiesce-timeout", 5*time.Minute, "how long the cluster may take to settle after the last operation")
+	fl.DurationVar(&f.quiesce, "quiesce-timeout", 5*time.Minute, "how long the cluster may go without progress towards settling after the last operation (at most 4 times this in all)")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for text")
 	cmd.AddCommand(newChaosControllerCommand())
 	return cmd

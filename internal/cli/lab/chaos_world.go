@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -17,8 +18,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -643,6 +647,7 @@ func (w *world) quiet(ctx context.Context, on bool) error {
 				// The restart goes ahead; kvnet audit reports any
 				// object the race leaves as Orphaned.
 				fmt.Fprintf(os.Stderr, "chaos: restarting the API server with a namespace still terminating after %s: %v\n", wait, err)
+				w.explainTerminating(ctx, os.Stderr)
 				return nil
 			}
 			return fmt.Errorf("around the API server restart: %w", err)
@@ -672,6 +677,59 @@ func (w *world) noneTerminating(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// explainTerminating prints, for each chaos namespace still terminating,
+// what the namespace controller says remains, and for each UDN and NAD in
+// it (and each IPAMClaim) the object as etcd holds it next to the API server's watch cache's
+// copy (a list with resourceVersion "0", as informers make): when they
+// differ, controllers never saw the newer one.
+func (w *world) explainTerminating(ctx context.Context, out io.Writer) {
+	var nsList corev1.NamespaceList
+	if err := w.e.c.List(ctx, &nsList, client.MatchingLabels{chaosLabel: "1"}); err != nil {
+		fmt.Fprintf(out, "chaos: list namespaces: %v\n", err)
+		return
+	}
+	dc, err := dynamic.NewForConfig(w.e.cp.Config)
+	if err != nil {
+		fmt.Fprintf(out, "chaos: %v\n", err)
+		return
+	}
+	for _, ns := range nsList.Items {
+		if ns.DeletionTimestamp == nil {
+			continue
+		}
+		for _, c := range ns.Status.Conditions {
+			if c.Status == corev1.ConditionTrue {
+				fmt.Fprintf(out, "chaos: namespace %s: %s: %s\n", ns.Name, c.Type, c.Message)
+			}
+		}
+		for _, gvr := range []schema.GroupVersionResource{
+			udnv1.GroupVersion.WithResource("userdefinednetworks"),
+			{Group: "k8s.cni.cncf.io", Version: "v1", Resource: "network-attachment-definitions"},
+			ipamclaimv1alpha1.GroupVersion.WithResource("ipamclaims"),
+		} {
+			fresh, err := dc.Resource(gvr).Namespace(ns.Name).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				fmt.Fprintf(out, "chaos: list %s in %s: %v\n", gvr.Resource, ns.Name, err)
+				continue
+			}
+			cached, err := dc.Resource(gvr).Namespace(ns.Name).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			if err != nil {
+				fmt.Fprintf(out, "chaos: list %s in %s from the watch cache: %v\n", gvr.Resource, ns.Name, err)
+				continue
+			}
+			seen := map[string]string{}
+			for _, o := range cached.Items {
+				seen[o.GetName()] = o.GetResourceVersion()
+			}
+			for _, o := range fresh.Items {
+				conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
+				fmt.Fprintf(out, "chaos:   %s %s/%s: resourceVersion %s (watch cache %q), deletionTimestamp %v, finalizers %v, conditions %v\n",
+					gvr.Resource, ns.Name, o.GetName(), o.GetResourceVersion(), seen[o.GetName()], o.GetDeletionTimestamp(), o.GetFinalizers(), conds)
+			}
+		}
+	}
 }
 
 // chaosGroups are the API groups of the custom resources in a tenant.
@@ -814,10 +872,24 @@ loop:
 // findings, such as a claim left in a deleted namespace, on its own); it
 // returns what did not settle in time, the counts of what did and the
 // last audit's findings.
+//
+// timeout is measured from the last progress, not from the start: while
+// fewer things are unsettled than ever before (queued migrations of one VM
+// run one after the other, namespaces empty one by one) the deadline moves
+// on, up to settleCap timeouts in all.
 func (w *world) settle(ctx context.Context, timeout time.Duration) (unsettled []string, pods, vms int, findings []audit.Finding, err error) {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	fewest := -1
 	for {
 		unsettled, pods, vms = w.check(ctx)
+		if fewest < 0 || len(unsettled) < fewest {
+			fewest = len(unsettled)
+			deadline = time.Now().Add(timeout)
+			if limit := start.Add(settleCap * timeout); deadline.After(limit) {
+				deadline = limit
+			}
+		}
 		findings = nil
 		if len(unsettled) == 0 {
 			rep, err := audit.Run(ctx, w.e.c)
@@ -847,6 +919,10 @@ func (w *world) settle(ctx context.Context, timeout time.Duration) (unsettled []
 		time.Sleep(time.Second)
 	}
 }
+
+// settleCap bounds settle's wait, in quiesce timeouts, however long the
+// cluster keeps making progress.
+const settleCap = 4
 
 func (w *world) check(ctx context.Context) (bad []string, pods, vms int) {
 	c := w.e.c

@@ -55,13 +55,18 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 			}
 			if allInUse(errs) {
 				r.recorder.Eventf(&c, nil, corev1.EventTypeWarning, "NetworkInUse", "Delete", "%s", err.Error())
+				log.FromContext(ctx).Info("deletion waits for pods", "reason", err.Error())
 				return ctrl.Result{RequeueAfter: inUseRetry}, nil
 			}
 			return ctrl.Result{}, err
 		}
 		r.ids.Release(netName)
 		controllerutil.RemoveFinalizer(&c, udn.Finalizer)
-		return ctrl.Result{}, client.IgnoreNotFound(r.client.Update(ctx, &c))
+		if err := r.client.Update(ctx, &c); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		log.FromContext(ctx).Info("network deleted; finalizer removed")
+		return ctrl.Result{}, nil
 	}
 
 	if !controllerutil.ContainsFinalizer(&c, udn.Finalizer) {

@@ -47,6 +47,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			}
 			if isInUse(err) {
 				r.recorder.Eventf(&u, nil, corev1.EventTypeWarning, "NetworkInUse", "Delete", "%s", err.Error())
+				log.FromContext(ctx).Info("deletion waits for pods", "reason", err.Error())
 				return ctrl.Result{RequeueAfter: inUseRetry}, nil
 			}
 			return ctrl.Result{}, err
@@ -56,7 +57,11 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			return ctrl.Result{}, err
 		}
 		controllerutil.RemoveFinalizer(&u, udn.Finalizer)
-		return ctrl.Result{}, client.IgnoreNotFound(r.client.Update(ctx, &u))
+		if err := r.client.Update(ctx, &u); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		log.FromContext(ctx).Info("network deleted; finalizer removed")
+		return ctrl.Result{}, nil
 	}
 
 	if !controllerutil.ContainsFinalizer(&u, udn.Finalizer) {
