@@ -268,8 +268,15 @@ func (d *Datapath) removeStaleLinks(nets []Network) error {
 			continue
 		}
 		n, keep := want[id]
-		if (prefix == gwPortPrefix || prefix == transitPrefix) && !n.Primary {
-			keep = false
+		switch prefix {
+		case gwPortPrefix, transitPrefix:
+			keep = keep && n.Primary
+		case vxlanPrefix:
+			keep = keep && n.Physical == ""
+		case physPortPrefix, patchPortPrefix:
+			keep = keep && n.Physical != ""
+		case vlanPortPrefix:
+			keep = keep && n.Physical != "" && n.VLAN != 0
 		}
 		if keep {
 			continue

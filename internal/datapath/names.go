@@ -21,6 +21,13 @@ const (
 	vxlanPrefix   = "kvvx" // its VXLAN device, a port of the bridge
 	gwPortPrefix  = "kvgw" // bridge-side end of the veth into the router ns
 	transitPrefix = "kvtr" // node-side end of the transit veth to the router ns
+	// A localnet network's patch into the physical bridge: a veth whose
+	// kvlp end is a port of the physical bridge and whose kvln end is a
+	// port of the network's bridge, or, with a VLAN, carries the VLAN
+	// device kvlv that is.
+	physPortPrefix  = "kvlp"
+	patchPortPrefix = "kvln"
+	vlanPortPrefix  = "kvlv"
 )
 
 // Names of the router namespace's two links. The namespace holds nothing
@@ -51,7 +58,7 @@ func transitName(id int) string { return transitPrefix + strconv.Itoa(id) }
 // node link name, and whether the name is one (prefix + canonical decimal
 // ID in range; "kvbr07" or "kvbr0" are not ours).
 func parseOwnedLink(name string) (prefix string, id int, ok bool) {
-	for _, p := range []string{bridgePrefix, vxlanPrefix, gwPortPrefix, transitPrefix} {
+	for _, p := range []string{bridgePrefix, vxlanPrefix, gwPortPrefix, transitPrefix, physPortPrefix, patchPortPrefix, vlanPortPrefix} {
 		if rest, found := strings.CutPrefix(name, p); found {
 			id, ok := parseID(rest)
 			return p, id, ok

@@ -158,6 +158,7 @@ func TestValidate(t *testing.T) {
 				{Name: "a", ID: 1, Primary: true, Subnets: []netip.Prefix{netip.MustParsePrefix("10.1.1.0/24")},
 					Gateways: []netip.Addr{netip.MustParseAddr("10.1.1.1")}},
 				{Name: "l2", ID: 2},
+				{Name: "ln", ID: 3, Physical: "br-phys", VLAN: 100, MTU: 1500},
 			},
 			Ports:      []Port{{Network: "a", HostIfName: "p1", MAC: mac}},
 			RemoteMACs: []RemoteMAC{{Network: "l2", MAC: mac, VTEP: netip.MustParseAddr("192.168.0.2")}},
@@ -183,6 +184,19 @@ func TestValidate(t *testing.T) {
 		{"reserved port name", func(s *State) { s.Ports[0].HostIfName = "kvbr9" }, "kvnet-reserved prefix"},
 		{"multicast MAC", func(s *State) { s.Ports[0].MAC = net.HardwareAddr{1, 0, 0, 0, 0, 1} }, "not a unicast"},
 		{"bad VTEP", func(s *State) { s.RemoteMACs[0].VTEP = netip.Addr{} }, "VTEP"},
+		{"vlan without physical", func(s *State) { s.Networks[1].VLAN = 5 }, `network "l2": vlan 5 without a physical bridge`},
+		{"mtu on tunnelled", func(s *State) { s.Networks[1].MTU = 9000 }, `network "l2": mtu 9000 on a tunnelled network`},
+		{"vlan out of range", func(s *State) { s.Networks[2].VLAN = 4095 }, `network "ln": vlan 4095 out of range 1-4094`},
+		{"physical name too long", func(s *State) { s.Networks[2].Physical = "0123456789abcdef" }, `physical bridge "0123456789abcdef" is not an interface name`},
+		{"physical is ours", func(s *State) { s.Networks[2].Physical = "kvbr7" }, `physical bridge "kvbr7" is a kvnet link`},
+		{"physical primary", func(s *State) {
+			s.Networks[2].Primary = true
+			s.Networks[2].Subnets = []netip.Prefix{netip.MustParsePrefix("10.3.0.0/24")}
+			s.Networks[2].Gateways = []netip.Addr{netip.MustParseAddr("10.3.0.1")}
+		}, `cannot be primary`},
+		{"physical remotes", func(s *State) { s.Networks[2].Remotes = []netip.Addr{netip.MustParseAddr("192.168.0.9")} }, `remotes on a localnet network`},
+		{"physical remote MAC", func(s *State) { s.RemoteMACs[0].Network = "ln" }, `network "ln" is a localnet network`},
+		{"physical mtu", func(s *State) { s.Networks[2].MTU = 100 }, `mtu 100 out of range 576-65535`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

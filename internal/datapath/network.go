@@ -28,9 +28,19 @@ const in6AddrGenModeNone = 1
 // ensureNetwork creates or repairs network n's bridge and VXLAN device and
 // makes the VXLAN FDB match n.Remotes and the network's remote MACs.
 func (d *Datapath) ensureNetwork(n Network, remotes []RemoteMAC) error {
-	br, err := d.ensureBridge(n.ID)
+	mtu := d.mtu
+	if n.Physical != "" && n.MTU != 0 {
+		mtu = n.MTU
+	}
+	br, err := d.ensureBridge(n.ID, mtu)
 	if err != nil {
 		return fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	if n.Physical != "" {
+		if err := d.ensurePhysicalPatch(n, br, mtu); err != nil {
+			return fmt.Errorf("network %q: %w", n.Name, err)
+		}
+		return nil
 	}
 	vx, err := d.ensureVXLAN(n.ID, br)
 	if err != nil {
@@ -48,8 +58,8 @@ func (d *Datapath) ensureNetwork(n Network, remotes []RemoteMAC) error {
 	return nil
 }
 
-// ensureBridge creates or repairs bridge kvbr<id>, up, with the pod MTU.
-func (d *Datapath) ensureBridge(id int) (netlink.Link, error) {
+// ensureBridge creates or repairs bridge kvbr<id>, up, with MTU mtu.
+func (d *Datapath) ensureBridge(id, mtu int) (netlink.Link, error) {
 	name := BridgeName(id)
 	l, err := d.h.LinkByName(name)
 	if err == nil && l.Type() != "bridge" {
@@ -65,14 +75,14 @@ func (d *Datapath) ensureBridge(id int) (netlink.Link, error) {
 		// multicast frame is flooded anyway, and snooping without a
 		// querier only makes IPv6 neighbour discovery flaky.
 		snoop := false
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: d.mtu}, MulticastSnooping: &snoop}
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}, MulticastSnooping: &snoop}
 		if l, err = d.createLink("bridge", br); err != nil {
 			return nil, err
 		}
 	} else if err != nil {
 		return nil, err
 	}
-	if err := d.ensureMTUUp(l); err != nil {
+	if err := d.ensureMTUUp(l, mtu); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -96,11 +106,11 @@ func (d *Datapath) createLink(what string, want netlink.Link) (netlink.Link, err
 	return l, nil
 }
 
-// ensureMTUUp sets l's MTU to the pod MTU and brings it up.
-func (d *Datapath) ensureMTUUp(l netlink.Link) error {
-	if l.Attrs().MTU != d.mtu {
-		if err := d.h.LinkSetMTU(l, d.mtu); err != nil {
-			return fmt.Errorf("set MTU of %q to %d: %w", l.Attrs().Name, d.mtu, err)
+// ensureMTUUp sets l's MTU to mtu and brings it up.
+func (d *Datapath) ensureMTUUp(l netlink.Link, mtu int) error {
+	if l.Attrs().MTU != mtu {
+		if err := d.h.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("set MTU of %q to %d: %w", l.Attrs().Name, mtu, err)
 		}
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
@@ -154,7 +164,7 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 	if err := d.ensurePort(l, br, true); err != nil {
 		return nil, err
 	}
-	if err := d.ensureMTUUp(l); err != nil {
+	if err := d.ensureMTUUp(l, d.mtu); err != nil {
 		return nil, err
 	}
 	return l, nil

@@ -223,7 +223,7 @@ func (d *Datapath) ensureVethPair(rh *nl.Handle, fd int, nodeName, routerName st
 			return nil, nil, fmt.Errorf("set MAC of %q to %q: %w", routerName, routerMAC, err)
 		}
 	}
-	if err := d.ensureMTUUp(node); err != nil {
+	if err := d.ensureMTUUp(node, d.mtu); err != nil {
 		return nil, nil, err
 	}
 	if router.Attrs().MTU != d.mtu {

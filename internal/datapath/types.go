@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // NodeConfig describes the node a Datapath runs on. It does not change over
@@ -52,6 +53,18 @@ type Network struct {
 	// Remotes are the underlay IPs of the other nodes hosting this network;
 	// broadcast and unknown unicast frames are replicated to each.
 	Remotes []netip.Addr
+	// Physical, when set, makes this a localnet network: its bridge is
+	// patched into the node's Linux bridge of that name (the bridge mapping
+	// of the network's physical network) instead of a VXLAN tunnel, so its
+	// pods share the physical network's L2 segment. Such a network has no
+	// Remotes and no router.
+	Physical string
+	// VLAN, on a localnet network, is the 802.1Q access VLAN its frames
+	// carry on the physical bridge; 0 is untagged.
+	VLAN int
+	// MTU of a localnet network's bridge and patch; 0 is the pod MTU.
+	// Tunnelled networks always use the pod MTU.
+	MTU int
 }
 
 // Port is a pod interface on this node: the host end of its veth, made by
@@ -153,6 +166,32 @@ func (s *State) validate() (map[string]*Network, error) {
 				bad("network %q: remote %q is not a valid address", n.Name, r)
 			}
 		}
+		if n.Physical == "" {
+			if n.VLAN != 0 {
+				bad("network %q: vlan %d without a physical bridge", n.Name, n.VLAN)
+			}
+			if n.MTU != 0 {
+				bad("network %q: mtu %d on a tunnelled network (it uses the pod MTU)", n.Name, n.MTU)
+			}
+			continue
+		}
+		if len(n.Physical) > 15 || strings.ContainsAny(n.Physical, "/ \x00") {
+			bad("network %q: physical bridge %q is not an interface name", n.Name, n.Physical)
+		} else if _, _, owned := parseOwnedLink(n.Physical); owned {
+			bad("network %q: physical bridge %q is a kvnet link", n.Name, n.Physical)
+		}
+		if n.Primary {
+			bad("network %q: a localnet network (physical bridge %q) cannot be primary", n.Name, n.Physical)
+		}
+		if len(n.Remotes) != 0 {
+			bad("network %q: remotes on a localnet network (physical bridge %q)", n.Name, n.Physical)
+		}
+		if n.VLAN < 0 || n.VLAN > 4094 {
+			bad("network %q: vlan %d out of range 1-4094", n.Name, n.VLAN)
+		}
+		if n.MTU < 0 || n.MTU > 65535 || (n.MTU > 0 && n.MTU < 576) {
+			bad("network %q: mtu %d out of range 576-65535", n.Name, n.MTU)
+		}
 	}
 	ports := map[string]bool{} // host interface name -> seen
 	for i, p := range s.Ports {
@@ -178,8 +217,10 @@ func (s *State) validate() (map[string]*Network, error) {
 		}
 	}
 	for i, m := range s.RemoteMACs {
-		if byName[m.Network] == nil {
+		if n := byName[m.Network]; n == nil {
 			bad("remoteMACs[%d] %q: unknown network %q", i, m.MAC, m.Network)
+		} else if n.Physical != "" {
+			bad("remoteMACs[%d] %q: network %q is a localnet network (the physical network learns MACs)", i, m.MAC, m.Network)
 		}
 		if !isUnicastMAC(m.MAC) {
 			bad("remoteMACs[%d]: MAC %q is not a unicast Ethernet address", i, m.MAC)
