@@ -304,10 +304,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if mtu == 0 {
 		mtu = r.opts.DefaultMTU
 	}
-	if mtu == 0 {
-		if st, err := readStatus(statusPath(r)); err == nil {
-			mtu = st.PodMTU
+	st, stErr := readStatus(statusPath(r))
+	if stErr == nil {
+		// Refused before anything is made: a pod must not run with an
+		// interface nothing connects.
+		if err := unserved(st, r.served.Name); err != nil {
+			return err
 		}
+	}
+	if mtu == 0 && stErr == nil {
+		mtu = st.PodMTU
 	}
 	if mtu == 0 {
 		mtu = defaultMTU
@@ -406,6 +412,10 @@ func gcKeep(stdin []byte) (map[string]bool, error) {
 type Status struct {
 	Ready             bool     `json:"ready"`
 	ExhaustedNetworks []string `json:"exhaustedNetworks"`
+	// UnservedNetworks maps each network kvnet-node cannot attach on this
+	// node (a localnet network without a bridge mapping, or with a VLAN
+	// the kernel cannot tag) to why; ADD and STATUS refuse them with it.
+	UnservedNetworks map[string]string `json:"unservedNetworks,omitempty"`
 	// PodMTU is the node's pod MTU (underlay minus VXLAN overhead, or
 	// kvnet-node's --mtu): ADD uses it for networks that set no MTU, so
 	// pods, bridges and DHCP option 26 agree.
@@ -463,6 +473,15 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		if n == r.served.Name {
 			return types.NewError(types.ErrPluginNotAvailable, "address pool exhausted", fmt.Sprintf("network %q has no free address", n))
 		}
+	}
+	return unserved(st, r.served.Name)
+}
+
+// unserved returns the error for a network kvnet-node says it cannot
+// attach on this node, or nil.
+func unserved(st Status, network string) error {
+	if why, ok := st.UnservedNetworks[network]; ok {
+		return types.NewError(types.ErrPluginNotAvailable, "network cannot be attached on this node", fmt.Sprintf("network %q: %s", network, why))
 	}
 	return nil
 }

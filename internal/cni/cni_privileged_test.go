@@ -6,6 +6,7 @@ package cni_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -388,4 +389,48 @@ func BenchmarkAdd(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// TestUnservedNetwork: a network kvnet-node says it cannot attach on this
+// node (its status file) is refused by ADD and STATUS with kvnet-node's
+// reason, and ADD makes nothing; once served, the same ADD works.
+func TestUnservedNetwork(t *testing.T) {
+	needsRoot(t)
+	ctx := context.Background()
+	nad := network(t, "cni-unserved", "10.94.0.0/24")
+	annotatedPod(t, "cni-unserved", "p1", "net")
+	statusFile := filepath.Join(t.TempDir(), "status.json")
+	var conf map[string]any
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+		t.Fatal(err)
+	}
+	conf["statusFile"] = statusFile
+	config, _ := json.Marshal(conf)
+	list := confList(t, string(config))
+	const why = "vlan.access.id 100 needs 802.1Q VLAN links (the Linux kernel module 8021q), which node n1 lacks"
+	status := fmt.Sprintf(`{"ready":true,"exhaustedNetworks":[],"unservedNetworks":{%q:%q}}`, conf["name"], why)
+	if err := os.WriteFile(statusFile, []byte(status), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nsPath := netnsFor(t)
+	r := rt("cni-unserved", "p1", nsPath, "container-u", "net1")
+	for verb, err := range map[string]error{
+		"ADD":    func() error { _, err := cniCfg.AddNetworkList(ctx, list, r); return err }(),
+		"STATUS": cniCfg.GetStatusNetworkList(ctx, list),
+	} {
+		var e *types.Error
+		if !errors.As(err, &e) || e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Details, why) {
+			t.Fatalf("%s on an unserved network: %v; want code 50 with kvnet-node's reason", verb, err)
+		}
+	}
+	if _, err := netlink.LinkByName(cni.HostIfName("container-u", "net1")); err == nil {
+		t.Fatal("a refused ADD left a host interface")
+	}
+	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cniCfg.AddNetworkList(ctx, list, r); err != nil {
+		t.Fatalf("ADD once served: %v", err)
+	}
+	_ = cniCfg.DelNetworkList(ctx, list, r)
 }

@@ -208,15 +208,15 @@ func (a *Agent) Start(ctx context.Context) error {
 
 	logger := log.FromContext(ctx).WithName("kvnet-node").WithValues("node", a.cfg.NodeName)
 	ctx = log.IntoContext(ctx, logger)
-	a.writeStatus(ctx, false, nil)
-	defer a.writeStatus(context.WithoutCancel(ctx), false, nil)
+	a.writeStatus(ctx, false, nil, nil)
+	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()
 	defer a.announce.close()
 
 	if a.cfg.CNIKubeconfig != "" {
 		bg.Go(func() { keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg) })
 	}
-	if err := a.publishVTEP(ctx); err != nil {
+	if err := a.publishNode(ctx); err != nil {
 		return err
 	}
 	if err := a.watch(ctx); err != nil {
@@ -271,32 +271,55 @@ func (a *Agent) kick() {
 	}
 }
 
-// publishVTEP writes this node's underlay address on its Node, so that
-// the other nodes can reach the pods here.
-func (a *Agent) publishVTEP(ctx context.Context) error {
+// publishNode writes on this node's Node its underlay address, so that
+// the other nodes can reach the pods here, and the kernel features it
+// lacks (MissingKernelFeaturesAnnotation; removed when none is missing).
+func (a *Agent) publishNode(ctx context.Context) error {
 	c := a.mgr.GetClient()
-	want := a.cfg.Datapath.UnderlayIP.String()
+	want := map[string]string{VTEPAnnotation: a.cfg.Datapath.UnderlayIP.String()}
+	switch ok, err := datapath.ProbeVLAN(a.cfg.Datapath.NetNS); {
+	case err != nil:
+		// Unknown: say nothing rather than something false.
+		log.FromContext(ctx).Error(err, "cannot tell whether the kernel has 802.1Q VLAN links")
+	case ok:
+		want[MissingKernelFeaturesAnnotation] = ""
+	default:
+		want[MissingKernelFeaturesAnnotation] = KernelFeatureVLAN
+		log.FromContext(ctx).Info("the kernel cannot make 802.1Q VLAN links: localnet networks with a VLAN are not attached on this node", "missing", KernelFeatureVLAN)
+	}
 	for {
 		var node corev1.Node
 		err := a.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Name: a.cfg.NodeName}, &node)
 		if err == nil {
-			if node.Annotations[VTEPAnnotation] == want {
+			patch := client.MergeFrom(node.DeepCopy())
+			changed := false
+			for k, v := range want {
+				have, ok := node.Annotations[k]
+				switch {
+				case v == "" && ok:
+					delete(node.Annotations, k)
+				case v != "" && have != v:
+					if node.Annotations == nil {
+						node.Annotations = map[string]string{}
+					}
+					node.Annotations[k] = v
+				default:
+					continue
+				}
+				changed = true
+			}
+			if !changed {
 				return nil
 			}
-			patch := client.MergeFrom(node.DeepCopy())
-			if node.Annotations == nil {
-				node.Annotations = map[string]string{}
-			}
-			node.Annotations[VTEPAnnotation] = want
 			if err = c.Patch(ctx, &node, patch); err == nil {
-				log.FromContext(ctx).Info("published the node's VTEP", "annotation", VTEPAnnotation, "vtep", want)
+				log.FromContext(ctx).Info("published the node's VTEP and kernel features", "vtep", want[VTEPAnnotation], "missingKernelFeatures", want[MissingKernelFeaturesAnnotation])
 				return nil
 			}
 		}
 		if apierrors.IsNotFound(err) {
 			err = fmt.Errorf("node %q not found", a.cfg.NodeName)
 		}
-		log.FromContext(ctx).Error(err, "cannot publish the node's VTEP; retrying")
+		log.FromContext(ctx).Error(err, "cannot publish the node's VTEP and kernel features; retrying")
 		select {
 		case <-ctx.Done():
 			return nil
@@ -420,7 +443,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	a.announce.sync(plan.State.Ports)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
-	a.writeStatus(ctx, ok, plan.Exhausted)
+	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)
 	applySeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
 	a.report(ctx, plan, ok)
 	return applyErr

@@ -100,6 +100,10 @@ type Plan struct {
 	// Problems are inputs that could not be used, each naming the object
 	// and field; the rest of the plan is still right.
 	Problems []string
+	// Unserved maps each network this node cannot attach (a localnet
+	// network without a bridge mapping here, or with a VLAN the kernel
+	// cannot tag) to why; kvnet-cni refuses its pods with that reason.
+	Unserved map[string]string
 }
 
 // DHCPNetwork is one primary network's DHCP service on this node.
@@ -114,6 +118,7 @@ type DHCPNetwork struct {
 type network struct {
 	conf      *netconf.NetConf
 	id        int
+	physical  string // localnet: this node's bridge on its physical network
 	subnets   []netip.Prefix
 	gateways  []netip.Addr
 	exhausted bool
@@ -142,6 +147,23 @@ func Desired(in Input) Plan {
 		gateways = GatewaysOf
 	}
 
+	self := nodeNamed(in.Nodes, in.Node)
+	var mappings map[string]string // physical network -> this node's bridge
+	lacksVLAN := false
+	if self != nil {
+		var err error
+		if mappings, err = ParseBridgeMappings(self.Annotations[BridgeMappingsAnnotation]); err != nil {
+			problem("node %s: annotation %s: %v", in.Node, BridgeMappingsAnnotation, err)
+		}
+		lacksVLAN = LacksVLAN(self)
+	}
+	unserved := func(name, format string, args ...any) {
+		if plan.Unserved == nil {
+			plan.Unserved = map[string]string{}
+		}
+		plan.Unserved[name] = fmt.Sprintf(format, args...)
+	}
+
 	nets := map[string]*network{} // network name -> network
 	for i := range in.NADs {
 		nad := &in.NADs[i]
@@ -158,16 +180,30 @@ func Desired(in Input) Plan {
 			n.exhausted = n.exhausted || nad.Annotations[udn.PoolExhaustedAnnotation] == "true"
 			continue // another namespace's NAD of a CUDN: same network
 		}
-		if conf.Topology != netconf.TopologyLayer2 {
-			problem("NAD %s: topology %q: kvnet-node programs layer2 networks only", key, conf.Topology)
+		if _, ok := plan.Unserved[conf.Name]; ok {
 			continue
+		}
+		if conf.Topology != netconf.TopologyLayer2 && conf.Topology != netconf.TopologyLocalnet {
+			problem("NAD %s: topology %q: kvnet-node programs layer2 and localnet networks only", key, conf.Topology)
+			continue
+		}
+		var physical string
+		if conf.Topology == netconf.TopologyLocalnet {
+			if physical = mappings[conf.PhysicalNetworkName]; physical == "" {
+				unserved(conf.Name, "node %s has no bridge for physical network %q: add %q to its annotation %s", in.Node, conf.PhysicalNetworkName, conf.PhysicalNetworkName+":<bridge>", BridgeMappingsAnnotation)
+				continue
+			}
+			if conf.VLANID != 0 && lacksVLAN {
+				unserved(conf.Name, "%s", NoVLANReason(in.Node, conf.VLANID))
+				continue
+			}
 		}
 		id, err := strconv.Atoi(nad.Annotations[udn.NetworkIDAnnotation])
 		if err != nil || id < 1 || id > datapath.MaxNetworkID {
 			problem("NAD %s: annotation %s=%q is not a network ID 1-%d", key, udn.NetworkIDAnnotation, nad.Annotations[udn.NetworkIDAnnotation], datapath.MaxNetworkID)
 			continue
 		}
-		n := &network{conf: conf, id: id, exhausted: nad.Annotations[udn.PoolExhaustedAnnotation] == "true"}
+		n := &network{conf: conf, id: id, physical: physical, exhausted: nad.Annotations[udn.PoolExhaustedAnnotation] == "true"}
 		if n.subnets, err = netconf.ParsePrefixes("subnets", conf.Subnets); err != nil {
 			problem("NAD %s: %v", key, err)
 			continue
@@ -244,13 +280,18 @@ func Desired(in Input) Plan {
 		if dn.Primary {
 			dn.Gateways = n.gateways
 		}
-		remotes := map[netip.Addr]bool{}
-		for _, h := range hs {
-			if h.node != in.Node {
-				remotes[vteps[h.node]] = true
+		if n.physical != "" {
+			// Localnet: the physical network carries it between nodes.
+			dn.Primary, dn.Physical, dn.VLAN, dn.MTU = false, n.physical, n.conf.VLANID, n.conf.MTU
+		} else {
+			remotes := map[netip.Addr]bool{}
+			for _, h := range hs {
+				if h.node != in.Node {
+					remotes[vteps[h.node]] = true
+				}
 			}
+			dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
 		}
-		dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
 		plan.State.Networks = append(plan.State.Networks, dn)
 
 		var leases map[string]dhcp.Lease
@@ -270,8 +311,10 @@ func Desired(in Input) Plan {
 				// The other copy of a migrating VM's MAC: nothing here,
 				// unless it is the migration's port on this node.
 			case h.node != in.Node:
-				if h.migrating && localMAC[h.mac.String()] {
-					continue // the bridge learns whether the guest is here or there
+				if n.physical != "" || (h.migrating && localMAC[h.mac.String()]) {
+					// The physical network learns where a MAC is; the
+					// bridge learns whether a migrating guest is here.
+					continue
 				}
 				plan.State.RemoteMACs = append(plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: vteps[h.node], Migrating: h.migrating})
 			default:
@@ -416,4 +459,14 @@ func firstIPv4(addrs []netip.Addr) netip.Addr {
 		}
 	}
 	return netip.Addr{}
+}
+
+// nodeNamed returns the node called name in nodes, or nil.
+func nodeNamed(nodes []corev1.Node, name string) *corev1.Node {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			return &nodes[i]
+		}
+	}
+	return nil
 }

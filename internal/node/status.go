@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,16 +15,17 @@ import (
 
 // writeStatus writes the status file kvnet-cni's STATUS verb reads,
 // atomically (rename), and only when it changes.
-func (a *Agent) writeStatus(ctx context.Context, ready bool, exhausted []string) {
+func (a *Agent) writeStatus(ctx context.Context, ready bool, exhausted []string, unserved map[string]string) {
 	if a.cfg.StatusFile == "-" {
 		return
 	}
-	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted, PodMTU: a.dp.MTU(), AllowDefaultNetwork: a.cfg.AllowDefaultNetwork}
+	st := cni.Status{Ready: ready, ExhaustedNetworks: exhausted, UnservedNetworks: unserved, PodMTU: a.dp.MTU(), AllowDefaultNetwork: a.cfg.AllowDefaultNetwork}
 	if st.ExhaustedNetworks == nil {
 		st.ExhaustedNetworks = []string{}
 	}
 	a.mu.Lock()
-	same := a.statusWritten && a.status.Ready == st.Ready && a.status.PodMTU == st.PodMTU && slices.Equal(a.status.ExhaustedNetworks, st.ExhaustedNetworks)
+	same := a.statusWritten && a.status.Ready == st.Ready && a.status.PodMTU == st.PodMTU &&
+		slices.Equal(a.status.ExhaustedNetworks, st.ExhaustedNetworks) && maps.Equal(a.status.UnservedNetworks, st.UnservedNetworks)
 	a.mu.Unlock()
 	if same {
 		return

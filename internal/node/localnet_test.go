@@ -1,0 +1,157 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/podnetworks"
+)
+
+func TestParseBridgeMappings(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want map[string]string
+		err  string
+	}{
+		{"", map[string]string{}, ""},
+		{"physnet:br-phys", map[string]string{"physnet": "br-phys"}, ""},
+		{" physnet : br-phys , dc2:br2,", map[string]string{"physnet": "br-phys", "dc2": "br2"}, ""},
+		{"physnet", nil, `entry 0 "physnet": want <physical network>:<bridge>`},
+		{"a:br1,:br2", nil, `entry 1 ":br2": want`},
+		{"a:", nil, `entry 0 "a:": want`},
+		{"a:br1,a:br2", nil, `physical network "a" mapped twice`},
+		{"a:0123456789abcdef", nil, `bridge "0123456789abcdef" is not an interface name`},
+		{"a:br/1", nil, `bridge "br/1" is not an interface name`},
+		{"a:b:c", nil, `bridge "b:c" is not an interface name`},
+	} {
+		got, err := ParseBridgeMappings(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) || !errors.Is(err, ErrBridgeMappings) {
+				t.Errorf("ParseBridgeMappings(%q) = %v, %v; want an error containing %q", tt.in, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || !maps.Equal(got, tt.want) {
+			t.Errorf("ParseBridgeMappings(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func FuzzParseBridgeMappings(f *testing.F) {
+	for _, s := range []string{"", "physnet:br-phys", "a:b,c:d", "a", ":", "a:b,a:c", "a:b:c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseBridgeMappings(s)
+		if err != nil {
+			if m != nil || !errors.Is(err, ErrBridgeMappings) {
+				t.Fatalf("error %v with result %v", err, m)
+			}
+			return
+		}
+		for phys, br := range m {
+			if phys == "" || br == "" || len(br) > 15 || strings.ContainsAny(br, "/: \t\x00") {
+				t.Fatalf("accepted %q -> %q from %q", phys, br, s)
+			}
+		}
+	})
+}
+
+// localnetNAD is a CUDN's localnet NAD in namespace ns.
+func localnetNAD(ns string, vlan int) nadv1.NetworkAttachmentDefinition {
+	v := ""
+	if vlan != 0 {
+		v = fmt.Sprintf(`,"vlanID":%d`, vlan)
+	}
+	return nad(ns, "ln", fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"cluster_udn_ln","netAttachDefName":"%s/ln","topology":"localnet","role":"secondary","subnets":"192.168.50.0/24","mtu":1500,"physicalNetworkName":"physnet"%s}`, ns, v), "30")
+}
+
+// localnetPod is a pod on node with one attachment to <ns>/ln.
+func localnetPod(ns, name, node, ip, mac string) corev1.Pod {
+	p := pod(ns, name, node, ip, mac, time.Hour)
+	p.Annotations[podnetworks.Annotation] = fmt.Sprintf(`{"%s/ln":{"ip_addresses":["%s/24"],"mac_address":"%s","role":"secondary","network":"cluster_udn_ln"}}`, ns, ip, mac)
+	return p
+}
+
+func TestDesiredLocalnet(t *testing.T) {
+	p1 := localnetPod("a", "p1", "n1", "192.168.50.11", "0a:58:c0:a8:32:0b")
+	p2 := localnetPod("b", "p2", "n2", "192.168.50.12", "0a:58:c0:a8:32:0c")
+	mapped := func(name string, missing string) corev1.Node {
+		n := kvnode(name, "192.168.100.1")
+		n.Annotations[BridgeMappingsAnnotation] = "physnet:br-phys"
+		if missing != "" {
+			n.Annotations[MissingKernelFeaturesAnnotation] = missing
+		}
+		return n
+	}
+	in := func(vlan int, self corev1.Node) Input {
+		return Input{
+			Node:  "n1",
+			NADs:  []nadv1.NetworkAttachmentDefinition{localnetNAD("a", vlan), localnetNAD("b", vlan)},
+			Pods:  []corev1.Pod{p1, p2},
+			Nodes: []corev1.Node{self, kvnode("n2", "192.168.100.2")},
+			Links: map[string]string{"kvnet:a/p1:a/ln": "kvp1"},
+		}
+	}
+
+	plan := Desired(in(0, mapped("n1", "")))
+	if len(plan.Problems) != 0 || len(plan.Unserved) != 0 {
+		t.Fatalf("problems %v, unserved %v", plan.Problems, plan.Unserved)
+	}
+	if len(plan.State.Networks) != 1 {
+		t.Fatalf("networks %+v", plan.State.Networks)
+	}
+	n := plan.State.Networks[0]
+	if n.Name != "cluster_udn_ln" || n.ID != 30 || n.Physical != "br-phys" || n.VLAN != 0 || n.MTU != 1500 || n.Primary || len(n.Remotes) != 0 {
+		t.Errorf("network %+v: want localnet 30 on br-phys, MTU 1500, no remotes", n)
+	}
+	if len(plan.State.Ports) != 1 || plan.State.Ports[0].HostIfName != "kvp1" || fmt.Sprint(plan.State.Ports[0].IPs) != "[192.168.50.11/24]" {
+		t.Errorf("ports %+v", plan.State.Ports)
+	}
+	if len(plan.State.RemoteMACs) != 0 || len(plan.DHCP) != 0 {
+		t.Errorf("remote MACs %+v, DHCP %+v: the physical network learns MACs and serves its own DHCP", plan.State.RemoteMACs, plan.DHCP)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+
+	// VLAN on a node with 8021q: tagged.
+	plan = Desired(in(100, mapped("n1", "")))
+	if len(plan.State.Networks) != 1 || plan.State.Networks[0].VLAN != 100 || len(plan.Unserved) != 0 {
+		t.Errorf("vlan 100: networks %+v, unserved %v", plan.State.Networks, plan.Unserved)
+	}
+
+	// Not attachable here: no network, no port, and a reason for kvnet-cni.
+	for _, tc := range []struct {
+		name string
+		in   Input
+		want string
+	}{
+		{"no mapping", in(0, kvnode("n1", "192.168.100.1")), `node n1 has no bridge for physical network "physnet": add "physnet:<bridge>" to its annotation kvnet.io/bridge-mappings`},
+		{"no 8021q", in(100, mapped("n1", "8021q")), "vlan.access.id 100 needs 802.1Q VLAN links (the Linux kernel module 8021q), which node n1 lacks"},
+	} {
+		plan := Desired(tc.in)
+		if !strings.Contains(plan.Unserved["cluster_udn_ln"], tc.want) || len(plan.Unserved) != 1 {
+			t.Errorf("%s: unserved %v, want %q", tc.name, plan.Unserved, tc.want)
+		}
+		if len(plan.State.Networks) != 0 || len(plan.State.Ports) != 0 || len(plan.Problems) != 0 {
+			t.Errorf("%s: state %+v, problems %v", tc.name, plan.State, plan.Problems)
+		}
+	}
+
+	// A bad mappings annotation is a problem naming it.
+	bad := mapped("n1", "")
+	bad.Annotations[BridgeMappingsAnnotation] = "physnet"
+	plan = Desired(in(0, bad))
+	if len(plan.Problems) != 1 || !strings.Contains(plan.Problems[0], "node n1: annotation kvnet.io/bridge-mappings") {
+		t.Errorf("problems %v", plan.Problems)
+	}
+}
