@@ -32,6 +32,7 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/physnet"
 )
 
 // Config configures an Agent.
@@ -273,7 +274,7 @@ func (a *Agent) kick() {
 
 // publishNode writes on this node's Node its underlay address, so that
 // the other nodes can reach the pods here, and the kernel features it
-// lacks (MissingKernelFeaturesAnnotation; removed when none is missing).
+// lacks (physnet.MissingKernelFeaturesAnnotation; removed when none is missing).
 func (a *Agent) publishNode(ctx context.Context) error {
 	c := a.mgr.GetClient()
 	want := map[string]string{VTEPAnnotation: a.cfg.Datapath.UnderlayIP.String()}
@@ -282,10 +283,10 @@ func (a *Agent) publishNode(ctx context.Context) error {
 		// Unknown: say nothing rather than something false.
 		log.FromContext(ctx).Error(err, "cannot tell whether the kernel has 802.1Q VLAN links")
 	case ok:
-		want[MissingKernelFeaturesAnnotation] = ""
+		want[physnet.MissingKernelFeaturesAnnotation] = ""
 	default:
-		want[MissingKernelFeaturesAnnotation] = KernelFeatureVLAN
-		log.FromContext(ctx).Info("the kernel cannot make 802.1Q VLAN links: localnet networks with a VLAN are not attached on this node", "missing", KernelFeatureVLAN)
+		want[physnet.MissingKernelFeaturesAnnotation] = physnet.KernelFeatureVLAN
+		log.FromContext(ctx).Info("the kernel cannot make 802.1Q VLAN links: localnet networks with a VLAN are not attached on this node", "missing", physnet.KernelFeatureVLAN)
 	}
 	for {
 		var node corev1.Node
@@ -312,7 +313,7 @@ func (a *Agent) publishNode(ctx context.Context) error {
 				return nil
 			}
 			if err = c.Patch(ctx, &node, patch); err == nil {
-				log.FromContext(ctx).Info("published the node's VTEP and kernel features", "vtep", want[VTEPAnnotation], "missingKernelFeatures", want[MissingKernelFeaturesAnnotation])
+				log.FromContext(ctx).Info("published the node's VTEP and kernel features", "vtep", want[VTEPAnnotation], "missingKernelFeatures", want[physnet.MissingKernelFeaturesAnnotation])
 				return nil
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -152,10 +153,10 @@ func Desired(in Input) Plan {
 	lacksVLAN := false
 	if self != nil {
 		var err error
-		if mappings, err = ParseBridgeMappings(self.Annotations[BridgeMappingsAnnotation]); err != nil {
-			problem("node %s: annotation %s: %v", in.Node, BridgeMappingsAnnotation, err)
+		if mappings, err = physnet.ParseBridgeMappings(self.Annotations[physnet.BridgeMappingsAnnotation]); err != nil {
+			problem("node %s: annotation %s: %v", in.Node, physnet.BridgeMappingsAnnotation, err)
 		}
-		lacksVLAN = LacksVLAN(self)
+		lacksVLAN = physnet.LacksVLAN(self)
 	}
 	unserved := func(name, format string, args ...any) {
 		if plan.Unserved == nil {
@@ -190,11 +191,11 @@ func Desired(in Input) Plan {
 		var physical string
 		if conf.Topology == netconf.TopologyLocalnet {
 			if physical = mappings[conf.PhysicalNetworkName]; physical == "" {
-				unserved(conf.Name, "node %s has no bridge for physical network %q: add %q to its annotation %s", in.Node, conf.PhysicalNetworkName, conf.PhysicalNetworkName+":<bridge>", BridgeMappingsAnnotation)
+				unserved(conf.Name, "node %s has no bridge for physical network %q: add %q to its annotation %s", in.Node, conf.PhysicalNetworkName, conf.PhysicalNetworkName+":<bridge>", physnet.BridgeMappingsAnnotation)
 				continue
 			}
 			if conf.VLANID != 0 && lacksVLAN {
-				unserved(conf.Name, "%s", NoVLANReason(in.Node, conf.VLANID))
+				unserved(conf.Name, "%s", physnet.NoVLANReason(in.Node, conf.VLANID))
 				continue
 			}
 		}

@@ -1,9 +1,7 @@
 package node
 
 import (
-	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -12,58 +10,9 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
-
-func TestParseBridgeMappings(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want map[string]string
-		err  string
-	}{
-		{"", map[string]string{}, ""},
-		{"physnet:br-phys", map[string]string{"physnet": "br-phys"}, ""},
-		{" physnet : br-phys , dc2:br2,", map[string]string{"physnet": "br-phys", "dc2": "br2"}, ""},
-		{"physnet", nil, `entry 0 "physnet": want <physical network>:<bridge>`},
-		{"a:br1,:br2", nil, `entry 1 ":br2": want`},
-		{"a:", nil, `entry 0 "a:": want`},
-		{"a:br1,a:br2", nil, `physical network "a" mapped twice`},
-		{"a:0123456789abcdef", nil, `bridge "0123456789abcdef" is not an interface name`},
-		{"a:br/1", nil, `bridge "br/1" is not an interface name`},
-		{"a:b:c", nil, `bridge "b:c" is not an interface name`},
-	} {
-		got, err := ParseBridgeMappings(tt.in)
-		if tt.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.err) || !errors.Is(err, ErrBridgeMappings) {
-				t.Errorf("ParseBridgeMappings(%q) = %v, %v; want an error containing %q", tt.in, got, err, tt.err)
-			}
-			continue
-		}
-		if err != nil || !maps.Equal(got, tt.want) {
-			t.Errorf("ParseBridgeMappings(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
-		}
-	}
-}
-
-func FuzzParseBridgeMappings(f *testing.F) {
-	for _, s := range []string{"", "physnet:br-phys", "a:b,c:d", "a", ":", "a:b,a:c", "a:b:c"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		m, err := ParseBridgeMappings(s)
-		if err != nil {
-			if m != nil || !errors.Is(err, ErrBridgeMappings) {
-				t.Fatalf("error %v with result %v", err, m)
-			}
-			return
-		}
-		for phys, br := range m {
-			if phys == "" || br == "" || len(br) > 15 || strings.ContainsAny(br, "/: \t\x00") {
-				t.Fatalf("accepted %q -> %q from %q", phys, br, s)
-			}
-		}
-	})
-}
 
 // localnetNAD is a CUDN's localnet NAD in namespace ns.
 func localnetNAD(ns string, vlan int) nadv1.NetworkAttachmentDefinition {
@@ -86,9 +35,9 @@ func TestDesiredLocalnet(t *testing.T) {
 	p2 := localnetPod("b", "p2", "n2", "192.168.50.12", "0a:58:c0:a8:32:0c")
 	mapped := func(name string, missing string) corev1.Node {
 		n := kvnode(name, "192.168.100.1")
-		n.Annotations[BridgeMappingsAnnotation] = "physnet:br-phys"
+		n.Annotations[physnet.BridgeMappingsAnnotation] = "physnet:br-phys"
 		if missing != "" {
-			n.Annotations[MissingKernelFeaturesAnnotation] = missing
+			n.Annotations[physnet.MissingKernelFeaturesAnnotation] = missing
 		}
 		return n
 	}
@@ -149,7 +98,7 @@ func TestDesiredLocalnet(t *testing.T) {
 
 	// A bad mappings annotation is a problem naming it.
 	bad := mapped("n1", "")
-	bad.Annotations[BridgeMappingsAnnotation] = "physnet"
+	bad.Annotations[physnet.BridgeMappingsAnnotation] = "physnet"
 	plan = Desired(in(0, bad))
 	if len(plan.Problems) != 1 || !strings.Contains(plan.Problems[0], "node n1: annotation kvnet.io/bridge-mappings") {
 		t.Errorf("problems %v", plan.Problems)

@@ -328,7 +328,7 @@ func noPrimary(r *Report, f *netFacts, deleting *nadv1.NetworkAttachmentDefiniti
 // checkTopology fails a kvnet-cni NAD whose topology kvnet-node does not
 // program.
 func checkTopology(r *Report, f *netFacts, key string, s *netconf.Served) bool {
-	if s == nil || s.Conf == nil || s.Conf.Topology == netconf.TopologyLayer2 {
+	if s == nil || s.Conf == nil || s.Conf.Topology == netconf.TopologyLayer2 || s.Conf.Topology == netconf.TopologyLocalnet {
 		return false
 	}
 	what := "NAD " + key
@@ -337,7 +337,7 @@ func checkTopology(r *Report, f *netFacts, key string, s *netconf.Served) bool {
 	}
 	return r.fail("NAD", describeServed(key, s), TopologyNotServed,
 		"use a Layer2 network: the topology of a UDN is immutable, so create a new Layer2 one (or change \"topology\" to \"layer2\" in a hand-written NAD)",
-		"%s has topology %s; kvnet-node programs Layer2 networks only, so pods and VMs attached to it fail to start", what, s.Conf.Topology)
+		"%s has topology %s; kvnet-node programs Layer2 and Localnet networks only, so pods and VMs attached to it fail to start", what, s.Conf.Topology)
 }
 
 // checkNAD checks the NAD an element (or a VM network) names. where says

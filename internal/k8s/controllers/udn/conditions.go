@@ -3,6 +3,7 @@ package udn
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,8 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // Condition type, reasons and messages shared with OVN-Kubernetes.
@@ -67,15 +70,60 @@ func clusterNetworkCreated(nads []*nadv1.NetworkAttachmentDefinition, syncErr er
 }
 
 // servedTopology turns a True condition False when kvnet-node does not
-// serve the network's topology (only Layer2 is programmed on nodes today):
-// a network nothing serves must not read as created.
+// serve the network's topology (Layer2 and Localnet are programmed on
+// nodes today): a network nothing serves must not read as created.
 func servedTopology(cond metav1.Condition, topology udnv1.NetworkTopology) metav1.Condition {
-	if cond.Status != metav1.ConditionTrue || topology == udnv1.NetworkTopologyLayer2 {
+	if cond.Status != metav1.ConditionTrue || topology == udnv1.NetworkTopologyLayer2 || topology == udnv1.NetworkTopologyLocalnet {
 		return cond
 	}
 	return falseCondition(ReasonTopologyNotServed, fmt.Sprintf(
 		"%s, but kvnet nodes do not serve the %s topology yet: pods and VMs attached to this network fail to start",
 		cond.Message, topology))
+}
+
+// Reasons of a localnet network that no node can attach (kvnet's own).
+const (
+	// ReasonNoBridgeMapping: no node maps the physical network to a bridge.
+	ReasonNoBridgeMapping = "NoBridgeMapping"
+	// ReasonKernelFeatureMissing: nodes that map the physical network lack
+	// a kernel feature the network needs (802.1Q for vlan.access).
+	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+)
+
+// attachableLocalnet turns a True condition False when the nodes cannot
+// attach localnet network spec: no node maps its physical network to a
+// bridge, or it asks for a VLAN and a node that maps it lacks 802.1Q. A
+// network that would be attached untagged, or nowhere, must not read as
+// created.
+func attachableLocalnet(cond metav1.Condition, spec udn.Spec, nodes []corev1.Node) metav1.Condition {
+	ln := spec.Localnet
+	if cond.Status != metav1.ConditionTrue || spec.Topology != udnv1.NetworkTopologyLocalnet || ln == nil {
+		return cond
+	}
+	var mapped, noVLAN []string
+	for i := range nodes {
+		m, err := physnet.ParseBridgeMappings(nodes[i].Annotations[physnet.BridgeMappingsAnnotation])
+		if err != nil || m[ln.PhysicalNetworkName] == "" {
+			continue
+		}
+		mapped = append(mapped, nodes[i].Name)
+		if physnet.LacksVLAN(&nodes[i]) {
+			noVLAN = append(noVLAN, nodes[i].Name)
+		}
+	}
+	slices.Sort(mapped)
+	slices.Sort(noVLAN)
+	switch {
+	case len(mapped) == 0:
+		return falseCondition(ReasonNoBridgeMapping, fmt.Sprintf(
+			"%s, but no node maps physical network %q to a bridge: annotate the nodes on that network with %s=%s:<bridge>",
+			cond.Message, ln.PhysicalNetworkName, physnet.BridgeMappingsAnnotation, ln.PhysicalNetworkName))
+	case ln.VLAN != nil && ln.VLAN.Access != nil && len(noVLAN) > 0:
+		return falseCondition(ReasonKernelFeatureMissing, fmt.Sprintf(
+			"%s, but vlan.access.id %d needs 802.1Q VLAN links (the Linux kernel module %s), which nodes %s lack: kvnet does not attach the network untagged, so pods and VMs on those nodes fail to start",
+			cond.Message, ln.VLAN.Access.ID, physnet.KernelFeatureVLAN, strings.Join(noVLAN, ", ")))
+	}
+	return cond
 }
 
 func falseCondition(reason, message string) metav1.Condition {

@@ -25,6 +25,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -239,11 +240,12 @@ func TestRenderedNADs(t *testing.T) {
 	checkGolden(t, waitNAD(t, "golden-secondary", "golden-localnet"), "cudn-localnet.yaml")
 
 	waitCondition(t, docs, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
-	// kvnet-node serves Layer2 only: the other topologies' NADs exist, but
-	// their networks do not read as created.
-	waitExactCondition(t, localnet, metav1.ConditionFalse, "TopologyNotServed",
+	// kvnet-node serves Layer2 and Localnet: the Layer3 NADs exist, but
+	// its network does not read as created; a localnet one no node maps to
+	// a bridge does not either (TestLocalnetCondition).
+	waitExactCondition(t, localnet, metav1.ConditionFalse, "NoBridgeMapping",
 		"NetworkAttachmentDefinition has been created in following namespaces: [golden-secondary], "+
-			"but kvnet nodes do not serve the Localnet topology yet: pods and VMs attached to this network fail to start")
+			"but no node maps physical network \"physnet\" to a bridge: annotate the nodes on that network with kvnet.io/bridge-mappings=physnet:<bridge>")
 	waitExactCondition(t, l3, metav1.ConditionFalse, "TopologyNotServed",
 		"NetworkAttachmentDefinition has been created, but kvnet nodes do not serve the Layer3 topology yet: "+
 			"pods and VMs attached to this network fail to start")
@@ -938,4 +940,45 @@ func TestForeignOverlayNAD(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestLocalnetCondition: a localnet CUDN reads as created only once a node
+// maps its physical network to a bridge, and not while a node that maps
+// it lacks the 802.1Q support its VLAN needs; node annotation changes
+// bring the condition along.
+func TestLocalnetCondition(t *testing.T) {
+	mkNS(t, "localnet-cond", map[string]string{"localnet-cond": "yes"})
+	cudn := &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: "localnet-cond"},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"localnet-cond": "yes"}},
+			Network: udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLocalnet, Localnet: &udnv1.LocalnetConfig{
+				Role: udnv1.NetworkRoleSecondary, PhysicalNetworkName: "condnet", Subnets: udnv1.DualStackCIDRs{"192.168.77.0/24"},
+				VLAN: &udnv1.VLANConfig{Mode: udnv1.VLANModeAccess, Access: &udnv1.AccessVLANConfig{ID: 300}},
+			}},
+		},
+	}
+	create(t, cudn)
+	const created = "NetworkAttachmentDefinition has been created in following namespaces: [localnet-cond]"
+	waitExactCondition(t, cudn, metav1.ConditionFalse, "NoBridgeMapping",
+		created+", but no node maps physical network \"condnet\" to a bridge: annotate the nodes on that network with kvnet.io/bridge-mappings=condnet:<bridge>")
+
+	// A node on another physical network changes nothing; one on condnet
+	// without 8021q makes the VLAN the problem.
+	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ln-other", Annotations: map[string]string{physnet.BridgeMappingsAnnotation: "elsewhere:br9"}}}
+	create(t, other)
+	n1 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ln-n1", Annotations: map[string]string{
+		physnet.BridgeMappingsAnnotation: "physnet:br-phys,condnet:br-cond", physnet.MissingKernelFeaturesAnnotation: "8021q"}}}
+	create(t, n1)
+	waitExactCondition(t, cudn, metav1.ConditionFalse, "KernelFeatureMissing",
+		created+", but vlan.access.id 300 needs 802.1Q VLAN links (the Linux kernel module 8021q), which nodes ln-n1 lack: "+
+			"kvnet does not attach the network untagged, so pods and VMs on those nodes fail to start")
+
+	// kvnet-node on a kernel with 8021q clears the annotation.
+	patch := client.MergeFrom(n1.DeepCopy())
+	delete(n1.Annotations, physnet.MissingKernelFeaturesAnnotation)
+	if err := c.Patch(context.Background(), n1, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitExactCondition(t, cudn, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", created)
 }

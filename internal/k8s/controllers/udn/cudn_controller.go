@@ -109,6 +109,13 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	}
 	err = errors.Join(errs...)
 	cond := servedTopology(clusterNetworkCreated(nads, err), spec.Topology)
+	if spec.Topology == udnv1.NetworkTopologyLocalnet {
+		var nodes corev1.NodeList
+		if err := r.client.List(ctx, &nodes); err != nil {
+			return ctrl.Result{}, fmt.Errorf("list nodes for their bridge mappings: %w", err)
+		}
+		cond = attachableLocalnet(cond, spec, nodes.Items)
+	}
 	if serr := r.reportSync(ctx, &c, &c.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}

@@ -19,6 +19,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -88,6 +89,12 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
 				return cudns(ctx, c, true)
 			}), builder.WithPredicates(podGone)).
+		// Bridge mappings and kernel features decide whether a localnet
+		// network can be attached.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return localnetCUDNs(ctx, c)
+			}), builder.WithPredicates(nodeNetworkChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(&cudnReconciler{networks: n})
 }
@@ -149,5 +156,34 @@ var podGone = predicate.Funcs{
 			return false
 		}
 		return podnetworks.Completed(n) && !podnetworks.Completed(o)
+	},
+}
+
+// localnetCUDNs returns requests for the Localnet CUDNs.
+func localnetCUDNs(ctx context.Context, c client.Client) []reconcile.Request {
+	var list udnv1.ClusterUserDefinedNetworkList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, u := range list.Items {
+		if u.Spec.Network.Topology == udnv1.NetworkTopologyLocalnet {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: u.Name}})
+		}
+	}
+	return out
+}
+
+// nodeNetworkChanged passes node events that change what localnet
+// networks can attach there: a node added or gone, or its bridge mappings
+// or missing kernel features changed.
+var nodeNetworkChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		for _, k := range []string{physnet.BridgeMappingsAnnotation, physnet.MissingKernelFeaturesAnnotation} {
+			if e.ObjectOld.GetAnnotations()[k] != e.ObjectNew.GetAnnotations()[k] {
+				return true
+			}
+		}
+		return false
 	},
 }

@@ -1,4 +1,7 @@
-package node
+// Package physnet holds what kvnet-node and kvnet-controller share about
+// nodes' physical networks: the bridge mappings a localnet network is
+// attached through and the kernel features a node lacks.
+package physnet
 
 import (
 	"errors"
@@ -56,9 +59,9 @@ func ParseBridgeMappings(v string) (map[string]string, error) {
 	return out, nil
 }
 
-// missingFeatures returns the features a node's
+// MissingFeatures returns the features a node's
 // MissingKernelFeaturesAnnotation lists.
-func missingFeatures(node *corev1.Node) []string {
+func MissingFeatures(node *corev1.Node) []string {
 	var out []string
 	for f := range strings.SplitSeq(node.Annotations[MissingKernelFeaturesAnnotation], ",") {
 		if f = strings.TrimSpace(f); f != "" {
@@ -70,7 +73,7 @@ func missingFeatures(node *corev1.Node) []string {
 
 // LacksVLAN reports whether node's kvnet-node found no 802.1Q support.
 func LacksVLAN(node *corev1.Node) bool {
-	return slices.Contains(missingFeatures(node), KernelFeatureVLAN)
+	return slices.Contains(MissingFeatures(node), KernelFeatureVLAN)
 }
 
 // NoVLANReason is why a localnet network with VLAN vid cannot be attached
