@@ -56,4 +56,3 @@ func FuzzParseBridgeMappings(f *testing.F) {
 		}
 	})
 }
-

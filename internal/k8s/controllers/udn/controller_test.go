@@ -24,8 +24,8 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/manager"
-	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/udn"
 )
 
