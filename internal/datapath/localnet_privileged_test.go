@@ -12,74 +12,14 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
-// physicalNetwork gives each node of c a Linux bridge br-phys with an
-// uplink into one namespace that plays the datacenter network: its bridge
-// dc holds 192.168.50.1/24 and runs an echo server answering "dc".
-func physicalNetwork(t *testing.T, c *cluster) string {
+// serveDatacenter runs an echo server answering "dc" on the simulated
+// physical network's host, simnet.DatacenterHostIP.
+func serveDatacenter(t *testing.T, c *cluster) {
 	t.Helper()
-	dc := c.mkNS("dc")
-	c.must(withHandle(dc, func(h *nl.Handle) error {
-		if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "dc"}}); err != nil {
-			return err
-		}
-		br, err := h.LinkByName("dc")
-		if err != nil {
-			return err
-		}
-		if err := h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("192.168.50.1/24"))}); err != nil {
-			return err
-		}
-		return h.LinkSetUp(br)
-	}))
-	for i, nd := range c.nodes {
-		up := fmt.Sprintf("up%d", i+1)
-		c.must(withHandle(nd.ns, func(h *nl.Handle) error {
-			if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-phys"}}); err != nil {
-				return err
-			}
-			br, err := h.LinkByName("br-phys")
-			if err != nil {
-				return err
-			}
-			dcns, err := nl.OpenNS(dc)
-			if err != nil {
-				return err
-			}
-			defer dcns.Close()
-			if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "phys0", MasterIndex: br.Attrs().Index},
-				PeerName: up, PeerNamespace: netlink.NsFd(int(dcns))}); err != nil {
-				return err
-			}
-			for _, name := range []string{"br-phys", "phys0"} {
-				l, err := h.LinkByName(name)
-				if err != nil {
-					return err
-				}
-				if err := h.LinkSetUp(l); err != nil {
-					return err
-				}
-			}
-			return nil
-		}))
-		c.must(withHandle(dc, func(h *nl.Handle) error {
-			l, err := h.LinkByName(up)
-			if err != nil {
-				return err
-			}
-			br, err := h.LinkByName("dc")
-			if err != nil {
-				return err
-			}
-			if err := h.LinkSetMaster(l, br); err != nil {
-				return err
-			}
-			return h.LinkSetUp(l)
-		}))
-	}
-	startEcho(t, &pod{name: "dc", ns: dc})
-	return dc
+	startEcho(t, &pod{name: "dc", ns: c.sim.Physical})
 }
 
 // localnetState is node nd's state for localnet network n and tunnelled
@@ -106,8 +46,8 @@ func (c *cluster) localnetState(nd *node, n Network, others []Network) State {
 func TestLocalnet(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
-	physicalNetwork(t, c)
-	ln := Network{Name: "physnet_ln", ID: 20, Physical: "br-phys", MTU: 1500}
+	serveDatacenter(t, c)
+	ln := Network{Name: "physnet_ln", ID: 20, Physical: simnet.PhysicalBridge, MTU: 1500}
 	tunnelled := []Network{{Name: "ns1/l2", ID: 21}}
 	p1 := c.addPod(c.nodes[0], "ln1", ln.Name, nil, pfx("192.168.50.11/24"), nil)
 	p2 := c.addPod(c.nodes[1], "ln2", ln.Name, nil, pfx("192.168.50.12/24"), nil)

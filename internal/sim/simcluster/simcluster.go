@@ -37,12 +37,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/sim/simkubelet"
 	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/sim/simvirt"
@@ -188,7 +190,16 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		if err := os.MkdirAll(c.nodeDir(nd.Name), 0o755); err != nil {
 			return c, err
 		}
-		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		// Every node is on the simulated physical network, as an admin (or
+		// a NodeNetworkConfigurationPolicy) would say with its bridge
+		// mappings.
+		mappings := map[string]string{physnet.BridgeMappingsAnnotation: simnet.PhysicalNetwork + ":" + simnet.PhysicalBridge}
+		_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: mappings}}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": mappings}})
+			_, err = cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+		}
+		if err != nil {
 			return c, fmt.Errorf("simcluster: create node %s: %w", name, err)
 		}
 		// kvnet-cni runs in the node namespace and reads the API server at

@@ -17,7 +17,13 @@
 //   - an external namespace P-ext on the same switch (port ext) with
 //     [ExternalIP] on its eth0 and [InternetIP]/32 on its loopback: it
 //     stands for the internet, so a node reaches InternetIP through its
-//     default route, and it answers nodes directly on the underlay subnet.
+//     default route, and it answers nodes directly on the underlay subnet;
+//   - a physical network namespace P-phys ([Cluster.Physical]) holding the
+//     bridge phys0 with [DatacenterHostIP]/24: a datacenter L2 segment
+//     separate from the underlay. Each node has the Linux bridge
+//     [PhysicalBridge] (br-phys) with an uplink phys-up into it (port n<i>
+//     there): what a node's bridge mapping for [PhysicalNetwork] names, so
+//     that localnet networks reach the segment.
 //
 // [Cluster.NewNS] adds further namespaces P-<name> (pods, raw test
 // fixtures) that belong to the cluster.

@@ -31,6 +31,25 @@ var (
 	InternetIP = netip.MustParseAddr("198.51.100.1")
 )
 
+// The physical network localnet networks attach to: the namespace
+// <Prefix>-phys plays a datacenter L2 segment (bridge phys0) with one host
+// on it, DatacenterHostIP; every node has the Linux bridge PhysicalBridge
+// with an uplink (phys-up) into it, which the node's bridge mapping
+// "PhysicalNetwork:PhysicalBridge" names. Nothing routes between it and
+// the underlay.
+const (
+	PhysicalNetwork = "physnet"
+	PhysicalBridge  = "br-phys"
+)
+
+var (
+	// DatacenterSubnet is the physical network's subnet; DatacenterHostIP
+	// (its first address) is the host on it, which runs nothing itself:
+	// tests serve from its namespace, Cluster.Physical.
+	DatacenterSubnet = netip.MustParsePrefix("192.168.50.0/24")
+	DatacenterHostIP = netip.MustParseAddr("192.168.50.1")
+)
+
 // MaxNodes is the largest number of nodes: 192.168.100.1 to .253.
 const MaxNodes = 253
 
@@ -38,9 +57,12 @@ const MaxNodes = 253
 var ErrTooManyNodes = errors.New("too many nodes")
 
 const (
-	switchName   = "sw"  // the switch namespace, <Prefix>-sw
-	externalName = "ext" // the external namespace, <Prefix>-ext
-	switchBridge = "sw0" // the bridge in the switch namespace
+	switchName   = "sw"      // the switch namespace, <Prefix>-sw
+	externalName = "ext"     // the external namespace, <Prefix>-ext
+	switchBridge = "sw0"     // the bridge in the switch namespace
+	physName     = "phys"    // the physical network namespace, <Prefix>-phys
+	physBridge   = "phys0"   // its bridge, holding DatacenterHostIP
+	physUplink   = "phys-up" // a node's uplink into it, a port of PhysicalBridge
 )
 
 // Cluster is a simulated cluster network; see the package doc.
@@ -48,6 +70,7 @@ type Cluster struct {
 	Prefix   string // every namespace of the cluster is named <Prefix>-<name>
 	Switch   string // switch namespace path
 	External string // external namespace path
+	Physical string // physical network namespace path (DatacenterHostIP)
 	Nodes    []*Node
 }
 
@@ -125,6 +148,9 @@ func (c *Cluster) build(names []string) error {
 	}); err != nil {
 		return fmt.Errorf("simnet: external namespace %s: %w", c.External, err)
 	}
+	if err := c.buildPhysical(); err != nil {
+		return err
+	}
 	for i, name := range names {
 		nd := &Node{Name: name, IP: netip.AddrFrom4([4]byte{192, 168, 100, byte(i + 1)})}
 		if nd.NS, err = c.newNS(name); err != nil {
@@ -148,8 +174,84 @@ func (c *Cluster) build(names []string) error {
 		}); err != nil {
 			return fmt.Errorf("simnet: node %s (%s): %w", name, nd.NS, err)
 		}
+		if err := c.plugPhysical(nd.NS, fmt.Sprintf("n%d", i+1)); err != nil {
+			return fmt.Errorf("simnet: node %s (%s): %w", name, nd.NS, err)
+		}
 	}
 	return nil
+}
+
+// buildPhysical makes the physical network namespace: bridge phys0, up,
+// holding DatacenterHostIP.
+func (c *Cluster) buildPhysical() error {
+	var err error
+	if c.Physical, err = c.newNS(physName); err != nil {
+		return err
+	}
+	return withHandle(c.Physical, func(h *nl.Handle) error {
+		if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: physBridge}}); err != nil {
+			return fmt.Errorf("simnet: physical network: create bridge %q: %w", physBridge, err)
+		}
+		br, err := h.LinkByName(physBridge)
+		if err != nil {
+			return err
+		}
+		if err := h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(DatacenterHostIP, DatacenterSubnet.Bits()))}); err != nil {
+			return fmt.Errorf("simnet: physical network: add %s: %w", DatacenterHostIP, err)
+		}
+		return h.LinkSetUp(br)
+	})
+}
+
+// plugPhysical gives the node namespace ns the bridge PhysicalBridge with
+// an uplink whose other end, port, is on the physical network's bridge.
+func (c *Cluster) plugPhysical(ns, port string) error {
+	err := withHandle(ns, func(h *nl.Handle) error {
+		if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: PhysicalBridge}}); err != nil {
+			return fmt.Errorf("create bridge %q: %w", PhysicalBridge, err)
+		}
+		br, err := h.LinkByName(PhysicalBridge)
+		if err != nil {
+			return err
+		}
+		phys, err := nl.OpenNS(c.Physical)
+		if err != nil {
+			return err
+		}
+		defer phys.Close()
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: physUplink, MasterIndex: br.Attrs().Index},
+			PeerName: port, PeerNamespace: netlink.NsFd(int(phys))}
+		if err := h.LinkAdd(veth); err != nil {
+			return fmt.Errorf("create uplink %q: %w", physUplink, err)
+		}
+		for _, name := range []string{PhysicalBridge, physUplink} {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := h.LinkSetUp(l); err != nil {
+				return fmt.Errorf("set link %q up: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return withHandle(c.Physical, func(h *nl.Handle) error {
+		l, err := h.LinkByName(port)
+		if err != nil {
+			return err
+		}
+		br, err := h.LinkByName(physBridge)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetMaster(l, br); err != nil {
+			return fmt.Errorf("attach %q to bridge %q: %w", port, physBridge, err)
+		}
+		return h.LinkSetUp(l)
+	})
 }
 
 // buildSwitch adds the bridge to the switch namespace and turns bridge

@@ -158,8 +158,8 @@ func TestCluster(t *testing.T) {
 	if _, err := nl.CreateNamedNS("kvnet-" + prefix + "-n1-r7"); err != nil {
 		t.Fatal(err)
 	}
-	if got := leftovers(t, prefix); len(got) != 6 {
-		t.Errorf("namespaces before Close = %v, want 6", got)
+	if got := leftovers(t, prefix); len(got) != 7 {
+		t.Errorf("namespaces before Close = %v, want 7 (sw, ext, phys, 2 nodes, pod, router)", got)
 	}
 
 	if err := c.Close(); err != nil {
@@ -184,8 +184,8 @@ func TestCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = Cleanup(prefix) })
-	if got := leftovers(t, prefix); len(got) != 3 {
-		t.Fatalf("namespaces = %v, want 3", got)
+	if got := leftovers(t, prefix); len(got) != 4 {
+		t.Fatalf("namespaces = %v, want 4 (sw, ext, phys, a)", got)
 	}
 	if err := Cleanup(prefix); err != nil {
 		t.Fatal(err)
