@@ -204,6 +204,7 @@ type pod struct {
 	ns, name string
 	node     string // simulated node
 	netns    string // path
+	ifName   string // its interface on the network: ovn-udn1 for the primary one
 	a        podnetworks.Attachment
 }
 
@@ -215,6 +216,22 @@ func (p *pod) ip() string { return strings.Split(p.a.IPAddresses[0], "/")[0] }
 // DHCP), by running kvnet-cni and then flushing them.
 func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mutate func(*corev1.Pod)) *pod {
 	l.t.Helper()
+	return l.runPodOn(nad, name, n, "ovn-udn1", mutate)
+}
+
+// runPodOn is runPod for interface ifName of network nad: a secondary one
+// needs mutate to select it.
+func (l *lab) runPodOn(nad *nadv1.NetworkAttachmentDefinition, name, n, ifName string, mutate func(*corev1.Pod)) *pod {
+	l.t.Helper()
+	p := l.allocatedPod(nad, name, n, ifName, mutate)
+	l.cni("ADD", nad, p)
+	return p
+}
+
+// allocatedPod is runPodOn up to the CNI ADD: the pod object with its
+// allocation, and its network namespace.
+func (l *lab) allocatedPod(nad *nadv1.NetworkAttachmentDefinition, name, n, ifName string, mutate func(*corev1.Pod)) *pod {
+	l.t.Helper()
 	ns := nad.Namespace
 	obj := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{}, Labels: map[string]string{}},
@@ -224,7 +241,7 @@ func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mut
 		mutate(obj)
 	}
 	testenv.Create(l.t, c, obj)
-	p := &pod{ns: ns, name: name, node: n}
+	p := &pod{ns: ns, name: name, node: n, ifName: ifName}
 	eventually(l.t, "allocation of "+name, func() error {
 		var got corev1.Pod
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), &got); err != nil {
@@ -234,9 +251,9 @@ func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mut
 		if err != nil {
 			return err
 		}
-		a, ok := nets[ns+"/udn"]
+		a, ok := nets[ns+"/"+nad.Name]
 		if !ok {
-			return errors.New("no primary entry")
+			return fmt.Errorf("no entry for %s/%s", ns, nad.Name)
 		}
 		p.a = a
 		return nil
@@ -245,7 +262,6 @@ func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mut
 	if p.netns, err = l.Sim.NewNS("p-" + name); err != nil {
 		l.t.Fatal(err)
 	}
-	l.cni("ADD", nad, p)
 	return p
 }
 
@@ -253,17 +269,25 @@ func (l *lab) runPod(nad *nadv1.NetworkAttachmentDefinition, name, n string, mut
 // container runtime does (Multus passes the NAD's config as is).
 func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod) {
 	l.t.Helper()
+	if err := l.tryCNI(command, nad, p); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// tryCNI is cni returning kvnet-cni's failure with its output.
+func (l *lab) tryCNI(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod) error {
 	cmd := exec.Command("ip", "netns", "exec", filepath.Base(l.node(p.node).NS), cniBinary)
 	cmd.Env = append(os.Environ(),
-		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME=ovn-udn1",
+		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME="+p.ifName,
 		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
 		l.CNIEnv(p.node)[0], l.CNIEnv(p.node)[1])
 	cmd.Stdin = strings.NewReader(nad.Spec.Config)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		l.t.Fatalf("kvnet-cni %s %s: %v\n%s%s", command, p.name, err, stdout.String(), stderr.String())
+		return fmt.Errorf("kvnet-cni %s %s: %v\n%s%s", command, p.name, err, stdout.String(), stderr.String())
 	}
+	return nil
 }
 
 // deletePod does what kubelet does for a deleted pod: CNI DEL, then

@@ -1,0 +1,192 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// localnetCUDN makes namespace ns and a localnet CUDN name on the lab's
+// physical network (its host's address excluded), with VLAN vlan unless
+// 0, and returns the CUDN and its NAD in ns.
+func localnetCUDN(t *testing.T, ns, name string, vlan int32) (*udnv1.ClusterUserDefinedNetwork, *nadv1.NetworkAttachmentDefinition) {
+	t.Helper()
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"localnet-test": ns}}})
+	ln := &udnv1.LocalnetConfig{
+		Role: udnv1.NetworkRoleSecondary, PhysicalNetworkName: simnet.PhysicalNetwork,
+		Subnets:        udnv1.DualStackCIDRs{udnv1.CIDR(simnet.DatacenterSubnet.String())},
+		ExcludeSubnets: []udnv1.CIDR{udnv1.CIDR(simnet.DatacenterHostIP.String() + "/32")},
+	}
+	if vlan != 0 {
+		ln.VLAN = &udnv1.VLANConfig{Mode: udnv1.VLANModeAccess, Access: &udnv1.AccessVLANConfig{ID: vlan}}
+	}
+	cudn := &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"localnet-test": ns}},
+			Network:           udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLocalnet, Localnet: ln},
+		},
+	}
+	testenv.Create(t, c, cudn)
+	var nad nadv1.NetworkAttachmentDefinition
+	eventually(t, "NAD of "+name, func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nad)
+	})
+	return cudn, &nad
+}
+
+// selecting makes a pod select network name as a secondary network.
+func selecting(name string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Annotations["k8s.v1.cni.cncf.io/networks"] = name }
+}
+
+// serveRemoteAddr answers each TCP connection to port in the namespace at
+// nsPath with the connection's source address.
+func serveRemoteAddr(t *testing.T, nsPath string, port int) {
+	t.Helper()
+	var ln net.Listener
+	if err := nl.Do(nsPath, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+			fmt.Fprintln(conn, host)
+			conn.Close()
+		}
+	}()
+}
+
+// TestAgentLocalnet: pods of a localnet CUDN on two nodes get addresses of
+// the physical network from kvnet's IPAM, reach the datacenter host with
+// them (it sees the allocated address, no NAT) and each other through the
+// physical network; a pod of a tunnelled network does not reach it. On
+// this machine's kernel (no 8021q) a localnet network with a VLAN is
+// refused: kvnet-node publishes the missing feature, the CUDN's condition
+// names it, and kvnet-cni refuses the pod with the reason.
+func TestAgentLocalnet(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	_, nad := localnetCUDN(t, "ln-plain", "agent-ln", 0)
+	p1 := l.runPodOn(nad, "ln1", "n1", "net1", selecting("agent-ln"))
+	p2 := l.runPodOn(nad, "ln2", "n2", "net1", selecting("agent-ln"))
+	if !simnet.DatacenterSubnet.Contains(netipOf(t, p1.ip())) || p1.ip() == simnet.DatacenterHostIP.String() {
+		t.Fatalf("pod address %s: want one of %s other than the host's", p1.ip(), simnet.DatacenterSubnet)
+	}
+	const port = 7001
+	serveRemoteAddr(t, l.Sim.Physical, port)
+	host := simnet.DatacenterHostIP.String()
+	mustReach(t, p1, host)
+	eventually(t, "the datacenter host sees "+p1.name+"'s address", func() error {
+		var conn net.Conn
+		if err := nl.Do(p1.netns, func() (err error) {
+			conn, err = net.DialTimeout("tcp4", net.JoinHostPort(host, fmt.Sprint(port)), 2*time.Second)
+			return err
+		}); err != nil {
+			return err
+		}
+		defer conn.Close()
+		got, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if got = strings.TrimSpace(got); got != p1.ip() {
+			return fmt.Errorf("host saw %s, want %s", got, p1.ip())
+		}
+		return nil
+	})
+	serveToken(t, p2)
+	eventually(t, "ln1 reaches ln2 over the physical network", func() error { return answeredBy(p1, p2.ip(), "ln2") })
+	// No tunnel: the bridge's only way off the node is the physical patch.
+	id := networkID(t, nad)
+	if linkExists(l.node("n1").NS, datapath.VXLANName(id)) {
+		t.Errorf("a VXLAN device for localnet network %d", id)
+	}
+
+	// Control: a tunnelled network's pod with an address of the same
+	// subnet does not reach the physical network.
+	other := tenant(t, "ln-other", simnet.DatacenterSubnet.String(), false)
+	o := l.runPod(other, "lnother", "n1", nil)
+	mustNotReach(t, o, host)
+
+	// VLAN 100 on a kernel without 8021q.
+	supported, err := datapath.ProbeVLAN(l.node("n1").NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if supported {
+		t.Log("this kernel has 8021q: the refusal of a VLAN network is not exercised here")
+		return
+	}
+	eventually(t, "kvnet-node publishes the missing 8021q", func() error {
+		var nd corev1.Node
+		if err := c.Get(context.Background(), client.ObjectKey{Name: l.nodeName("n1")}, &nd); err != nil {
+			return err
+		}
+		if !physnet.LacksVLAN(&nd) {
+			return fmt.Errorf("node annotations %v", nd.Annotations)
+		}
+		return nil
+	})
+	cudn, vnad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100)
+	eventually(t, "the VLAN CUDN's condition names 8021q", func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(cudn.Status.Conditions, "NetworkCreated")
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != "KernelFeatureMissing" ||
+			!strings.Contains(cond.Message, "8021q") || !strings.Contains(cond.Message, l.nodeName("n1")) {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		return nil
+	})
+	v := l.allocatedPod(vnad, "lnvlan", "n1", "net1", selecting("agent-ln-vlan"))
+	eventually(t, "kvnet-cni refuses the VLAN network with the reason", func() error {
+		err := l.tryCNI("ADD", vnad, v)
+		if err == nil {
+			l.cni("DEL", vnad, v)
+			return fmt.Errorf("ADD of a VLAN network on a kernel without 8021q succeeded")
+		}
+		if !strings.Contains(err.Error(), "needs 802.1Q VLAN links (the Linux kernel module 8021q)") {
+			return err
+		}
+		return nil
+	})
+	if linkExists(l.node("n1").NS, "kvlv"+fmt.Sprint(networkID(t, vnad))) {
+		t.Error("a VLAN device exists on a kernel that cannot make one")
+	}
+}
+
+func netipOf(t *testing.T, s string) netip.Addr {
+	t.Helper()
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
