@@ -29,6 +29,7 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // PodSource reads a pod's kvnet.io/pod-networks annotation. It returns nil
@@ -305,14 +306,25 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		mtu = r.opts.DefaultMTU
 	}
 	st, stErr := readStatus(statusPath(r))
+	// Refused before anything is made: a pod must not run with an
+	// interface nothing connects.
 	if stErr == nil {
-		// Refused before anything is made: a pod must not run with an
-		// interface nothing connects.
 		if err := unserved(st, r.served.Name); err != nil {
 			return err
 		}
 	}
-	if mtu == 0 && stErr == nil {
+	localnet := r.served.Conf.Topology == netconf.TopologyLocalnet
+	if localnet && (stErr != nil || !st.Ready) {
+		// Whether this node can attach it (bridge mapping, VLAN support)
+		// is known once kvnet-node has planned; the runtime retries ADD.
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready",
+			fmt.Sprintf("network %q is a localnet network: whether this node can attach it is known once kvnet-node is ready", r.served.Name))
+	}
+	switch {
+	case mtu != 0:
+	case localnet:
+		mtu = udn.LocalnetDefaultMTU // as kvnet-node gives its bridge
+	case stErr == nil:
 		mtu = st.PodMTU
 	}
 	if mtu == 0 {

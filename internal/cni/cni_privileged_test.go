@@ -434,3 +434,49 @@ func TestUnservedNetwork(t *testing.T) {
 	}
 	_ = cniCfg.DelNetworkList(ctx, list, r)
 }
+
+// TestLocalnetWaitsForNode: a localnet network's ADD is refused until
+// kvnet-node has said, ready, whether this node can attach it (its bridge
+// mapping, VLAN support); then it works, with localnet's MTU of 1500.
+func TestLocalnetWaitsForNode(t *testing.T) {
+	needsRoot(t)
+	ctx := context.Background()
+	statusFile := filepath.Join(t.TempDir(), "status.json")
+	config := fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"cni-localnet_ln","netAttachDefName":"cni-localnet/ln","topology":"localnet","role":"secondary","subnets":"10.95.0.0/24","physicalNetworkName":"physnet","statusFile":%q}`, statusFile)
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cni-localnet"}})
+	create(t, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "cni-localnet", Name: "ln"}, Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: config}})
+	annotatedPod(t, "cni-localnet", "p1", "ln")
+	list := confList(t, config)
+	r := rt("cni-localnet", "p1", netnsFor(t), "container-ln", "net1")
+	for _, status := range []string{"", `{"ready":false,"exhaustedNetworks":[]}`} {
+		if status != "" {
+			if err := os.WriteFile(statusFile, []byte(status), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := cniCfg.AddNetworkList(ctx, list, r)
+		var e *types.Error
+		if !errors.As(err, &e) || e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Details, "is a localnet network: whether this node can attach it is known once kvnet-node is ready") {
+			t.Fatalf("ADD with kvnet-node status %q: %v; want code 50 saying it waits for kvnet-node", status, err)
+		}
+	}
+	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[],"podMTU":1450}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cniCfg.AddNetworkList(ctx, list, r); err != nil {
+		t.Fatalf("ADD once kvnet-node is ready: %v", err)
+	}
+	t.Cleanup(func() { _ = cniCfg.DelNetworkList(ctx, list, r) })
+	if err := nl.Do(r.NetNS, func() error {
+		l, err := netlink.LinkByName("net1")
+		if err != nil {
+			return err
+		}
+		if l.Attrs().MTU != 1500 {
+			return fmt.Errorf("net1 MTU %d, want localnet's 1500 (not the tunnel's 1450)", l.Attrs().MTU)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

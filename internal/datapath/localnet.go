@@ -29,15 +29,20 @@ func vlanPortName(id int) string  { return vlanPortPrefix + strconv.Itoa(id) }
 // there, as a switch port does.
 func (d *Datapath) ensurePhysicalPatch(n Network, br netlink.Link, mtu int) error {
 	phys, err := d.h.LinkByName(n.Physical)
-	if errors.Is(err, nl.ErrNotFound) {
-		return fmt.Errorf("physical bridge %q (the node's bridge mapping of the network's physical network) does not exist", n.Physical)
+	switch {
+	case errors.Is(err, nl.ErrNotFound):
+		err = fmt.Errorf("physical bridge %q (the node's bridge mapping of the network's physical network) does not exist", n.Physical)
+	case err == nil && phys.Type() != "bridge":
+		err = fmt.Errorf("physical bridge %q is a %s link, not a Linux bridge: map the physical network to a bridge that holds the node's interface on that network", n.Physical, phys.Type())
 	}
 	if err != nil {
-		return err
+		// Off any bridge it was patched into before (a changed mapping).
+		return errors.Join(err, d.h.LinkDelByName(physPortName(n.ID)))
 	}
-	if phys.Type() != "bridge" {
-		return fmt.Errorf("physical bridge %q is a %s link, not a Linux bridge: map the physical network to a bridge that holds the node's interface on that network", n.Physical, phys.Type())
-	}
+	// The physical end must not lower the physical bridge's MTU (Linux
+	// gives a bridge its smallest port's); the network's end and the
+	// pods keep the network's.
+	physMTU := max(mtu, phys.Attrs().MTU)
 	physEnd, patch, err := d.ensureLocalVeth(physPortName(n.ID), patchPortName(n.ID), mtu)
 	if err != nil {
 		return err
@@ -45,7 +50,7 @@ func (d *Datapath) ensurePhysicalPatch(n Network, br netlink.Link, mtu int) erro
 	if err := d.ensurePort(physEnd, phys, true); err != nil {
 		return err
 	}
-	if err := d.ensureMTUUp(physEnd, mtu); err != nil {
+	if err := d.ensureMTUUp(physEnd, physMTU); err != nil {
 		return err
 	}
 	port := patch

@@ -99,6 +99,28 @@ func TestLocalnet(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A mapping to a bridge the node lacks: an error naming it, and the
+	// patch is off the old bridge.
+	gone := ln
+	gone.Physical = "br-gone"
+	if err := apply(gone); err == nil || !strings.Contains(err.Error(), `physical bridge "br-gone"`) {
+		t.Fatalf("apply with a missing physical bridge: %v", err)
+	}
+	if err := withHandle(c.nodes[0].ns, func(h *nl.Handle) error {
+		if _, err := h.LinkByName(physPortName(ln.ID)); !errors.Is(err, nl.ErrNotFound) {
+			return fmt.Errorf("%s still there after its bridge mapping changed: %v", physPortName(ln.ID), err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := echoSession(p1, addr("192.168.50.1"), 1); err == nil {
+		t.Fatal("the pod still reaches the old physical network")
+	}
+	if err := apply(ln); err != nil {
+		t.Fatal(err)
+	}
+
 	vlan := ln
 	vlan.VLAN = 100
 	supported, perr := ProbeVLAN(c.nodes[0].ns)

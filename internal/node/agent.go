@@ -488,9 +488,13 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		return in, err
 	}
 	in.Links = map[string]string{}
+	in.Bridges = map[string]bool{}
 	newest := map[string]int{} // alias -> ifindex of the link kept
 	for _, l := range links {
 		attrs := l.Attrs()
+		if l.Type() == "bridge" {
+			in.Bridges[attrs.Name] = true
+		}
 		if !strings.HasPrefix(attrs.Alias, "kvnet:") {
 			continue
 		}

@@ -48,6 +48,10 @@ type Input struct {
 	Announced map[string]bool
 	// Links maps the alias of each local link (cni.PortAlias) to its name.
 	Links map[string]string
+	// Bridges holds the names of the node's Linux bridges, which a
+	// localnet network's bridge mapping must name; nil: not known, not
+	// checked.
+	Bridges map[string]bool
 	// MTU is the node's pod MTU: option 26 for networks that set none.
 	// DNS servers are option 6.
 	MTU int
@@ -150,11 +154,11 @@ func Desired(in Input) Plan {
 
 	self := nodeNamed(in.Nodes, in.Node)
 	var mappings map[string]string // physical network -> this node's bridge
+	var mappingsErr error
 	lacksVLAN := false
 	if self != nil {
-		var err error
-		if mappings, err = physnet.ParseBridgeMappings(self.Annotations[physnet.BridgeMappingsAnnotation]); err != nil {
-			problem("node %s: annotation %s: %v", in.Node, physnet.BridgeMappingsAnnotation, err)
+		if mappings, mappingsErr = physnet.ParseBridgeMappings(self.Annotations[physnet.BridgeMappingsAnnotation]); mappingsErr != nil {
+			problem("node %s: annotation %s: %v", in.Node, physnet.BridgeMappingsAnnotation, mappingsErr)
 		}
 		lacksVLAN = physnet.LacksVLAN(self)
 	}
@@ -190,11 +194,21 @@ func Desired(in Input) Plan {
 		}
 		var physical string
 		if conf.Topology == netconf.TopologyLocalnet {
-			if physical = mappings[conf.PhysicalNetworkName]; physical == "" {
+			physical = mappings[conf.PhysicalNetworkName]
+			switch {
+			case conf.IsPrimary():
+				problem("NAD %s: a localnet network cannot be primary (\"role\": %q)", key, conf.Role)
+				continue
+			case mappingsErr != nil:
+				unserved(conf.Name, "node %s: its annotation %s is invalid: %v", in.Node, physnet.BridgeMappingsAnnotation, mappingsErr)
+				continue
+			case physical == "":
 				unserved(conf.Name, "node %s has no bridge for physical network %q: add %q to its annotation %s", in.Node, conf.PhysicalNetworkName, conf.PhysicalNetworkName+":<bridge>", physnet.BridgeMappingsAnnotation)
 				continue
-			}
-			if conf.VLANID != 0 && lacksVLAN {
+			case in.Bridges != nil && !in.Bridges[physical]:
+				unserved(conf.Name, "node %s maps physical network %q to %q, which is not a Linux bridge there (annotation %s)", in.Node, conf.PhysicalNetworkName, physical, physnet.BridgeMappingsAnnotation)
+				continue
+			case conf.VLANID != 0 && lacksVLAN:
 				unserved(conf.Name, "%s", physnet.NoVLANReason(in.Node, conf.VLANID))
 				continue
 			}
@@ -283,7 +297,7 @@ func Desired(in Input) Plan {
 		}
 		if n.physical != "" {
 			// Localnet: the physical network carries it between nodes.
-			dn.Primary, dn.Physical, dn.VLAN, dn.MTU = false, n.physical, n.conf.VLANID, n.conf.MTU
+			dn.Physical, dn.VLAN, dn.MTU = n.physical, n.conf.VLANID, cmp.Or(n.conf.MTU, udn.LocalnetDefaultMTU)
 		} else {
 			remotes := map[netip.Addr]bool{}
 			for _, h := range hs {
@@ -292,6 +306,12 @@ func Desired(in Input) Plan {
 				}
 			}
 			dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
+		}
+		// One network the datapath would refuse must not stop the others:
+		// Apply refuses a whole state with an invalid network in it.
+		if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}}); err != nil {
+			problem("network %s: %v", name, err)
+			continue
 		}
 		plan.State.Networks = append(plan.State.Networks, dn)
 

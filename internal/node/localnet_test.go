@@ -96,11 +96,71 @@ func TestDesiredLocalnet(t *testing.T) {
 		}
 	}
 
-	// A bad mappings annotation is a problem naming it.
+	// A bad mappings annotation is a problem naming it, and the reason
+	// kvnet-cni gives.
 	bad := mapped("n1", "")
 	bad.Annotations[physnet.BridgeMappingsAnnotation] = "physnet"
 	plan = Desired(in(0, bad))
-	if len(plan.Problems) != 1 || !strings.Contains(plan.Problems[0], "node n1: annotation kvnet.io/bridge-mappings") {
-		t.Errorf("problems %v", plan.Problems)
+	if len(plan.Problems) != 1 || !strings.Contains(plan.Problems[0], "node n1: annotation kvnet.io/bridge-mappings") ||
+		!strings.Contains(plan.Unserved["cluster_udn_ln"], `its annotation kvnet.io/bridge-mappings is invalid: invalid bridge mappings: entry 0 "physnet"`) {
+		t.Errorf("problems %v, unserved %v", plan.Problems, plan.Unserved)
+	}
+
+	// The mapped bridge must exist on the node (as a bridge).
+	noBridge := in(0, mapped("n1", ""))
+	noBridge.Bridges = map[string]bool{"br-other": true}
+	plan = Desired(noBridge)
+	if want := `node n1 maps physical network "physnet" to "br-phys", which is not a Linux bridge there`; !strings.Contains(plan.Unserved["cluster_udn_ln"], want) || len(plan.State.Networks) != 0 {
+		t.Errorf("unserved %v, networks %+v; want %q", plan.Unserved, plan.State.Networks, want)
+	}
+	withBridge := in(0, mapped("n1", ""))
+	withBridge.Bridges = map[string]bool{"br-phys": true}
+	if plan = Desired(withBridge); len(plan.State.Networks) != 1 || len(plan.Unserved) != 0 {
+		t.Errorf("with br-phys present: networks %+v, unserved %v", plan.State.Networks, plan.Unserved)
+	}
+}
+
+// TestDesiredLocalnetBadNADs: a localnet NAD the datapath would refuse (an
+// MTU out of its range, a primary role) is a problem and left out, and the
+// node's other networks are still planned; without an MTU the network
+// gets localnet's 1500, not the tunnel MTU.
+func TestDesiredLocalnetBadNADs(t *testing.T) {
+	node := kvnode("n1", "192.168.100.1")
+	node.Annotations[physnet.BridgeMappingsAnnotation] = "physnet:br-phys"
+	conf := func(ns, extra string) nadv1.NetworkAttachmentDefinition {
+		return nad(ns, "ln", fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"%s_ln","netAttachDefName":"%s/ln","topology":"localnet","subnets":"192.168.50.0/24","physicalNetworkName":"physnet"%s}`, ns, ns, extra), map[string]string{"small": "31", "prim": "32", "nomtu": "33"}[ns])
+	}
+	lpod := func(ns, name, ip, mac string) corev1.Pod {
+		p := pod(ns, name, "n1", ip, mac, time.Hour)
+		p.Annotations[podnetworks.Annotation] = fmt.Sprintf(`{"%s/ln":{"ip_addresses":["%s/24"],"mac_address":"%s","role":"secondary","network":"%s_ln"}}`, ns, ip, mac, ns)
+		return p
+	}
+	good := pod("a", "a1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	pods := []corev1.Pod{good, lpod("small", "s1", "192.168.50.10", "0a:58:c0:a8:32:0a"), lpod("prim", "p1", "192.168.50.11", "0a:58:c0:a8:32:0b"), lpod("nomtu", "n1", "192.168.50.12", "0a:58:c0:a8:32:0c")}
+	plan := Desired(Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7"), conf("small", `,"role":"secondary","mtu":100`), conf("prim", `,"role":"primary"`), conf("nomtu", `,"role":"secondary"`)},
+		Pods:  pods,
+		Nodes: []corev1.Node{node},
+		Links: links(good),
+	})
+	all := strings.Join(plan.Problems, "\n")
+	for _, want := range []string{`network small_ln: invalid datapath state: network "small_ln": mtu 100 out of range 576-65535`, `NAD prim/ln: a localnet network cannot be primary`} {
+		if !strings.Contains(all, want) {
+			t.Errorf("problems lack %q:\n%s", want, all)
+		}
+	}
+	var names []string
+	for _, n := range plan.State.Networks {
+		names = append(names, n.Name)
+		if n.Name == "nomtu_ln" && n.MTU != 1500 {
+			t.Errorf("localnet network without an MTU gets %d, want 1500", n.MTU)
+		}
+	}
+	if fmt.Sprint(names) != "[a_udn nomtu_ln]" {
+		t.Errorf("networks %v, want the good ones: [a_udn nomtu_ln]", names)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Errorf("the plan is still refused: %v", err)
 	}
 }
