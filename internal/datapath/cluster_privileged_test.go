@@ -344,7 +344,13 @@ func dial(ns, addr string, timeout time.Duration) (net.Conn, error) {
 // announces and keeps the connection for rounds round trips spaced by
 // 100ms, checking each echo.
 func echoSession(p *pod, dst netip.Addr, rounds int) (string, error) {
-	conn, err := dial(p.ns, netip.AddrPortFrom(dst, echoPort).String(), 2*time.Second)
+	return echoSessionTo(p, netip.AddrPortFrom(dst, echoPort), rounds)
+}
+
+// echoSessionTo is echoSession to an echo server at dst (a service's
+// address in front of echo servers, say).
+func echoSessionTo(p *pod, dst netip.AddrPort, rounds int) (string, error) {
+	conn, err := dial(p.ns, dst.String(), 2*time.Second)
 	if err != nil {
 		return "", err
 	}

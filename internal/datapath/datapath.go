@@ -179,7 +179,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 		if !step(d.ensureNetwork(n, s.RemoteMACs)) {
 			return result()
 		}
-		if n.Primary && !step(d.ensureRouter(n)) {
+		if n.Primary && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
 			return result()
 		}
 	}
@@ -271,6 +271,8 @@ func (d *Datapath) removeStaleLinks(nets []Network) error {
 		switch prefix {
 		case gwPortPrefix, transitPrefix:
 			keep = keep && n.Primary
+		case svcPortPrefix:
+			keep = keep && n.Primary && len(n.ServiceAddrs) > 0
 		case vxlanPrefix:
 			keep = keep && n.Physical == ""
 		case physPortPrefix, patchPortPrefix:
@@ -364,4 +366,18 @@ func withNS(path string, f func(fd int) error) error {
 	}
 	defer h.Close()
 	return f(int(h))
+}
+
+// servicesOf returns the services of network name, in a stable order.
+func servicesOf(all []Service, name string) []Service {
+	var out []Service
+	for _, sv := range all {
+		if sv.Network == name {
+			out = append(out, sv)
+		}
+	}
+	slices.SortFunc(out, func(a, b Service) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.VIP.Compare(b.VIP), cmp.Compare(a.Name, b.Name))
+	})
+	return out
 }

@@ -20,6 +20,7 @@ const (
 	bridgePrefix  = "kvbr" // the network's bridge
 	vxlanPrefix   = "kvvx" // its VXLAN device, a port of the bridge
 	gwPortPrefix  = "kvgw" // bridge-side end of the veth into the router ns
+	svcPortPrefix = "kvsv" // bridge-side end of the router's service veth
 	transitPrefix = "kvtr" // node-side end of the transit veth to the router ns
 	// A localnet network's patch into the physical bridge: a veth whose
 	// kvlp end is a port of the physical bridge and whose kvln end is a
@@ -35,7 +36,20 @@ const (
 const (
 	routerGwIf      = "gw"      // peer of kvgw<ID>: holds the gateway IPs and GatewayMAC
 	routerTransitIf = "transit" // peer of kvtr<ID>: holds the router-side transit address
+	// routerSvcIf, peer of kvsv<ID>, holds this node's service addresses
+	// (Network.ServiceAddrs) with its own MAC: service connections leave
+	// the router through it, masqueraded to its address, so that the
+	// endpoint's replies, wherever it runs, come back to this router.
+	routerSvcIf = "svc"
 )
+
+// serviceMark marks a router's service connections (conntrack mark, and
+// packet mark of their original direction), and numbers the routing table
+// that sends them out routerSvcIf.
+const serviceMark = 0x4b56
+
+// svcPortName returns the bridge-side end of network id's service veth.
+func svcPortName(id int) string { return svcPortPrefix + strconv.Itoa(id) }
 
 // RouterGatewayInterface is the interface of a router namespace that
 // faces the network's bridge and holds the gateway IPs: where the node's
@@ -58,7 +72,7 @@ func transitName(id int) string { return transitPrefix + strconv.Itoa(id) }
 // node link name, and whether the name is one (prefix + canonical decimal
 // ID in range; "kvbr07" or "kvbr0" are not ours).
 func parseOwnedLink(name string) (prefix string, id int, ok bool) {
-	for _, p := range []string{bridgePrefix, vxlanPrefix, gwPortPrefix, transitPrefix, physPortPrefix, patchPortPrefix, vlanPortPrefix} {
+	for _, p := range []string{bridgePrefix, vxlanPrefix, gwPortPrefix, svcPortPrefix, transitPrefix, physPortPrefix, patchPortPrefix, vlanPortPrefix} {
 		if rest, found := strings.CutPrefix(name, p); found {
 			id, ok := parseID(rest)
 			return p, id, ok

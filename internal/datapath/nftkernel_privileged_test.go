@@ -3,6 +3,7 @@ package datapath
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -131,6 +132,41 @@ func nftExprText(e map[string]json.RawMessage) string {
 				return raw()
 			}
 			return "jump " + j.Target
+		case "mangle":
+			var m struct {
+				Key   json.RawMessage
+				Value json.Number
+			}
+			if json.Unmarshal(v, &m) != nil {
+				return raw()
+			}
+			key, _ := nftLeftText(m.Key)
+			if key != "meta mark" && key != "ct mark" {
+				return raw()
+			}
+			return key + " set " + m.Value.String()
+		case "dnat":
+			var d struct {
+				Family, Addr string
+				Port         int
+			}
+			if json.Unmarshal(v, &d) != nil || d.Addr == "" {
+				return raw()
+			}
+			addr, err := netip.ParseAddr(d.Addr)
+			if err != nil {
+				return raw()
+			}
+			return fmt.Sprintf("dnat %s to %s", d.Family, netip.AddrPortFrom(addr, uint16(d.Port)))
+		case "reject":
+			var r struct{ Type, Expr string }
+			if json.Unmarshal(v, &r) != nil {
+				return raw()
+			}
+			if r.Type == "tcp reset" {
+				return "reject with tcp reset"
+			}
+			return "reject with " + r.Type + " " + r.Expr
 		case "match":
 			var m struct {
 				Op          string
@@ -162,11 +198,18 @@ func nftLeftText(b json.RawMessage) (text string, quote bool) {
 		Meta    *struct{ Key string }
 		Payload *struct{ Protocol, Field string }
 		Ct      *struct{ Key string }
+		Numgen  *struct {
+			Mode   string
+			Mod    int
+			Offset int
+		}
 	}
 	if json.Unmarshal(b, &l) != nil {
 		return "", false
 	}
 	switch {
+	case l.Numgen != nil && l.Numgen.Offset == 0:
+		return fmt.Sprintf("numgen %s mod %d", l.Numgen.Mode, l.Numgen.Mod), false
 	case l.Meta != nil && (l.Meta.Key == "iifname" || l.Meta.Key == "oifname"):
 		return l.Meta.Key, true
 	case l.Meta != nil:
@@ -219,6 +262,7 @@ var nftElided = strings.NewReplacer(
 	"meta nfproto ipv4 ip ", "ip ",
 	"meta nfproto ipv6 ip6 ", "ip6 ",
 	"meta l4proto udp udp ", "udp ",
+	"meta l4proto tcp tcp ", "tcp ",
 )
 
 // intendedRuleset is what the kernel must hold after syncTables(want),
@@ -353,7 +397,7 @@ func TestNftRulesInKernel(t *testing.T) {
 		},
 	}, {
 		role:   "router",
-		tables: routerRules(state.Networks[1]),
+		tables: routerRules(state.Networks[1], nil),
 		must: []struct{ family, chain, text string }{
 			{"inet", "postrouting", `oifname "transit" masquerade`},
 			{"inet", "forward", `iifname "gw" oifname "transit" accept`},
@@ -362,6 +406,20 @@ func TestNftRulesInKernel(t *testing.T) {
 		chains: map[string]string{
 			"inet forward":     "type filter hook forward priority 0; policy drop;",
 			"inet postrouting": "type nat hook postrouting priority 100; policy accept;",
+		},
+	}, {
+		role:   "router-services",
+		tables: routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices()),
+		must: []struct{ family, chain, text string }{
+			{"inet", "prerouting", `iifname "gw" ip daddr 10.96.0.10 tcp dport 80 numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
+			{"inet", "prerouting", `iifname "gw" ip6 daddr fd00:96::10 tcp dport 80 meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
+			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
+			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},
+		},
+		chains: map[string]string{
+			"inet prerouting": "type nat hook prerouting priority -100; policy accept;",
+			"inet services":   "type filter hook prerouting priority -150; policy accept;",
 		},
 	}}
 	for _, tc := range tests {

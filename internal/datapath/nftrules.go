@@ -198,7 +198,7 @@ func (b *ruleBuilder) ipProto(proto byte, neq bool) *ruleBuilder {
 }
 
 // protoNames renders IP protocols the way nft does.
-var protoNames = map[byte]string{unix.IPPROTO_UDP: "udp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
+var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
 
 // l4protoUDP matches UDP in the inet family, either IP version.
 func (b *ruleBuilder) l4protoUDP() *ruleBuilder { return b.l4proto(unix.IPPROTO_UDP) }
@@ -540,19 +540,149 @@ func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule 
 // are forwarded, and everything leaving through the transit veth is
 // masqueraded to the router's transit address, so the node never sees
 // tenant addresses and two tenants may use the same subnet.
-func routerRules(n Network) []nftTable {
-	return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
-		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, []nftRule{
-			newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name)),
-			newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
-			newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)),
-			newRule().counter().drop(fmt.Sprintf("network %s: nothing else is forwarded", n.Name)),
-		}),
-		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
-			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
-			newRule().oifname(routerTransitIf).masquerade(fmt.Sprintf("network %s: the node sees the transit address only", n.Name)),
-		}},
-	}}}
+//
+// services are the network's Services: connections from the network's
+// pods to a service address are spread over its endpoints at random
+// (numgen, one draw per rule: rule i of k takes 1/(k-i) of what reaches
+// it, so each endpoint gets 1/k) and masqueraded to the gateway, so that
+// the endpoint, on the same subnet as the client, replies through the
+// router; a service without endpoints refuses connections.
+//
+// Service connections leave through routerSvcIf (a routing table chosen
+// by the packet mark, restored from the connection's mark for each packet
+// of its original direction) and are masqueraded to this node's service
+// address there.
+func routerRules(n Network, services []Service) []nftTable {
+	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
+	var dnat []nftRule
+	for _, sv := range services {
+		if len(sv.Endpoints) == 0 {
+			forward = append(forward, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
+			continue
+		}
+		for i, ep := range sv.Endpoints {
+			b := serviceMatch(sv)
+			if left := len(sv.Endpoints) - i; left > 1 {
+				b.numgenZero(uint32(left))
+			}
+			dnat = append(dnat, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
+		}
+	}
+	forward = append(forward,
+		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
+		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
+	if len(n.ServiceAddrs) > 0 {
+		forward = append(forward, newRule().iifname(routerGwIf).oifname(routerSvcIf).accept(
+			fmt.Sprintf("network %s: service connections, and replies to other nodes' routers", n.Name)))
+	}
+	forward = append(forward, newRule().counter().drop(fmt.Sprintf("network %s: nothing else is forwarded", n.Name)))
+	postrouting := []nftRule{newRule().oifname(routerTransitIf).masquerade(fmt.Sprintf("network %s: the node sees the transit address only", n.Name))}
+	chains := []nftChain{filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, forward)}
+	if len(dnat) > 0 {
+		chains = append(chains,
+			filterChain("services", nftables.ChainHookPrerouting, *nftables.ChainPriorityMangle, nftables.ChainPolicyAccept, []nftRule{
+				newRule().ctDirectionOriginal().ctMark(serviceMark).markPacket().done(fmt.Sprintf("network %s: service connections leave through %s", n.Name, routerSvcIf)),
+			}),
+			nftChain{name: "prerouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting,
+				priority: *nftables.ChainPriorityNATDest, policy: nftables.ChainPolicyAccept}, rules: dnat})
+		postrouting = append(postrouting, newRule().ctStatusDNAT().oifname(routerSvcIf).masquerade(
+			fmt.Sprintf("network %s: service connections come back to this router", n.Name)))
+	}
+	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
+		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})
+	return []nftTable{{family: nftables.TableFamilyINet, chains: chains}}
+}
+
+// serviceMatch starts a rule matching connections from the network's pods
+// to service sv's address.
+func serviceMatch(sv Service) *ruleBuilder {
+	b := newRule().iifname(routerGwIf)
+	addr := sv.VIP.Addr()
+	if addr.Is4() {
+		b.nfproto(false).ipDaddr(hostPrefix(addr), false)
+	} else {
+		b.nfproto(true).ip6Daddr(hostPrefix(addr), false)
+	}
+	proto := byte(unix.IPPROTO_TCP)
+	if sv.Protocol == "UDP" {
+		proto = unix.IPPROTO_UDP
+	}
+	return b.l4proto(proto).match(fmt.Sprintf("%s dport %d", protoNames[proto], sv.VIP.Port()),
+		expr.PayloadBaseTransportHeader, 2, binary.BigEndian.AppendUint16(nil, sv.VIP.Port()), nil, false)
+}
+
+// numgenZero matches one time in mod: a fresh random number modulo mod
+// is 0.
+func (b *ruleBuilder) numgenZero(mod uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("numgen random mod %d 0", mod),
+		&expr.Numgen{Register: 1, Modulus: mod, Type: unix.NFT_NG_RANDOM},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)})
+}
+
+// ctStatusDNAT matches connections whose destination was translated.
+func (b *ruleBuilder) ctStatusDNAT() *ruleBuilder {
+	mask := binary.NativeEndian.AppendUint32(nil, ctStatusDstNAT)
+	return b.add("ct status dnat",
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
+}
+
+// ctDirectionOriginal matches packets of a connection's original
+// direction.
+func (b *ruleBuilder) ctDirectionOriginal() *ruleBuilder {
+	return b.add("ct direction original",
+		&expr.Ct{Register: 1, Key: expr.CtKeyDIRECTION},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}})
+}
+
+// ctMark matches connections marked mark.
+func (b *ruleBuilder) ctMark(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark %d", mark),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, mark)})
+}
+
+// markPacket sets the packet's mark to serviceMark.
+func (b *ruleBuilder) markPacket() *ruleBuilder {
+	return b.add(fmt.Sprintf("meta mark set %d", serviceMark),
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, serviceMark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+}
+
+// markService sets the packet's and its connection's mark to serviceMark.
+func (b *ruleBuilder) markService() *ruleBuilder {
+	return b.add(fmt.Sprintf("meta mark set %d ct mark set %d", serviceMark, serviceMark),
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, serviceMark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: 1})
+}
+
+// ctStatusDstNAT is IPS_DST_NAT (linux/netfilter/nf_conntrack_common.h).
+const ctStatusDstNAT = 1 << 5
+
+// dnat translates the destination to ep and ends the rule.
+func (b *ruleBuilder) dnat(ep netip.AddrPort, comment string) nftRule {
+	fam, text := uint32(unix.NFPROTO_IPV4), fmt.Sprintf("dnat ip to %s", ep)
+	if ep.Addr().Is6() {
+		fam, text = unix.NFPROTO_IPV6, fmt.Sprintf("dnat ip6 to %s", ep)
+	}
+	b.add(text,
+		&expr.Immediate{Register: 1, Data: ep.Addr().AsSlice()},
+		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, ep.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
+	return b.done(comment)
+}
+
+// reject refuses a connection as kube-proxy does: a TCP reset, or ICMP
+// port unreachable for UDP.
+func (b *ruleBuilder) reject(protocol, comment string) nftRule {
+	if protocol == "TCP" {
+		b.add("reject with tcp reset", &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+	} else {
+		b.add("reject with icmpx port-unreachable", &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
+	}
+	return b.done(comment)
 }
 
 // familyNames renders table families the way nft does.

@@ -1,11 +1,13 @@
 package datapath
 
 import (
+	"errors"
 	"flag"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -54,7 +56,72 @@ func TestNodeRulesGolden(t *testing.T) {
 }
 
 func TestRouterRulesGolden(t *testing.T) {
-	checkGolden(t, "router.nft", renderTables(routerRules(goldenState().Networks[1])))
+	checkGolden(t, "router.nft", renderTables(routerRules(goldenState().Networks[1], nil)))
+}
+
+// goldenServices are services of goldenState's primary network: one TCP
+// service with three endpoints, a UDP one without, an IPv6 one.
+func goldenServices() []Service {
+	ap := netip.MustParseAddrPort
+	return []Service{
+		{Network: "tenant-a_udn", Name: "a/web:http", Protocol: "TCP", VIP: ap("10.96.0.10:80"),
+			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")}},
+		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53")},
+		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"),
+			Endpoints: []netip.AddrPort{ap("[fd00:1::2]:8080")}},
+	}
+}
+
+// withServiceAddrs gives goldenState's primary network node 2's service
+// addresses and MAC.
+func withServiceAddrs(s State) State {
+	s.Networks[1].ServiceAddrs = []netip.Prefix{netip.MustParsePrefix("100.88.0.2/16"), netip.MustParsePrefix("fd97::2/64")}
+	s.Networks[1].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, 2}
+	return s
+}
+
+func TestRouterServiceRulesGolden(t *testing.T) {
+	checkGolden(t, "router-services.nft", renderTables(routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices())))
+}
+
+func TestValidateServices(t *testing.T) {
+	s := withServiceAddrs(goldenState())
+	s.Services = goldenServices()
+	if err := Validate(s); err != nil {
+		t.Fatalf("valid services rejected: %v", err)
+	}
+	ap := netip.MustParseAddrPort
+	s.Networks[1].ServiceAddrs[0] = netip.MustParsePrefix("10.1.1.200/24")
+	if err := Validate(s); err == nil || !strings.Contains(err.Error(), `service address "10.1.1.200/24" overlaps subnet "10.1.1.0/24"`) {
+		t.Errorf("service address in a subnet: %v", err)
+	}
+	for _, tt := range []struct {
+		name   string
+		mutate func(*Service)
+		want   string
+	}{
+		{"unknown network", func(sv *Service) { sv.Network = "zz" }, `services[0] "a/web:http": unknown network "zz"`},
+		{"secondary network", func(sv *Service) { sv.Network = "l2net" }, `network "l2net" is not primary`},
+		{"protocol", func(sv *Service) { sv.Protocol = "SCTP" }, `protocol "SCTP": must be TCP or UDP`},
+		{"no port", func(sv *Service) { sv.VIP = netip.AddrPortFrom(sv.VIP.Addr(), 0) }, `address "10.96.0.10:0" is not an IP and port`},
+		{"endpoint family", func(sv *Service) { sv.Endpoints[0] = ap("[fd00:1::2]:8080") }, `endpoint "[fd00:1::2]:8080" is not an address of the service's family`},
+		{"endpoint outside", func(sv *Service) { sv.Endpoints[0] = ap("10.9.9.9:8080") }, `endpoint "10.9.9.9:8080" outside network "tenant-a_udn"'s subnets`},
+		{"duplicate", func(sv *Service) { sv.VIP = ap("10.96.0.53:53"); sv.Protocol = "UDP" }, `UDP 10.96.0.53:53 already used by service "a/web:http"`},
+		{"no service address", func(sv *Service) { sv.VIP = ap("[fd00:96::11]:80"); sv.Endpoints = nil }, ""},
+	} {
+		s := withServiceAddrs(goldenState())
+		s.Services = goldenServices()
+		if tt.want == "" {
+			// Without a service address of the family, any service of it is refused.
+			s.Networks[1].ServiceAddrs = s.Networks[1].ServiceAddrs[:1]
+			tt.want = `service "a/web6:http": network "tenant-a_udn" has no service address of its family`
+		}
+		tt.mutate(&s.Services[0])
+		err := Validate(s)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidState) {
+			t.Errorf("%s: Validate = %v, want an error containing %q", tt.name, err, tt.want)
+		}
+	}
 }
 
 func TestNodeRulesEmptyState(t *testing.T) {
@@ -97,7 +164,7 @@ func TestLongCommentTruncated(t *testing.T) {
 		long[i] = 'n'
 	}
 	n := Network{Name: string(long), ID: 5, Primary: true}
-	for _, tb := range routerRules(n) {
+	for _, tb := range routerRules(n, nil) {
 		for _, c := range tb.chains {
 			for _, r := range c.rules {
 				if len(r.comment) > maxCommentLen {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -26,7 +27,7 @@ import (
 // ensureRouter creates or repairs network n's router namespace, its two
 // veths, addresses, routes, sysctls and rules. If it created the namespace
 // and then fails, it removes it again.
-func (d *Datapath) ensureRouter(n Network) (err error) {
+func (d *Datapath) ensureRouter(n Network, services []Service) (err error) {
 	name := RouterNSName(d.cfg, n.ID)
 	existed := nl.NamedNSExists(name)
 	path, err := nl.CreateNamedNS(name)
@@ -38,7 +39,7 @@ func (d *Datapath) ensureRouter(n Network) (err error) {
 			_ = nl.DeleteNamedNS(name)
 		}
 	}()
-	if err := withNS(path, func(fd int) error { return d.wireRouter(n, path, fd) }); err != nil {
+	if err := withNS(path, func(fd int) error { return d.wireRouter(n, services, path, fd) }); err != nil {
 		return fmt.Errorf("network %q: router %q: %w", n.Name, name, err)
 	}
 	return nil
@@ -46,14 +47,14 @@ func (d *Datapath) ensureRouter(n Network) (err error) {
 
 // wireRouter does ensureRouter's work inside the router namespace at path
 // (open as fd).
-func (d *Datapath) wireRouter(n Network, path string, fd int) error {
+func (d *Datapath) wireRouter(n Network, services []Service, path string, fd int) error {
 	// Rules and sysctls first: a fresh namespace forwards everything, and
 	// the rules only name interfaces, so they can precede them.
 	conn, err := nftConn(fd)
 	if err != nil {
 		return err
 	}
-	if err := syncTables(conn, routerRules(n)); err != nil {
+	if err := syncTables(conn, routerRules(n, services)); err != nil {
 		return err
 	}
 	fams := networkFamilies(n)
@@ -63,6 +64,12 @@ func (d *Datapath) wireRouter(n Network, path string, fd int) error {
 		// them would only confuse guests.
 		{"net/ipv4/conf/all/send_redirects", "0"},
 		{"net/ipv4/conf/default/send_redirects", "0"}, // inherited by gw, created below
+		// gw and svc share the network's L2: each answers ARP only for
+		// its own addresses, so that pods resolve the gateway to the
+		// gateway MAC and other routers this router's service address to
+		// its service MAC.
+		{"net/ipv4/conf/all/arp_ignore", "1"},
+		{"net/ipv4/conf/all/arp_announce", "2"},
 	}
 	if hasV6(fams) {
 		sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
@@ -111,6 +118,10 @@ func (d *Datapath) wireRouter(n Network, path string, fd int) error {
 		gwAddrs = append(gwAddrs, netip.PrefixFrom(gw, n.Subnets[i].Bits()))
 	}
 	if err := syncAddrs(rh, gwIf, gwAddrs); err != nil {
+		return err
+	}
+
+	if err := d.ensureServicePort(n, rh, fd, br); err != nil {
 		return err
 	}
 
@@ -279,4 +290,82 @@ func syncAddrs(h *nl.Handle, l netlink.Link, want []netip.Prefix) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ensureServicePort gives the router of network n its service port: the
+// veth svc <-> kvsv<ID> (a port of the network's bridge br, its MAC
+// pinned there) holding n.ServiceAddrs, and the routing table, chosen by
+// serviceMark, that sends service connections to the network's subnets
+// out of it. Without service addresses, all of it goes.
+func (d *Datapath) ensureServicePort(n Network, rh *nl.Handle, fd int, br netlink.Link) error {
+	if len(n.ServiceAddrs) == 0 {
+		if err := d.h.LinkDelByName(svcPortName(n.ID)); err != nil {
+			return err
+		}
+		return syncServiceRules(rh, nil)
+	}
+	port, svc, err := d.ensureVethPair(rh, fd, svcPortName(n.ID), routerSvcIf, n.ServiceMAC, true)
+	if err != nil {
+		return err
+	}
+	if err := d.ensurePort(port, br, false); err != nil {
+		return err
+	}
+	if err := d.syncPortFDB(port, n.ServiceMAC); err != nil {
+		return err
+	}
+	if err := syncAddrs(rh, svc, n.ServiceAddrs); err != nil {
+		return err
+	}
+	var fams []int
+	for _, a := range n.ServiceAddrs {
+		fam := netlink.FAMILY_V4
+		if a.Addr().Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		fams = append(fams, fam)
+		for _, sub := range n.Subnets {
+			if sub.Addr().Is6() != a.Addr().Is6() {
+				continue
+			}
+			r := &netlink.Route{LinkIndex: svc.Attrs().Index, Dst: ipNet(sub), Scope: netlink.SCOPE_LINK, Table: serviceMark}
+			if err := rh.RouteReplace(r); err != nil {
+				return fmt.Errorf("set route %s dev %s table %d: %w", sub, routerSvcIf, serviceMark, err)
+			}
+		}
+	}
+	return syncServiceRules(rh, fams)
+}
+
+// syncServiceRules makes the router's policy rules "fwmark serviceMark
+// lookup serviceMark" exist for exactly the families fams.
+func syncServiceRules(rh *nl.Handle, fams []int) error {
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := rh.RuleList(fam)
+		if err != nil {
+			return fmt.Errorf("list policy rules: %w", err)
+		}
+		want := slices.Contains(fams, fam)
+		have := false
+		for _, r := range rules {
+			if r.Mark != serviceMark || r.Table != serviceMark {
+				continue
+			}
+			if want && !have {
+				have = true
+				continue
+			}
+			if err := rh.RuleDel(&r); err != nil {
+				return fmt.Errorf("delete policy rule fwmark %d: %w", serviceMark, err)
+			}
+		}
+		if want && !have {
+			r := netlink.NewRule()
+			r.Family, r.Mark, r.Table, r.Priority = fam, serviceMark, serviceMark, 1000
+			if err := rh.RuleAdd(r); err != nil {
+				return fmt.Errorf("add policy rule fwmark %d lookup %d: %w", serviceMark, serviceMark, err)
+			}
+		}
+	}
+	return nil
 }

@@ -53,6 +53,12 @@ type Network struct {
 	// Remotes are the underlay IPs of the other nodes hosting this network;
 	// broadcast and unknown unicast frames are replicated to each.
 	Remotes []netip.Addr
+	// ServiceAddrs and ServiceMAC, on a primary network with Services, are
+	// this node's router's own addresses (one per family, in the
+	// network's transit subnet) and MAC on the network: unique per node,
+	// so that endpoints on other nodes answer this router.
+	ServiceAddrs []netip.Prefix
+	ServiceMAC   net.HardwareAddr
 	// Physical, when set, makes this a localnet network: its bridge is
 	// patched into the node's Linux bridge of that name (the bridge mapping
 	// of the network's physical network) instead of a VXLAN tunnel, so its
@@ -99,12 +105,30 @@ type RemoteMAC struct {
 	Migrating bool
 }
 
+// Service is one port of a Kubernetes Service on a primary network: its
+// virtual address (the ClusterIP and port), load-balanced by the network's
+// router to pods of the network. Pods reach it through their gateway, as
+// OVN-Kubernetes' per-network load balancers do.
+type Service struct {
+	Network string // Network.Name: a primary network
+	// Name identifies it in rule comments, e.g. "ns/web:http".
+	Name string
+	// Protocol is "TCP" or "UDP".
+	Protocol string
+	VIP      netip.AddrPort
+	// Endpoints are pod addresses on the network with the target port;
+	// none: connections are refused (TCP reset / ICMP port unreachable),
+	// as kube-proxy does.
+	Endpoints []netip.AddrPort
+}
+
 // State is what the node's datapath should look like. Apply makes the node
 // match it exactly within what kvnet owns.
 type State struct {
 	Networks   []Network
 	Ports      []Port
 	RemoteMACs []RemoteMAC
+	Services   []Service
 }
 
 // Route is a route in a pod: to Dst via Via; an invalid Via makes Dst
@@ -164,6 +188,24 @@ func (s *State) validate() (map[string]*Network, error) {
 		for _, r := range n.Remotes {
 			if !r.IsValid() || r.IsUnspecified() {
 				bad("network %q: remote %q is not a valid address", n.Name, r)
+			}
+		}
+		if len(n.ServiceAddrs) > 0 {
+			if !n.Primary {
+				bad("network %q: service addresses on a secondary network", n.Name)
+			}
+			if !isUnicastMAC(n.ServiceMAC) {
+				bad("network %q: service MAC %q is not a unicast Ethernet address", n.Name, n.ServiceMAC)
+			}
+			for _, a := range n.ServiceAddrs {
+				if !a.IsValid() || a.Addr() == a.Masked().Addr() {
+					bad("network %q: service address %q is not an address in a prefix", n.Name, a)
+				}
+				for _, sub := range n.Subnets {
+					if sub.Overlaps(a.Masked()) {
+						bad("network %q: service address %q overlaps subnet %q", n.Name, a, sub)
+					}
+				}
 			}
 		}
 		if n.Physical == "" {
@@ -227,6 +269,38 @@ func (s *State) validate() (map[string]*Network, error) {
 		}
 		if !m.VTEP.IsValid() || m.VTEP.IsUnspecified() {
 			bad("remote MAC %q: VTEP %q is not a valid address", m.MAC, m.VTEP)
+		}
+	}
+	vips := map[string]string{} // network + protocol + VIP -> service
+	for i, sv := range s.Services {
+		n := byName[sv.Network]
+		switch {
+		case n == nil:
+			bad("services[%d] %q: unknown network %q", i, sv.Name, sv.Network)
+			continue
+		case !n.Primary:
+			bad("service %q: network %q is not primary (services are load-balanced by its router)", sv.Name, sv.Network)
+		case !slices.ContainsFunc(n.ServiceAddrs, func(p netip.Prefix) bool { return p.Addr().Is4() == sv.VIP.Addr().Is4() }):
+			bad("service %q: network %q has no service address of its family", sv.Name, sv.Network)
+		}
+		if sv.Protocol != "TCP" && sv.Protocol != "UDP" {
+			bad("service %q: protocol %q: must be TCP or UDP", sv.Name, sv.Protocol)
+		}
+		if !sv.VIP.IsValid() || sv.VIP.Port() == 0 || sv.VIP.Addr().Zone() != "" {
+			bad("service %q: address %q is not an IP and port", sv.Name, sv.VIP)
+			continue
+		}
+		key := sv.Network + "/" + sv.Protocol + "/" + sv.VIP.String()
+		if other, dup := vips[key]; dup {
+			bad("service %q: %s %s already used by service %q", sv.Name, sv.Protocol, sv.VIP, other)
+		}
+		vips[key] = sv.Name
+		for _, ep := range sv.Endpoints {
+			if !ep.IsValid() || ep.Port() == 0 || ep.Addr().Is4() != sv.VIP.Addr().Is4() {
+				bad("service %q: endpoint %q is not an address of the service's family with a port", sv.Name, ep)
+			} else if !slices.ContainsFunc(n.Subnets, func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
+				bad("service %q: endpoint %q outside network %q's subnets", sv.Name, ep, sv.Network)
+			}
 		}
 	}
 	return byName, errors.Join(errs...)

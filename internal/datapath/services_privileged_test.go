@@ -1,0 +1,78 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestServices: on twoTenants' networks, a service of tenant A with
+// endpoints a1 (node 1) and a2 (node 2) is reached by tenant A's pods at
+// its virtual address, both endpoints answer over repeated connections,
+// from the endpoint's own node and from the other one (and a1 reaches
+// itself through it: hairpin); a service without endpoints refuses at
+// once; tenant B, whose router has no such service, never reaches tenant
+// A's endpoints through the address.
+func TestServices(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	ap := netip.MustParseAddrPort
+	svcs := []Service{
+		{Network: "tenant-a_udn", Name: "a/web:echo", Protocol: "TCP", VIP: ap("10.96.0.10:80"),
+			Endpoints: []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7")}},
+		{Network: "tenant-a_udn", Name: "a/empty:echo", Protocol: "TCP", VIP: ap("10.96.0.11:80")},
+	}
+	apply := func() {
+		t.Helper()
+		for i, nd := range c.nodes {
+			s := c.state(nd, nets)
+			// Each node's router has its own service address and MAC in
+			// tenant A's transit subnet.
+			s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 88, 0, byte(i + 1)}), 16)}
+			s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, byte(i + 1)}
+			s.Services = svcs
+			if err := nd.dp.Apply(context.Background(), s); err != nil {
+				t.Fatalf("apply on %s: %v", nd.name, err)
+			}
+		}
+	}
+	apply()
+	vip := ap("10.96.0.10:80")
+	for _, client := range []string{"a1", "a2"} {
+		seen := map[string]int{}
+		for range 24 {
+			token, err := echoSessionTo(pods[client], vip, 1)
+			if err != nil {
+				t.Fatalf("%s to %s: %v", client, vip, err)
+			}
+			seen[token]++
+		}
+		if seen["a1"] == 0 || seen["a2"] == 0 || len(seen) != 2 {
+			t.Errorf("%s's 24 connections to %s were answered by %v, want both a1 and a2 and nobody else", client, vip, seen)
+		}
+	}
+	// No endpoints: refused at once (TCP reset), not a timeout.
+	start := time.Now()
+	if _, err := dial(pods["a1"].ns, "10.96.0.11:80", 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("service without endpoints: %v, want connection refused", err)
+	} else if time.Since(start) > time.Second {
+		t.Errorf("refusal took %s", time.Since(start))
+	}
+	// Tenant B's router has no service there: tenant A's endpoints stay
+	// out of its reach.
+	if token, err := echoSessionTo(pods["b1"], vip, 1); err == nil {
+		t.Errorf("tenant B reached tenant A's service: answered by %q", token)
+	}
+	// Endpoints change: only a2 left.
+	svcs[0].Endpoints = svcs[0].Endpoints[1:]
+	apply()
+	for range 6 {
+		if token, err := echoSessionTo(pods["a1"], vip, 1); err != nil || token != "a2" {
+			t.Fatalf("after a1 left the service: %q, %v; want a2", token, err)
+		}
+	}
+}
