@@ -331,7 +331,7 @@ func (a *Agent) publishNode(ctx context.Context) error {
 
 // watch kicks the loop on every change of the objects Desired reads.
 func (a *Agent) watch(ctx context.Context) error {
-	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}}
+	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}}
 	// KubeVirt is optional: without its CRDs there are no VMIs to watch.
 	if _, err := a.mgr.GetRESTMapper().RESTMapping(kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance").GroupKind(), "v1"); err == nil {
 		objs = append(objs, &kubevirtv1.VirtualMachineInstance{})
@@ -471,6 +471,11 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		return in, err
 	}
 	in.Nodes = nodes.Items
+	var services corev1.ServiceList
+	if err := c.List(ctx, &services); err != nil {
+		return in, err
+	}
+	in.Services = services.Items
 	var vmis kubevirtv1.VirtualMachineInstanceList
 	if err := c.List(ctx, &vmis); err == nil {
 		for _, vmi := range vmis.Items {

@@ -359,23 +359,32 @@ func serveToken(t *testing.T, p *pod) {
 // answeredBy connects from p to ip's token server and fails unless want
 // answered.
 func answeredBy(from *pod, ip, want string) error {
+	got, err := tokenAt(from, net.JoinHostPort(ip, fmt.Sprint(tokenPort)))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("%s answered as %q, want %q", ip, got, want)
+	}
+	return nil
+}
+
+// tokenAt connects from p to addr and returns the token its server sends.
+func tokenAt(from *pod, addr string) (string, error) {
 	var conn net.Conn
 	if err := nl.Do(from.netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", net.JoinHostPort(ip, fmt.Sprint(tokenPort)), 2*time.Second)
+		conn, err = net.DialTimeout("tcp4", addr, 2*time.Second)
 		return err
 	}); err != nil {
-		return err
+		return "", err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 	got, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("read token from %s: %w", ip, err)
+		return "", fmt.Errorf("read token from %s: %w", addr, err)
 	}
-	if got = strings.TrimSpace(got); got != want {
-		return fmt.Errorf("%s answered as %q, want %q", ip, got, want)
-	}
-	return nil
+	return strings.TrimSpace(got), nil
 }
 
 func linkExists(nsPath, name string) bool {

@@ -19,6 +19,7 @@ import (
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/k8s/controllers/nodeids"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -48,6 +49,9 @@ type Input struct {
 	Announced map[string]bool
 	// Links maps the alias of each local link (cni.PortAlias) to its name.
 	Links map[string]string
+	// Services are the cluster's Services: those of a primary network's
+	// namespaces are load-balanced by the network's router to its pods.
+	Services []corev1.Service
 	// Bridges holds the names of the node's Linux bridges, which a
 	// localnet network's bridge mapping must name; nil: not known, not
 	// checked.
@@ -169,7 +173,8 @@ func Desired(in Input) Plan {
 		plan.Unserved[name] = fmt.Sprintf(format, args...)
 	}
 
-	nets := map[string]*network{} // network name -> network
+	nets := map[string]*network{}             // network name -> network
+	primaryNS := map[string]map[string]bool{} // primary network name -> its namespaces
 	for i := range in.NADs {
 		nad := &in.NADs[i]
 		key := nad.Namespace + "/" + nad.Name
@@ -180,6 +185,12 @@ func Desired(in Input) Plan {
 		}
 		if conf == nil {
 			continue // another plugin
+		}
+		if conf.IsPrimary() {
+			if primaryNS[conf.Name] == nil {
+				primaryNS[conf.Name] = map[string]bool{}
+			}
+			primaryNS[conf.Name][nad.Namespace] = true
 		}
 		if n := nets[conf.Name]; n != nil {
 			n.exhausted = n.exhausted || nad.Annotations[udn.PoolExhaustedAnnotation] == "true"
@@ -307,13 +318,48 @@ func Desired(in Input) Plan {
 			}
 			dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
 		}
+		var services []datapath.Service
+		if dn.Primary {
+			services = servicesOf(serviceInput{name: name, conf: n.conf, namespaces: primaryNS[name], holders: hs}, in.Services)
+		}
+		if len(services) > 0 {
+			var err error
+			id, ok := nodeID(self)
+			switch {
+			case !ok:
+				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): its %d services wait", name, nodeids.Annotation, len(services))
+			default:
+				dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
+				if err != nil {
+					problem("network %s: services: %v", name, err)
+				}
+			}
+			if dn.ServiceAddrs == nil {
+				services = nil
+			}
+		}
 		// One network the datapath would refuse must not stop the others:
 		// Apply refuses a whole state with an invalid network in it.
-		if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}}); err != nil {
+		if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Services: services}); err != nil {
 			problem("network %s: %v", name, err)
 			continue
 		}
 		plan.State.Networks = append(plan.State.Networks, dn)
+		plan.State.Services = append(plan.State.Services, services...)
+		if len(services) > 0 {
+			// The other nodes' routers on this network, which endpoints
+			// here answer: their service MACs, pinned to their VTEPs.
+			for _, nodeName := range slices.Sorted(maps.Keys(remoteNodes(hs, in.Node))) {
+				other := nodeNamed(in.Nodes, nodeName)
+				oid, ok := nodeID(other)
+				if !ok || !vteps[nodeName].IsValid() {
+					continue
+				}
+				if _, mac, err := serviceAddrs(n.conf.TransitSubnet, oid); err == nil {
+					plan.State.RemoteMACs = append(plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: mac, VTEP: vteps[nodeName]})
+				}
+			}
+		}
 
 		var leases map[string]dhcp.Lease
 		serverIP := firstIPv4(n.gateways)
@@ -490,4 +536,16 @@ func nodeNamed(nodes []corev1.Node, name string) *corev1.Node {
 		}
 	}
 	return nil
+}
+
+// remoteNodes returns the nodes other than self that hold an attachment of
+// a network.
+func remoteNodes(hs []*holder, self string) map[string]bool {
+	out := map[string]bool{}
+	for _, h := range hs {
+		if h.node != self {
+			out[h.node] = true
+		}
+	}
+	return out
 }
