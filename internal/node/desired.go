@@ -19,8 +19,8 @@ import (
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
-	"kvnet.io/kvnet/internal/k8s/controllers/nodeids"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/udn"
@@ -327,7 +327,7 @@ func Desired(in Input) Plan {
 			id, ok := nodeID(self)
 			switch {
 			case !ok:
-				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): its %d services wait", name, nodeids.Annotation, len(services))
+				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): its %d services wait", name, nodeid.Annotation, len(services))
 			default:
 				dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
 				if err != nil {

@@ -20,28 +20,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"kvnet.io/kvnet/internal/nodeid"
 )
 
-// Annotation holds a node's ID, a decimal 1..MaxID.
-const Annotation = "k8s.ovn.org/node-id"
+// Annotation is the node ID annotation (see package nodeid).
+const Annotation = nodeid.Annotation
 
-// MaxID is the largest node ID: IDs index a /16 of addresses per network
-// (first and last left out).
-const MaxID = 65534
+// MaxID is the largest node ID.
+const MaxID = nodeid.MaxID
 
-// Parse returns the node ID a node's annotation holds, and whether it
-// holds a valid one.
-func Parse(node *corev1.Node) (int, bool) {
-	v, ok := node.Annotations[Annotation]
-	if !ok {
-		return 0, false
-	}
-	id, err := strconv.Atoi(v)
-	if err != nil || id < 1 || id > MaxID || strconv.Itoa(id) != v {
-		return 0, false
-	}
-	return id, true
-}
+// Parse returns the node ID a node holds (see nodeid.Parse).
+func Parse(node *corev1.Node) (int, bool) { return nodeid.Parse(node) }
 
 // Options configures the controller.
 type Options struct {

@@ -1,0 +1,164 @@
+package node
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/nodeid"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// serviceAddrs returns a node's service addresses on a primary network
+// whose transit subnets are transit (the NAD's "transitSubnet", or
+// OVN-Kubernetes' default): the node ID-th address of each, and the MAC
+// derived from the first, 0a:58 and its last four bytes (as OVN derives
+// MACs from IPs). The transit subnet never overlaps the network's
+// subnets, so neither address nor MAC can be a pod's.
+func serviceAddrs(transit string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
+	list := udn.DefaultTransitSubnets
+	if transit != "" {
+		list = strings.Split(transit, ",")
+	}
+	var out []netip.Prefix
+	for _, s := range list {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, nil, fmt.Errorf("\"transitSubnet\" %q: %w", s, err)
+		}
+		p = p.Masked()
+		host := p.Addr().BitLen() - p.Bits()
+		if host < 64 && uint64(nodeID) >= uint64(1)<<host-1 {
+			return nil, nil, fmt.Errorf("\"transitSubnet\" %s has no address for node ID %d", p, nodeID)
+		}
+		b := p.Addr().AsSlice()
+		low := binary.BigEndian.Uint32(b[len(b)-4:]) + uint32(nodeID)
+		binary.BigEndian.PutUint32(b[len(b)-4:], low)
+		a, _ := netip.AddrFromSlice(b)
+		out = append(out, netip.PrefixFrom(a, p.Bits()))
+	}
+	if len(out) == 0 {
+		return nil, nil, fmt.Errorf("\"transitSubnet\" %q: no subnet", transit)
+	}
+	b := out[0].Addr().AsSlice()
+	mac := net.HardwareAddr{0x0a, 0x58, b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1]}
+	return out, mac, nil
+}
+
+// serviceInput is what servicesOf needs of one primary network.
+type serviceInput struct {
+	name       string
+	conf       *netconf.NetConf
+	namespaces map[string]bool // namespaces whose primary network it is
+	holders    []*holder
+}
+
+// servicesOf returns the datapath services of a primary network: each
+// port of each Service with a selector and a cluster IP in one of the
+// network's namespaces, load-balanced to the running pods the selector
+// picks on the network. Services of a family the network has no subnet
+// of are left out.
+func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
+	var out []datapath.Service
+	for i := range services {
+		svc := &services[i]
+		if !n.namespaces[svc.Namespace] || len(svc.Spec.Selector) == 0 || svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		var picked []*holder
+		for _, h := range n.holders {
+			if h.pod.Namespace == svc.Namespace && h.active && servesTraffic(h.pod) && sel.Matches(labels.Set(h.pod.Labels)) {
+				picked = append(picked, h)
+			}
+		}
+		ips := svc.Spec.ClusterIPs
+		if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+			ips = []string{svc.Spec.ClusterIP}
+		}
+		for _, ipText := range ips {
+			vip, err := netip.ParseAddr(ipText)
+			if err != nil { // "None" (headless) or garbage
+				continue
+			}
+			for _, port := range svc.Spec.Ports {
+				proto := string(cmp.Or(port.Protocol, corev1.ProtocolTCP))
+				if proto != "TCP" && proto != "UDP" {
+					continue
+				}
+				ds := datapath.Service{
+					Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)),
+					Name: fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port))),
+				}
+				for _, h := range picked {
+					target, ok := targetPort(h.pod, port)
+					if !ok {
+						continue
+					}
+					for _, s := range h.a.IPAddresses {
+						if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() == vip.Is4() {
+							ds.Endpoints = append(ds.Endpoints, netip.AddrPortFrom(p.Addr(), target))
+						}
+					}
+				}
+				slices.SortFunc(ds.Endpoints, netip.AddrPort.Compare)
+				ds.Endpoints = slices.Compact(ds.Endpoints)
+				out = append(out, ds)
+			}
+		}
+	}
+	return out
+}
+
+// servesTraffic reports whether pod may be a service endpoint: running,
+// not being deleted, and Ready if it says.
+func servesTraffic(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return true
+}
+
+// targetPort resolves a service port's target on pod: a number, a
+// container port's name, or (unset) the service port itself.
+func targetPort(pod *corev1.Pod, port corev1.ServicePort) (uint16, bool) {
+	switch t := port.TargetPort; {
+	case t.Type == intstr.String && t.StrVal != "":
+		for _, c := range pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == t.StrVal && string(cmp.Or(cp.Protocol, corev1.ProtocolTCP)) == string(cmp.Or(port.Protocol, corev1.ProtocolTCP)) {
+					return uint16(cp.ContainerPort), true
+				}
+			}
+		}
+		return 0, false
+	case t.Type == intstr.Int && t.IntVal > 0 && t.IntVal < 65536:
+		return uint16(t.IntVal), true
+	case port.Port > 0 && port.Port < 65536:
+		return uint16(port.Port), true
+	}
+	return 0, false
+}
+
+// nodeID returns node's ID, if it has a valid one.
+func nodeID(node *corev1.Node) (int, bool) {
+	if node == nil {
+		return 0, false
+	}
+	return nodeid.Parse(node)
+}
