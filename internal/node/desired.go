@@ -327,7 +327,7 @@ func Desired(in Input) Plan {
 			id, ok := nodeID(self)
 			switch {
 			case !ok:
-				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): its %d services wait", name, nodeid.Annotation, len(services))
+				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): %d service ports wait", name, nodeid.Annotation, len(services))
 			default:
 				dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
 				if err != nil {

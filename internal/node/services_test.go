@@ -1,0 +1,129 @@
+package node
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/nodeid"
+)
+
+func TestServiceAddrs(t *testing.T) {
+	for _, tt := range []struct {
+		transit string
+		id      int
+		want    string
+		mac     string
+		err     string
+	}{
+		{"", 5, "[100.88.0.5/16 fd97::5/64]", "0a:58:64:58:00:05", ""},
+		{"100.90.0.0/16", 300, "[100.90.1.44/16]", "0a:58:64:5a:01:2c", ""},
+		{"10.200.0.0/24,fd99::/120", 7, "[10.200.0.7/24 fd99::7/120]", "0a:58:0a:c8:00:07", ""},
+		{"10.200.0.0/24", 255, "", "", "has no address for node ID 255"},
+		{"not-a-prefix", 1, "", "", `"transitSubnet" "not-a-prefix"`},
+	} {
+		addrs, mac, err := serviceAddrs(tt.transit, tt.id)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("serviceAddrs(%q, %d) = %v, %v; want error %q", tt.transit, tt.id, addrs, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(addrs) != tt.want || mac.String() != tt.mac {
+			t.Errorf("serviceAddrs(%q, %d) = %v %s, %v; want %s %s", tt.transit, tt.id, addrs, mac, err, tt.want, tt.mac)
+		}
+	}
+}
+
+// TestDesiredServices: the services of a primary network's namespace
+// become datapath services with the ready endpoints the selector picks,
+// target ports resolved (number, container port name, unset); headless,
+// selector-less services are left out, each namespace's go to its own
+// network; the node's
+// service address comes from its ID, and the other node's service MAC is
+// pinned to its VTEP. Without a node ID the services wait, as a problem.
+func TestDesiredServices(t *testing.T) {
+	ready := func(p corev1.Pod, app string) corev1.Pod {
+		p.Labels = map[string]string{"app": app}
+		p.Status.Phase = corev1.PodRunning
+		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "web", ContainerPort: 8080}}}}
+		return p
+	}
+	e1 := ready(pod("a", "e1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour), "web")
+	e2 := ready(pod("a", "e2", "n2", "10.1.1.3", "0a:58:0a:01:01:03", time.Hour), "web")
+	notReady := ready(pod("a", "e3", "n2", "10.1.1.4", "0a:58:0a:01:01:04", time.Hour), "web")
+	notReady.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	other := ready(pod("b", "b1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour), "web")
+	svc := func(ns, name, ip string, sel map[string]string, ports ...corev1.ServicePort) corev1.Service {
+		return corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Selector: sel, Ports: ports}}
+	}
+	web := map[string]string{"app": "web"}
+	withID := func(n corev1.Node, id string) corev1.Node {
+		n.Annotations[nodeid.Annotation] = id
+		return n
+	}
+	in := Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7"), primaryNAD("b", "8")},
+		Pods:  []corev1.Pod{e1, e2, notReady, other},
+		Nodes: []corev1.Node{withID(kvnode("n1", "192.168.100.1"), "1"), withID(kvnode("n2", "192.168.100.2"), "2")},
+		Links: links(e1),
+		Services: []corev1.Service{
+			svc("a", "num", "10.96.0.1", web, corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}),
+			svc("a", "named", "10.96.0.2", web, corev1.ServicePort{Port: 81, TargetPort: intstr.FromString("web")}, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}),
+			svc("a", "headless", "None", web, corev1.ServicePort{Port: 80}),
+			svc("a", "manual", "10.96.0.3", nil, corev1.ServicePort{Port: 80}),
+			svc("b", "elsewhere", "10.96.0.4", web, corev1.ServicePort{Port: 80}),
+		},
+	}
+	plan := Desired(in)
+	if len(plan.Problems) != 0 {
+		t.Fatalf("problems: %v", plan.Problems)
+	}
+	var got []string
+	for _, s := range plan.State.Services {
+		got = append(got, fmt.Sprintf("%s %s %s %s %v", s.Network, s.Name, s.Protocol, s.VIP, s.Endpoints))
+	}
+	want := []string{
+		"a_udn a/num:http TCP 10.96.0.1:80 [10.1.1.2:8080 10.1.1.3:8080]",
+		"a_udn a/named:81 TCP 10.96.0.2:81 [10.1.1.2:8080 10.1.1.3:8080]",
+		"a_udn a/named:dns UDP 10.96.0.2:53 [10.1.1.2:53 10.1.1.3:53]",
+		// Tenant b's pod with the same address answers b's service only.
+		"b_udn b/elsewhere:80 TCP 10.96.0.4:80 [10.1.1.2:80]",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("services:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	n := plan.State.Networks[0]
+	if fmt.Sprint(n.ServiceAddrs) != "[100.88.0.1/16 fd97::1/64]" || n.ServiceMAC.String() != "0a:58:64:58:00:01" {
+		t.Errorf("service address %v MAC %s, want node 1's", n.ServiceAddrs, n.ServiceMAC)
+	}
+	pinned := false
+	for _, m := range plan.State.RemoteMACs {
+		if m.MAC.String() == "0a:58:64:58:00:02" && m.VTEP == netip.MustParseAddr("192.168.100.2") {
+			pinned = true
+		}
+	}
+	if !pinned {
+		t.Errorf("remote MACs %v lack node 2's service MAC at its VTEP", plan.State.RemoteMACs)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+
+	in.Nodes[0] = kvnode("n1", "192.168.100.1")
+	plan = Desired(in)
+	if len(plan.State.Services) != 0 || len(plan.State.Networks[0].ServiceAddrs) != 0 ||
+		len(plan.Problems) != 2 || !strings.Contains(plan.Problems[0], "network a_udn: this node has no node ID yet (annotation k8s.ovn.org/node-id") {
+		t.Errorf("without a node ID: services %v, problems %v", plan.State.Services, plan.Problems)
+	}
+}
