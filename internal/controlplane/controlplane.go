@@ -76,6 +76,9 @@ type ControlPlane struct {
 	certDir string   // kube-apiserver's certificates, under dir
 }
 
+// ServiceCIDR is the lab's and tests' Service cluster IP range.
+const ServiceCIDR = "10.96.0.0/16"
+
 // Start starts etcd, kube-apiserver and (unless disabled)
 // kube-controller-manager, installs the CRDs and waits until they are served.
 func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
@@ -112,6 +115,10 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: cfg.EtcdDataDir}
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	// Cluster IPs from kubeadm's default range, not envtest's 10.0.0.0/24,
+	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
+	// subnet is reached on-link, never through the network's router.
+	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR)
 	var apiLog *os.File
 	if cfg.LogDir != "" {
 		// Appended to across restarts (RestartAPIServer keeps the writer).

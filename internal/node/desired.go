@@ -320,7 +320,7 @@ func Desired(in Input) Plan {
 		}
 		var services []datapath.Service
 		if dn.Primary {
-			services = servicesOf(serviceInput{name: name, conf: n.conf, namespaces: primaryNS[name], holders: hs}, in.Services)
+			services = servicesOf(serviceInput{name: name, conf: n.conf, subnets: n.subnets, namespaces: primaryNS[name], holders: hs, problem: problem}, in.Services)
 		}
 		if len(services) > 0 {
 			var err error

@@ -59,8 +59,20 @@ func serviceAddrs(transit string, nodeID int) ([]netip.Prefix, net.HardwareAddr,
 type serviceInput struct {
 	name       string
 	conf       *netconf.NetConf
+	subnets    []netip.Prefix
 	namespaces map[string]bool // namespaces whose primary network it is
 	holders    []*holder
+	problem    func(format string, args ...any)
+}
+
+// subnetOf returns the subnet of subnets holding a, if any.
+func subnetOf(subnets []netip.Prefix, a netip.Addr) (netip.Prefix, bool) {
+	for _, p := range subnets {
+		if p.Contains(a) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // servicesOf returns the datapath services of a primary network: each
@@ -89,6 +101,11 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 		for _, ipText := range ips {
 			vip, err := netip.ParseAddr(ipText)
 			if err != nil { // "None" (headless) or garbage
+				continue
+			}
+			if sub, inside := subnetOf(n.subnets, vip); inside {
+				// Pods would reach it on-link, never through the router.
+				n.problem("Service %s/%s: cluster IP %s is inside network %s's subnet %s: the cluster's service CIDR must not overlap UDN subnets", svc.Namespace, svc.Name, vip, n.name, sub)
 				continue
 			}
 			for _, port := range svc.Spec.Ports {

@@ -83,11 +83,12 @@ func TestDesiredServices(t *testing.T) {
 			svc("a", "headless", "None", web, corev1.ServicePort{Port: 80}),
 			svc("a", "manual", "10.96.0.3", nil, corev1.ServicePort{Port: 80}),
 			svc("b", "elsewhere", "10.96.0.4", web, corev1.ServicePort{Port: 80}),
+			svc("a", "overlap", "10.1.1.200", web, corev1.ServicePort{Port: 80}),
 		},
 	}
 	plan := Desired(in)
-	if len(plan.Problems) != 0 {
-		t.Fatalf("problems: %v", plan.Problems)
+	if want := "Service a/overlap: cluster IP 10.1.1.200 is inside network a_udn's subnet 10.1.1.0/24: the cluster's service CIDR must not overlap UDN subnets"; len(plan.Problems) != 1 || plan.Problems[0] != want {
+		t.Fatalf("problems: %v, want only %q", plan.Problems, want)
 	}
 	var got []string
 	for _, s := range plan.State.Services {
@@ -120,6 +121,7 @@ func TestDesiredServices(t *testing.T) {
 		t.Error(err)
 	}
 
+	in.Services = in.Services[:len(in.Services)-1]
 	in.Nodes[0] = kvnode("n1", "192.168.100.1")
 	plan = Desired(in)
 	if len(plan.State.Services) != 0 || len(plan.State.Networks[0].ServiceAddrs) != 0 ||

@@ -70,7 +70,7 @@ var checks = []check{
 
 // expectedPods returns the pods the checks and the VM check need, sorted.
 func expectedPods(checks []check) []string {
-	set := map[string]bool{demoVMPeer: true}
+	set := map[string]bool{demoVMPeer: true, demoServiceOutsider: true}
 	for _, ch := range checks {
 		set[ch.from] = true
 		to := strings.TrimPrefix(ch.to, "secondary:")
@@ -287,7 +287,10 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	if err := printVMMigration(ctx, out, c, labDir, byName, timeout); err != nil {
 		return err
 	}
-	return printMasqueradeVM(ctx, out, c, labDir, byName, timeout)
+	if err := printMasqueradeVM(ctx, out, c, labDir, byName, timeout); err != nil {
+		return err
+	}
+	return printVMService(ctx, out, c, byName, pr, timeout)
 }
 
 // waitPods waits until every pod bound to a node runs and has its
