@@ -28,11 +28,11 @@ const (
 func printVMService(ctx context.Context, out io.Writer, c client.Client, pods map[string]labPod, pr prober, timeout time.Duration) error {
 	var svc corev1.Service
 	if err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: demoService}, &svc); err != nil {
-		return fmt.Errorf("Service %s/%s (examples/ creates it): %w", demoVMNamespace, demoService, err)
+		return fmt.Errorf("service %s/%s (examples/ creates it): %w", demoVMNamespace, demoService, err)
 	}
 	vip, err := netip.ParseAddr(svc.Spec.ClusterIP)
 	if err != nil {
-		return fmt.Errorf("Service %s/%s has no cluster IP (%q)", demoVMNamespace, demoService, svc.Spec.ClusterIP)
+		return fmt.Errorf("service %s/%s has no cluster IP (%q)", demoVMNamespace, demoService, svc.Spec.ClusterIP)
 	}
 	addr := netip.AddrPortFrom(vip, guest.HTTPPort)
 	peer, ok := pods[demoVMPeer]
