@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -159,13 +158,6 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		})
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		// First in, first out. controller-runtime's priority queue puts
-		// what a start-up's list brings behind every later event, so under
-		// steady churn an object whose only event is that list (a network
-		// or claim being deleted while kvnet-controller was down) can wait
-		// forever; the 10,000-operation chaos run left namespaces
-		// terminating for 30 minutes that way. FIFO reaches every object.
-		Controller:              config.Controller{UsePriorityQueue: new(false)},
 		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddr},

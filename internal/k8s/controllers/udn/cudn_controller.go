@@ -28,10 +28,7 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		return ctrl.Result{}, err
 	}
 	var c udnv1.ClusterUserDefinedNetwork
-	// From the API server, not the cache: a deletion must never wait on a
-	// cache that missed the update (the object's own events, or a
-	// restart's list, bring it here; what it is now decides).
-	if err := r.apiReader.Get(ctx, req.NamespacedName, &c); err != nil {
+	if err := r.client.Get(ctx, req.NamespacedName, &c); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	netName := udn.ClusterNetworkName(c.Name)

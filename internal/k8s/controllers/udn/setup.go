@@ -18,6 +18,7 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/k8s/handlers"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -44,7 +45,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("userdefinednetwork").
-		For(&udnv1.UserDefinedNetwork{}, builder.WithPredicates(specOrMetaChanged)).
+		Watches(&udnv1.UserDefinedNetwork{}, handlers.DeletingFirst(), builder.WithPredicates(specOrMetaChanged)).
 		// A NAD change concerns the UDN of the same name (its own NAD, or a
 		// foreign one in the way); a primary NAD change may also unblock
 		// another primary UDN of the namespace waiting for it to go.
@@ -72,7 +73,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusteruserdefinednetwork").
-		For(&udnv1.ClusterUserDefinedNetwork{}, builder.WithPredicates(specOrMetaChanged)).
+		Watches(&udnv1.ClusterUserDefinedNetwork{}, handlers.DeletingFirst(), builder.WithPredicates(specOrMetaChanged)).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
 			func(_ context.Context, o client.Object) []reconcile.Request {
 				name := o.GetName()

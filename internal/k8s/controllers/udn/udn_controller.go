@@ -28,10 +28,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		return ctrl.Result{}, err
 	}
 	var u udnv1.UserDefinedNetwork
-	// From the API server, not the cache: a deletion must never wait on a
-	// cache that missed the update (the object's own events, or a
-	// restart's list, bring it here; what it is now decides).
-	if err := r.apiReader.Get(ctx, req.NamespacedName, &u); err != nil {
+	if err := r.client.Get(ctx, req.NamespacedName, &u); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("network", udn.NetworkName(u.Namespace, u.Name)))

@@ -31,6 +31,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/k8s/handlers"
 	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/vmclaims"
@@ -90,7 +91,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vmclaims").
-		For(&kubevirtv1.VirtualMachineInstance{}).
+		// A VMI being deleted releases its claims: ahead of other work.
+		Watches(&kubevirtv1.VirtualMachineInstance{}, handlers.DeletingFirst()).
 		Watches(&kubevirtv1.VirtualMachine{}, byName).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, vmisOfNamespace, builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return true },
