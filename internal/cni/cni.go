@@ -29,7 +29,6 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/udn"
 )
 
 // PodSource reads a pod's kvnet.io/pod-networks annotation. It returns nil
@@ -323,7 +322,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	switch {
 	case mtu != 0:
 	case localnet:
-		mtu = udn.LocalnetDefaultMTU // as kvnet-node gives its bridge
+		mtu = netconf.LocalnetDefaultMTU // as kvnet-node gives its bridge
 	case stErr == nil:
 		mtu = st.PodMTU
 	}

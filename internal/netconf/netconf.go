@@ -204,3 +204,7 @@ func ParseLayer3Subnets(list string) ([]Layer3Subnet, error) {
 	}
 	return out, nil
 }
+
+// LocalnetDefaultMTU is the MTU of a localnet network that sets none: the
+// physical network's usual 1500, not the tunnel MTU of overlay networks.
+const LocalnetDefaultMTU = 1500

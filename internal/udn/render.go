@@ -47,7 +47,7 @@ var (
 
 // LocalnetDefaultMTU is the MTU of a localnet network that sets none: the
 // physical network's usual 1500.
-const LocalnetDefaultMTU = 1500
+const LocalnetDefaultMTU = netconf.LocalnetDefaultMTU
 
 // NetworkName is the network name of UserDefinedNetwork ns/name.
 func NetworkName(namespace, name string) string { return namespace + "_" + name }
