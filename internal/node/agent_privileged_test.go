@@ -336,9 +336,16 @@ const tokenPort = 7777
 // p's name, until the test ends.
 func serveToken(t *testing.T, p *pod) {
 	t.Helper()
+	serveLine(t, p.netns, tokenPort, func(net.Conn) string { return p.name })
+}
+
+// serveLine answers each TCP connection to port in the namespace at nsPath
+// with the line answer gives for it, until the test ends.
+func serveLine(t *testing.T, nsPath string, port int, answer func(net.Conn) string) {
+	t.Helper()
 	var ln net.Listener
-	if err := nl.Do(p.netns, func() (err error) {
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", tokenPort))
+	if err := nl.Do(nsPath, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -350,7 +357,7 @@ func serveToken(t *testing.T, p *pod) {
 			if err != nil {
 				return
 			}
-			fmt.Fprintln(conn, p.name)
+			fmt.Fprintln(conn, answer(conn))
 			conn.Close()
 		}
 	}()

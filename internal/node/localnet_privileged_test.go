@@ -62,25 +62,10 @@ func selecting(name string) func(*corev1.Pod) {
 // nsPath with the connection's source address.
 func serveRemoteAddr(t *testing.T, nsPath string, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
-			fmt.Fprintln(conn, host)
-			conn.Close()
-		}
-	}()
+	serveLine(t, nsPath, port, func(conn net.Conn) string {
+		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+		return host
+	})
 }
 
 // TestAgentLocalnet: pods of a localnet CUDN on two nodes get addresses of
