@@ -31,6 +31,7 @@ import (
 	"kvnet.io/kvnet/internal/k8s/certs"
 	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	macpoolcontroller "kvnet.io/kvnet/internal/k8s/controllers/macpool"
+	"kvnet.io/kvnet/internal/k8s/controllers/hostsubnets"
 	"kvnet.io/kvnet/internal/k8s/controllers/nodeids"
 	udncontroller "kvnet.io/kvnet/internal/k8s/controllers/udn"
 	vmclaimscontroller "kvnet.io/kvnet/internal/k8s/controllers/vmclaims"
@@ -181,6 +182,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := nodeids.Setup(mgr, nodeids.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up node ID controller: %w", err)
+	}
+	if err := hostsubnets.Setup(mgr, hostsubnets.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+		return nil, fmt.Errorf("set up host subnet controller: %w", err)
 	}
 	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
 	if err != nil {
