@@ -1,11 +1,13 @@
 package datapath
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -221,4 +223,111 @@ func rawVXLANPair(tb testing.TB, c *cluster) (sw, src, dst string, target netip.
 		}))
 	}
 	return sw, r1, r2, netip.MustParseAddr("10.200.0.2")
+}
+
+// BenchmarkApplyServices: Apply on one simulated node with one primary
+// network (10.1.0.0/16) and no pods, with services Services (TCP, one
+// port, 3 endpoints each on the network's subnet), all load-balanced by
+// the network's router, for services=500 (the cluster the issue asks
+// about) and services=20 (a baseline that fits in one netlink
+// transaction as the router's rules are rendered today; at 500, Apply
+// fails: the transaction is ~1.3 MB in ~1,500 messages, see the log):
+//
+//   - add: from the state without Services to the one with them (the
+//     network has its service address in both, so what is timed is the
+//     Services, not the service veth); the state without them is
+//     applied again, untimed, before each op;
+//   - noop: the state with the Services applied again, unchanged;
+//   - change-one: one Service's endpoints change (one replaced), back
+//     and forth, one change per op.
+//
+// Each reports the size of the router's table with the Services: its
+// rules, and the netlink encoding of their expressions and comments in
+// bytes (without message headers), also logged before anything is
+// applied.
+func BenchmarkApplyServices(b *testing.B) {
+	for _, services := range []int{20, 500} {
+		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) { benchApplyServices(b, services, 3) })
+	}
+}
+
+func benchApplyServices(b *testing.B, services, endpoints int) {
+	c := newCluster(b, 1)
+	nd := c.nodes[0]
+	n := primaryNet("svc-bench_udn", 1, "10.1.0.0/16", "10.1.0.1")
+	n.ServiceAddrs = []netip.Prefix{netip.MustParsePrefix("100.88.0.1/16")}
+	n.ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, 1}
+	base := c.state(nd, []Network{n})
+	with := base
+	for i := range services {
+		sv := Service{Network: n.Name, Name: fmt.Sprintf("bench/svc%d:http", i), Protocol: "TCP",
+			VIP: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte((i + 1) >> 8), byte(i + 1)}), 80)}
+		for e := range endpoints {
+			host := 2 + i*endpoints + e
+			sv.Endpoints = append(sv.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(host >> 8), byte(host)}), 8080))
+		}
+		with.Services = append(with.Services, sv)
+	}
+	// changed differs from with in one endpoint of one Service.
+	changed := with
+	changed.Services = slices.Clone(with.Services)
+	sv := &changed.Services[services/2]
+	sv.Endpoints = append(slices.Clone(sv.Endpoints[:endpoints-1]), netip.MustParseAddrPort("10.1.250.1:8080"))
+	for _, s := range []State{base, with, changed} {
+		if err := Validate(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rules, size := 0, 0
+	for _, t := range routerRules(n, with.Services) {
+		for _, ch := range t.chains {
+			for _, r := range ch.rules {
+				key, err := exprsKey(t.family, r.exprs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rules, size = rules+1, size+len(key)+len(ruleUserData(r))
+			}
+		}
+	}
+	b.Logf("router table with %d services: %d rules, %d bytes of expressions and comments", services, rules, size)
+	apply := func(b *testing.B, s State) {
+		if err := nd.dp.Apply(context.Background(), s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	report := func(b *testing.B) {
+		b.ReportMetric(float64(rules), "router-rules")
+		b.ReportMetric(float64(size), "router-rule-bytes")
+	}
+
+	b.Run("add", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			b.StopTimer()
+			apply(b, base)
+			b.StartTimer()
+			apply(b, with)
+		}
+		report(b)
+	})
+	b.Run("noop", func(b *testing.B) {
+		b.ReportAllocs()
+		apply(b, with)
+		for b.Loop() {
+			apply(b, with)
+		}
+		report(b)
+	})
+	b.Run("change-one", func(b *testing.B) {
+		b.ReportAllocs()
+		apply(b, with)
+		next := []State{changed, with}
+		i := 0
+		for b.Loop() {
+			apply(b, next[i%2])
+			i++
+		}
+		report(b)
+	})
 }

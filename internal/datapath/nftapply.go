@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 )
 
 // managedFamilies are the families in which a table named kvnet is ours:
@@ -20,11 +21,31 @@ var managedFamilies = []nftables.TableFamily{
 
 // nftConn opens an nftables connection in the namespace of fd.
 func nftConn(nsFd int) (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(nsFd))
+	c, err := nftables.New(nftables.WithNetNSFd(nsFd), nftables.WithSockOptions(largeBuffers))
 	if err != nil {
 		return nil, fmt.Errorf("open nftables connection: %w", err)
 	}
 	return c, nil
+}
+
+// nftSocketBuffer is the send and receive buffer of nftables sockets. One
+// Apply is one transaction: a router with 500 Services sends about 1.3 MB
+// in 1,500 messages and gets an acknowledgement for each, which overflow
+// the default buffers (about 208 KiB) from some 30 Services on (the kernel
+// commits, but the reply is lost and Apply fails) and from about 100 on
+// the batch cannot even be sent (BenchmarkApplyServices).
+const nftSocketBuffer = 32 << 20
+
+// largeBuffers raises an nftables socket's buffers to nftSocketBuffer
+// (forced past net.core.[rw]mem_max: kvnet-node runs privileged).
+func largeBuffers(c *netlink.Conn) error {
+	if err := c.SetReadBuffer(nftSocketBuffer); err != nil {
+		return fmt.Errorf("nftables socket receive buffer: %w", err)
+	}
+	if err := c.SetWriteBuffer(nftSocketBuffer); err != nil {
+		return fmt.Errorf("nftables socket send buffer: %w", err)
+	}
+	return nil
 }
 
 // syncTables makes the kvnet tables reachable through conn match want, in

@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
@@ -74,5 +75,34 @@ func TestServices(t *testing.T) {
 		if token, err := echoSessionTo(pods["a1"], vip, 1); err != nil || token != "a2" {
 			t.Fatalf("after a1 left the service: %q, %v; want a2", token, err)
 		}
+	}
+}
+
+// TestManyServices: a router with 400 Services (1,200 endpoint rules, one
+// nftables transaction of about 1 MB) is programmed, and its last Service
+// answers. With the default netlink buffers Apply failed from some 30
+// Services on.
+func TestManyServices(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	ap := netip.MustParseAddrPort
+	var svcs []Service
+	for i := range 400 {
+		svcs = append(svcs, Service{Network: "tenant-a_udn", Name: fmt.Sprintf("a/svc-%d:echo", i), Protocol: "TCP",
+			VIP:       netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(1 + i/250), byte(1 + i%250)}), 80),
+			Endpoints: []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7"), ap("10.1.1.3:7")}})
+	}
+	for i, nd := range c.nodes {
+		s := c.state(nd, nets)
+		s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 88, 0, byte(i + 1)}), 16)}
+		s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, byte(i + 1)}
+		s.Services = svcs
+		if err := nd.dp.Apply(context.Background(), s); err != nil {
+			t.Fatalf("apply 400 services on %s: %v", nd.name, err)
+		}
+	}
+	last := svcs[len(svcs)-1].VIP
+	if token, err := echoSessionTo(pods["a1"], last, 1); err != nil || (token != "a1" && token != "a2") {
+		t.Fatalf("a1 to the 400th service %s: %q, %v", last, token, err)
 	}
 }

@@ -6,9 +6,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -146,5 +151,141 @@ func benchDesiredChurn(b *testing.B, pct int) {
 			}
 		}
 		b.Fatalf("plan with the annotation cache after churn differs from a fresh plan:\n%+v\nwant\n%+v", plan, want)
+	}
+}
+
+// servicesBenchParams describes a cluster for the Services benchmarks:
+// pods are spread over the networks and nodes as in desiredBenchInput
+// (pod i is on network i%networks and node i/networks%nodes; its host
+// index is its position on the network), and each network has
+// services/networks Services, Service s selecting the endpoints pods of
+// hosts s*endpoints … s*endpoints+endpoints-1, which are on consecutive
+// nodes. The other pods run but serve no Service. The plan is node n0's.
+type servicesBenchParams struct {
+	nodes, networks, pods int
+	services              int // over all networks, as many on each
+	endpoints             int // pods selected by each Service
+	// topology returns network i's topology, a key of benchTopologies;
+	// nil: every network is layer2.
+	topology func(network int) string
+}
+
+// benchTopology is how servicesBenchInput lays out a primary network of
+// one topology: the NAD config of namespace ns's network, and the
+// address (with prefix length) and gateway of the pod with host index
+// host on node nodeIdx. A topology is benchmarked by adding its entry.
+type benchTopology struct {
+	conf  func(ns string) string
+	podIP func(nodeIdx, host int) (ip, gateway string)
+}
+
+var benchTopologies = map[string]benchTopology{
+	netconf.TopologyLayer2: {
+		conf: func(ns string) string {
+			return fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"%s_udn","netAttachDefName":"%s/udn","topology":"layer2","role":"primary","subnets":"10.1.0.0/16"}`, ns, ns)
+		},
+		podIP: func(_, host int) (string, string) {
+			return fmt.Sprintf("10.1.%d.%d/16", (host+2)>>8, (host+2)&0xff), "10.1.0.1"
+		},
+	},
+}
+
+// servicesBenchInput returns the input of the cluster p describes, with
+// the Agent's memoisation (gateways, annotation cache) in place.
+func servicesBenchInput(tb testing.TB, p servicesBenchParams) Input {
+	tb.Helper()
+	if p.topology == nil {
+		p.topology = func(int) string { return netconf.TopologyLayer2 }
+	}
+	perNet := p.services / p.networks
+	if perNet*p.endpoints > p.pods/p.networks {
+		tb.Fatalf("%d Services of %d endpoints on a network of %d pods", perNet, p.endpoints, p.pods/p.networks)
+	}
+	topo := make([]benchTopology, p.networks)
+	in := Input{Node: "n0", Links: map[string]string{}}
+	for i := range p.networks {
+		t, ok := benchTopologies[p.topology(i)]
+		if !ok {
+			tb.Fatalf("network %d: no generator for topology %q", i, p.topology(i))
+		}
+		topo[i] = t
+		ns := fmt.Sprintf("t%d", i)
+		in.NADs = append(in.NADs, nad(ns, "udn", t.conf(ns), fmt.Sprint(i+1)))
+	}
+	for i := range p.nodes {
+		n := kvnode(fmt.Sprintf("n%d", i), fmt.Sprintf("192.168.%d.%d", i/250, i%250+1))
+		n.Annotations[nodeid.Annotation] = fmt.Sprint(i + 1)
+		in.Nodes = append(in.Nodes, n)
+	}
+	for i := range p.pods {
+		network, nodeIdx, host := i%p.networks, i/p.networks%p.nodes, i/p.networks
+		ns, mac := fmt.Sprintf("t%d", network), fmt.Sprintf("0a:58:0a:01:%02x:%02x", host>>8, host&0xff)
+		ip, gw := topo[network].podIP(nodeIdx, host)
+		pd := corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i)),
+				CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-time.Hour)),
+				Labels:            map[string]string{"app": "none"},
+				Annotations: map[string]string{podnetworks.Annotation: fmt.Sprintf(
+					`{"%s/udn":{"ip_addresses":["%s"],"mac_address":"%s","gateway_ips":["%s"],"role":"primary","network":"%s_udn"}}`, ns, ip, mac, gw, ns)}},
+			Spec:   corev1.PodSpec{NodeName: fmt.Sprintf("n%d", nodeIdx)},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning},
+		}
+		if s := host / p.endpoints; s < perNet {
+			pd.Labels["app"] = fmt.Sprintf("s%d", s)
+		}
+		in.Pods = append(in.Pods, pd)
+		if pd.Spec.NodeName == in.Node {
+			for alias := range links(pd) {
+				in.Links[alias] = fmt.Sprintf("kvp%d", i)
+			}
+		}
+	}
+	for i := range perNet * p.networks {
+		network, s := i%p.networks, i/p.networks
+		in.Services = append(in.Services, corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("t%d", network), Name: fmt.Sprintf("svc%d", s)},
+			Spec: corev1.ServiceSpec{
+				ClusterIP: fmt.Sprintf("10.96.%d.%d", (i+1)>>8, (i+1)&0xff), Selector: map[string]string{"app": fmt.Sprintf("s%d", s)},
+				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
+			},
+		})
+	}
+	in.Gateways = (&Agent{}).gateways
+	in.Annotations = &AnnotationCache{}
+	return in
+}
+
+// BenchmarkDesiredServices: the plan of node n0 in a cluster of 100 nodes
+// and 10,000 pods on 50 primary (layer2) networks with 500 Services, 10
+// per network, each with one TCP port and 3 or 20 endpoints spread over
+// nodes (with 20, every pod is an endpoint), when nothing changed since
+// the last plan (as BenchmarkDesired10kPods, which has no Services: the
+// difference is what Services cost). n0 has pods on every network, so
+// its plan holds all 500 services.
+func BenchmarkDesiredServices(b *testing.B) {
+	for _, eps := range []int{3, 20} {
+		b.Run(fmt.Sprintf("endpoints=%d", eps), func(b *testing.B) {
+			p := servicesBenchParams{nodes: 100, networks: 50, pods: 10000, services: 500, endpoints: eps}
+			in := servicesBenchInput(b, p)
+			plan := Desired(in)
+			if len(plan.Problems) > 0 {
+				b.Fatal(plan.Problems)
+			}
+			if len(plan.State.Services) != p.services {
+				b.Fatalf("plan has %d services, want %d", len(plan.State.Services), p.services)
+			}
+			for _, s := range plan.State.Services {
+				if len(s.Endpoints) != eps {
+					b.Fatalf("service %s has endpoints %v, want %d", s.Name, s.Endpoints, eps)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				plan = Desired(in)
+			}
+			b.ReportMetric(float64(len(plan.State.Services)), "services")
+			b.ReportMetric(float64(len(plan.State.Ports)), "ports")
+			b.ReportMetric(float64(len(plan.State.RemoteMACs)), "remote-macs")
+		})
 	}
 }
