@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/k8s/nads"
@@ -121,7 +122,7 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 		if owned {
 			podOwned = append(podOwned, n)
-			ownedNets = append(ownedNets, a.Network.Name)
+			ownedNets = append(ownedNets, n.alloc.Name()) // the allocator key: per host subnet on Layer3
 		}
 		result[a.NADKey] = entry
 	}
@@ -173,11 +174,20 @@ var errClaimMissing = errors.New("IPAMClaim not found")
 // allocate serves one attachment. owned reports whether the pod (rather
 // than a claim) owns the allocation.
 func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.Attachment) (podnetworks.Attachment, *network, bool, error) {
-	n, err := r.st.network(a.Network)
-	if err != nil {
+	layer3 := a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3
+	var (
+		n   *network
+		err error
+	)
+	if layer3 {
+		n, err = r.hostNetwork(ctx, pod, a.Network)
+		if err != nil {
+			return podnetworks.Attachment{}, nil, false, err
+		}
+	} else if n, err = r.st.network(a.Network); err != nil {
 		return podnetworks.Attachment{}, nil, false, fmt.Errorf("%w: %v", ipam.ErrInvalidRequest, err)
 	}
-	if n.served != a.Network && !sameAddresses(n.cfg, mustConfig(a.Network)) {
+	if !layer3 && n.served != a.Network && !sameAddresses(n.cfg, mustConfig(a.Network)) {
 		log.FromContext(ctx).Info("NAD disagrees with the network's first definition; using the first", "network", a.Network.Name, "nad", a.NADKey)
 	}
 	claimRef := a.ClaimRef
@@ -208,16 +218,65 @@ func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.At
 	}
 	for _, g := range alloc.Gateways {
 		entry.GatewayIPs = append(entry.GatewayIPs, g.String())
-		if a.Role == podnetworks.RolePrimary {
+		switch {
+		case a.Role == podnetworks.RolePrimary:
 			dest := "0.0.0.0/0"
 			if g.Is6() {
 				dest = "::/0"
 			}
 			entry.Routes = append(entry.Routes, podnetworks.Route{Dest: dest, NextHop: g.String()})
+		case layer3:
+			// A secondary Layer3 network routes its cluster subnets
+			// through the node's router.
+			subs, _ := netconf.ParseLayer3Subnets(a.Network.Conf.Subnets)
+			for _, cs := range subs {
+				if cs.CIDR.Addr().Is4() == g.Is4() {
+					entry.Routes = append(entry.Routes, podnetworks.Route{Dest: cs.CIDR.String(), NextHop: g.String()})
+				}
+			}
 		}
 	}
 	return entry, n, owned, nil
 }
+
+// errNoHostSubnet is returned while the pod's node has no host subnet of
+// its Layer3 network yet.
+var errNoHostSubnet = errors.New("no host subnet")
+
+// hostNetwork returns the allocator of the Layer3 network s on the pod's
+// node. An unscheduled pod waits: its node decides its subnet.
+func (r *podReconciler) hostNetwork(ctx context.Context, pod *corev1.Pod, s *netconf.Served) (*network, error) {
+	if pod.Spec.NodeName == "" {
+		return nil, errNotScheduled
+	}
+	var node corev1.Node
+	if err := r.client.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("%w of layer3 network %q: node %s not found", errNoHostSubnet, s.Name, pod.Spec.NodeName)
+		}
+		return nil, err
+	}
+	var subnets []netip.Prefix
+	if v, ok := node.Annotations[hostsubnet.Annotation]; ok {
+		all, err := hostsubnet.Parse(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w of layer3 network %q on node %s: %v", errNoHostSubnet, s.Name, node.Name, err)
+		}
+		subnets = all[s.Name]
+	}
+	if len(subnets) == 0 {
+		return nil, fmt.Errorf("%w of layer3 network %q on node %s yet (annotation %s)", errNoHostSubnet, s.Name, node.Name, hostsubnet.Annotation)
+	}
+	n, err := r.st.hostNetwork(s, subnets)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ipam.ErrInvalidRequest, err)
+	}
+	return n, nil
+}
+
+// errNotScheduled is returned for a pod on a Layer3 network without a
+// node: its update with the node retriggers it.
+var errNotScheduled = errors.New("pod not scheduled yet")
 
 func mustConfig(s *netconf.Served) allocator.Config {
 	cfg, _ := ipam.NetworkConfig(s)
@@ -377,6 +436,10 @@ func (r *podReconciler) podError(ctx context.Context, pod *corev1.Pod, networkNa
 	switch {
 	case errors.Is(err, errClaimMissing):
 		reason, event, result = reasonMissingClaim, eventClaimMissing, ctrl.Result{RequeueAfter: retryMissing}
+	case errors.Is(err, errNotScheduled):
+		return ctrl.Result{}, nil
+	case errors.Is(err, errNoHostSubnet):
+		reason, event, result = "NoHostSubnet", eventAllocationFailed, ctrl.Result{RequeueAfter: retryMissing}
 	case errors.Is(err, ipam.ErrMissingNAD):
 		reason, event, result = "MissingNetworkAttachmentDefinition", eventAllocationFailed, ctrl.Result{RequeueAfter: retryMissing}
 	case errors.Is(err, ipam.ErrNoPrimaryNetwork):

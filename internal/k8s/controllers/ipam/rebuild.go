@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -95,6 +97,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 	}()
 
 	// The rebuild only reads the cached objects: no deep copies.
+	layer3 := map[string]*layer3Net{}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := b.cache.List(ctx, &nads, client.UnsafeDisableDeepCopy); err != nil {
 		return stats, err
@@ -102,6 +105,14 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 	for i := range nads.Items {
 		s, err := netconf.ParseServed(nads.Items[i].Spec.Config)
 		if err != nil || s == nil {
+			continue
+		}
+		if s.Conf != nil && s.Conf.Topology == netconf.TopologyLayer3 {
+			// Allocators per host subnet, made as pods show them.
+			if nw, err := hostsubnet.FromConf(s.Conf); err == nil && layer3[s.Name] == nil {
+				layer3[s.Name] = &layer3Net{served: s, net: nw}
+				stats.networks++
+			}
 			continue
 		}
 		if _, err := b.st.network(s); err != nil {
@@ -162,6 +173,9 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 				continue // held by the claim
 			}
 			n, ok := b.st.lookup(a.Network)
+			if l3 := layer3[a.Network]; !ok && l3 != nil {
+				n, ok = l3.allocatorOf(b.st, a.Addrs())
+			}
 			if !ok {
 				continue
 			}
@@ -170,7 +184,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 				logger.Error(err, "pod IPs conflict at rebuild", "pod", client.ObjectKeyFromObject(p).String(), "nad", key)
 				continue
 			}
-			owned = append(owned, a.Network)
+			owned = append(owned, n.alloc.Name())
 		}
 		b.st.recordPod(client.ObjectKeyFromObject(p), p.UID, owned)
 		stats.pods++
@@ -215,4 +229,25 @@ func (b *rebuilder) reserveClaims(ctx context.Context, claims []heldClaim, nets 
 	}
 	stats.claims += len(reserved)
 	b.st.recordClaims(reserved)
+}
+
+// layer3Net is a Layer3 network met during the rebuild.
+type layer3Net struct {
+	served *netconf.Served
+	net    hostsubnet.Network
+}
+
+// allocatorOf returns the allocator of the host subnets holding addrs: the
+// allocator the pod's addresses were taken from.
+func (l *layer3Net) allocatorOf(st *state, addrs []netip.Addr) (*network, bool) {
+	subnets := make([]netip.Prefix, 0, len(addrs))
+	for _, a := range addrs {
+		p, ok := l.net.HostSubnetOf(a)
+		if !ok {
+			return nil, false
+		}
+		subnets = append(subnets, p)
+	}
+	n, err := st.hostNetwork(l.served, subnets)
+	return n, err == nil
 }

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -112,6 +113,30 @@ func (st *state) network(s *netconf.Served) (*network, error) {
 	return n, nil
 }
 
+// hostNetwork returns the allocator of one node's host subnets of the
+// Layer3 network s, creating it on first use. Each set of host subnets has
+// its own allocator, so a subnet handed to another node after its node is
+// gone still holds the addresses of pods not yet released.
+func (st *state) hostNetwork(s *netconf.Served, hostSubnets []netip.Prefix) (*network, error) {
+	key := ipam.HostSubnetKey(s.Name, hostSubnets)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if n, ok := st.networks[key]; ok {
+		return n, nil
+	}
+	cfg, err := ipam.HostSubnetConfig(s, hostSubnets)
+	if err != nil {
+		return nil, err
+	}
+	a, err := allocator.NewNetwork(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: host subnets %v: %w", s.Name, hostSubnets, err)
+	}
+	n := &network{alloc: a, cfg: cfg, served: s}
+	st.networks[key] = n
+	return n, nil
+}
+
 // sameAddresses reports whether two configurations allocate alike.
 func sameAddresses(a, b allocator.Config) bool {
 	a.Name, b.Name = "", ""
@@ -167,11 +192,13 @@ func (st *state) releasePod(key types.NamespacedName, uid types.UID) {
 		}
 	}
 	st.mu.Unlock()
+	names := make([]string, 0, len(nets))
 	for _, n := range nets {
 		n.alloc.Release(podOwner(rec.uid))
 		n.updateGauges()
+		names = append(names, n.served.Name)
 	}
-	st.freed(rec.networks...)
+	st.freed(names...)
 }
 
 func (st *state) recordClaim(key types.NamespacedName, network string) {
