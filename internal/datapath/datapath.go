@@ -179,7 +179,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 		if !step(d.ensureNetwork(n, s.RemoteMACs)) {
 			return result()
 		}
-		if n.Primary && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
+		if n.hasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
 			return result()
 		}
 	}
@@ -269,12 +269,15 @@ func (d *Datapath) removeStaleLinks(nets []Network) error {
 		}
 		n, keep := want[id]
 		switch prefix {
-		case gwPortPrefix, transitPrefix:
+		case gwPortPrefix:
+			keep = keep && n.hasRouter()
+		case transitPrefix:
 			keep = keep && n.Primary
 		case svcPortPrefix:
 			keep = keep && n.Primary && len(n.ServiceAddrs) > 0
 		case vxlanPrefix:
-			keep = keep && n.Physical == ""
+			// A Layer3 network's VXLAN device lives in its router.
+			keep = keep && n.Physical == "" && n.Layer3 == nil
 		case physPortPrefix, patchPortPrefix:
 			keep = keep && n.Physical != ""
 		case vlanPortPrefix:
@@ -305,7 +308,7 @@ func (d *Datapath) removeStaleRouters(nets []Network) error {
 	}
 	want := map[int]bool{} // network ID -> has a router
 	for _, n := range nets {
-		want[n.ID] = n.Primary
+		want[n.ID] = n.hasRouter()
 	}
 	var errs []error
 	for _, name := range names {

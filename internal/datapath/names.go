@@ -41,6 +41,12 @@ const (
 	// the router through it, masqueraded to its address, so that the
 	// endpoint's replies, wherever it runs, come back to this router.
 	routerSvcIf = "svc"
+	// routerOverlayIf, on a Layer3 network, is the router's VXLAN device
+	// (VNI = network ID; its UDP socket stays in the node namespace, where
+	// it was made as kvvx<ID>): the routers of all nodes share this L2
+	// segment, each with its own overlay address, and route host subnets
+	// to each other over it.
+	routerOverlayIf = "ovl"
 )
 
 // serviceMark marks a router's service connections (conntrack mark, and

@@ -42,6 +42,9 @@ func (d *Datapath) ensureNetwork(n Network, remotes []RemoteMAC) error {
 		}
 		return nil
 	}
+	if n.Layer3 != nil {
+		return nil // local pods only; its router holds the overlay
+	}
 	vx, err := d.ensureVXLAN(n.ID, br)
 	if err != nil {
 		return fmt.Errorf("network %q: %w", n.Name, err)

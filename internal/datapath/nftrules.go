@@ -571,6 +571,11 @@ func routerRules(n Network, services []Service) []nftTable {
 	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
 		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
+	if n.Layer3 != nil {
+		forward = append(forward,
+			newRule().iifname(routerGwIf).oifname(routerOverlayIf).accept(fmt.Sprintf("network %s: to its pods on other nodes", n.Name)),
+			newRule().iifname(routerOverlayIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: from its pods on other nodes", n.Name)))
+	}
 	if len(n.ServiceAddrs) > 0 {
 		forward = append(forward, newRule().iifname(routerGwIf).oifname(routerSvcIf).accept(
 			fmt.Sprintf("network %s: service connections, and replies to other nodes' routers", n.Name)))

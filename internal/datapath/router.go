@@ -95,9 +95,10 @@ func (d *Datapath) wireRouter(n Network, services []Service, path string, fd int
 	if err != nil {
 		return err
 	}
-	trNode, trRouter, err := d.ensureVethPair(rh, fd, transitName(n.ID), routerTransitIf, nil, false)
-	if err != nil {
-		return err
+	if n.Primary { // a secondary Layer3 network has no egress
+		if err := d.ensureTransit(n, rh, fd, fams); err != nil {
+			return err
+		}
 	}
 
 	// Bridge side: the gateway port, with the gateway MAC pinned to it.
@@ -124,7 +125,21 @@ func (d *Datapath) wireRouter(n Network, services []Service, path string, fd int
 	if err := d.ensureServicePort(n, rh, fd, br); err != nil {
 		return err
 	}
+	if n.Layer3 != nil {
+		if err := d.ensureOverlay(n, rh, fd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
+// ensureTransit makes network n's egress path: the transit veth between
+// its router (at rh, fd) and the node, their addresses and routes.
+func (d *Datapath) ensureTransit(n Network, rh *nl.Handle, fd int, fams []bool) error {
+	trNode, trRouter, err := d.ensureVethPair(rh, fd, transitName(n.ID), routerTransitIf, nil, false)
+	if err != nil {
+		return err
+	}
 	var routerAddrs, nodeAddrs []netip.Prefix
 	for _, v6 := range []bool{false, true} {
 		router, node, err := TransitAddrs(n.ID, v6)

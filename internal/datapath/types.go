@@ -71,6 +71,38 @@ type Network struct {
 	// MTU of a localnet network's bridge and patch; 0 is the pod MTU.
 	// Tunnelled networks always use the pod MTU.
 	MTU int
+	// Layer3, when set, makes this a Layer3 network: Subnets are this
+	// node's host subnets and Gateways its router's address in each; the
+	// bridge holds local pods only, and the network's router routes to
+	// the other nodes' host subnets over an overlay between routers (see
+	// doc). Its router exists for a secondary network too (without
+	// egress). It has no Remotes.
+	Layer3 *Layer3
+}
+
+// hasRouter reports whether n gets a router namespace: primary networks
+// (gateway, egress) and Layer3 networks (routing between nodes).
+func (n *Network) hasRouter() bool { return n.Primary || n.Layer3 != nil }
+
+// Layer3 is what a Layer3 network's router needs to reach the other
+// nodes: its own overlay address and MAC, and every peer router.
+type Layer3 struct {
+	// ClusterSubnets are the network's subnets (all nodes' host subnets).
+	ClusterSubnets []netip.Prefix
+	// Addrs (one per family, with the overlay's prefix length) and MAC
+	// are this node's router's on the overlay; unique per node.
+	Addrs []netip.Prefix
+	MAC   net.HardwareAddr
+	// Peers are the other nodes' routers on this network.
+	Peers []Layer3Peer
+}
+
+// Layer3Peer is another node's router on a Layer3 network.
+type Layer3Peer struct {
+	VTEP    netip.Addr       // the node's UnderlayIP
+	Addrs   []netip.Addr     // its router's overlay addresses
+	MAC     net.HardwareAddr // its router's overlay MAC
+	Subnets []netip.Prefix   // its host subnets, routed via Addrs
 }
 
 // Port is a pod interface on this node: the host end of its veth, made by
@@ -170,7 +202,10 @@ func (s *State) validate() (map[string]*Network, error) {
 				bad("network %q: subnet %q is not a valid network prefix", n.Name, p)
 			}
 		}
-		if n.Primary {
+		if n.Layer3 != nil {
+			validateLayer3(n, bad)
+		}
+		if n.Primary || n.Layer3 != nil {
 			if len(n.Subnets) == 0 {
 				bad("network %q: primary network without subnets", n.Name)
 			}
@@ -298,12 +333,68 @@ func (s *State) validate() (map[string]*Network, error) {
 		for _, ep := range sv.Endpoints {
 			if !ep.IsValid() || ep.Port() == 0 || ep.Addr().Is4() != sv.VIP.Addr().Is4() {
 				bad("service %q: endpoint %q is not an address of the service's family with a port", sv.Name, ep)
-			} else if !slices.ContainsFunc(n.Subnets, func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
+			} else if !slices.ContainsFunc(endpointSubnets(n), func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
 				bad("service %q: endpoint %q outside network %q's subnets", sv.Name, ep, sv.Network)
 			}
 		}
 	}
 	return byName, errors.Join(errs...)
+}
+
+// endpointSubnets are where n's service endpoints may be: its subnets, or
+// on a Layer3 network its cluster subnets (endpoints on other nodes).
+func endpointSubnets(n *Network) []netip.Prefix {
+	if n.Layer3 != nil {
+		return n.Layer3.ClusterSubnets
+	}
+	return n.Subnets
+}
+
+// validateLayer3 checks a Layer3 network's own fields.
+func validateLayer3(n *Network, bad func(string, ...any)) {
+	l := n.Layer3
+	if n.Physical != "" || len(n.Remotes) != 0 {
+		bad("network %q: a layer3 network has no physical bridge and no remotes", n.Name)
+	}
+	for _, sub := range n.Subnets {
+		if !slices.ContainsFunc(l.ClusterSubnets, func(c netip.Prefix) bool { return c.Bits() <= sub.Bits() && c.Contains(sub.Addr()) }) {
+			bad("network %q: host subnet %q outside the cluster subnets %v", n.Name, sub, l.ClusterSubnets)
+		}
+	}
+	if !isUnicastMAC(l.MAC) {
+		bad("network %q: overlay MAC %q is not a unicast Ethernet address", n.Name, l.MAC)
+	}
+	if len(l.Addrs) == 0 {
+		bad("network %q: no overlay address", n.Name)
+	}
+	for _, a := range l.Addrs {
+		if !a.IsValid() || a.Addr() == a.Masked().Addr() {
+			bad("network %q: overlay address %q is not an address in a prefix", n.Name, a)
+		}
+		for _, c := range l.ClusterSubnets {
+			if c.Overlaps(a.Masked()) {
+				bad("network %q: overlay address %q overlaps subnet %q", n.Name, a, c)
+			}
+		}
+	}
+	for i, p := range l.Peers {
+		if !p.VTEP.IsValid() || p.VTEP.IsUnspecified() {
+			bad("network %q: peers[%d]: VTEP %q is not a valid address", n.Name, i, p.VTEP)
+		}
+		if !isUnicastMAC(p.MAC) {
+			bad("network %q: peer %s: MAC %q is not a unicast Ethernet address", n.Name, p.VTEP, p.MAC)
+		}
+		for _, a := range p.Addrs {
+			if !slices.ContainsFunc(l.Addrs, func(o netip.Prefix) bool { return o.Contains(a) }) || slices.ContainsFunc(l.Addrs, func(o netip.Prefix) bool { return o.Addr() == a }) {
+				bad("network %q: peer %s: address %q is not another address of the overlay %v", n.Name, p.VTEP, a, l.Addrs)
+			}
+		}
+		for _, sub := range p.Subnets {
+			if !sub.IsValid() || sub != sub.Masked() || slices.ContainsFunc(n.Subnets, sub.Overlaps) {
+				bad("network %q: peer %s: host subnet %q is invalid or overlaps this node's", n.Name, p.VTEP, sub)
+			}
+		}
+	}
 }
 
 // isUnicastMAC reports whether mac is a 6-byte, non-zero unicast address.
