@@ -17,6 +17,7 @@ import (
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/netconf"
@@ -125,9 +126,12 @@ type DHCPNetwork struct {
 
 // network is a kvnet network as the NADs describe it.
 type network struct {
-	conf      *netconf.NetConf
-	id        int
-	physical  string // localnet: this node's bridge on its physical network
+	conf     *netconf.NetConf
+	id       int
+	physical string // localnet: this node's bridge on its physical network
+	// layer3 is set for a Layer3 network; subnets are then this node's
+	// host subnets and gateways its router's addresses in them.
+	layer3    *hostsubnet.Network
 	subnets   []netip.Prefix
 	gateways  []netip.Addr
 	exhausted bool
@@ -166,6 +170,7 @@ func Desired(in Input) Plan {
 		}
 		lacksVLAN = physnet.LacksVLAN(self)
 	}
+	hostSubnets := nodeHostSubnets(self, problem)
 	unserved := func(name, format string, args ...any) {
 		if plan.Unserved == nil {
 			plan.Unserved = map[string]string{}
@@ -199,8 +204,18 @@ func Desired(in Input) Plan {
 		if _, ok := plan.Unserved[conf.Name]; ok {
 			continue
 		}
-		if conf.Topology != netconf.TopologyLayer2 && conf.Topology != netconf.TopologyLocalnet {
-			problem("NAD %s: topology %q: kvnet-node programs layer2 and localnet networks only", key, conf.Topology)
+		var l3 *hostsubnet.Network
+		switch conf.Topology {
+		case netconf.TopologyLayer2, netconf.TopologyLocalnet:
+		case netconf.TopologyLayer3:
+			nw, err := hostsubnet.FromConf(conf)
+			if err != nil {
+				problem("NAD %s: %v", key, err)
+				continue
+			}
+			l3 = &nw
+		default:
+			problem("NAD %s: topology %q: kvnet-node programs layer2, layer3 and localnet networks only", key, conf.Topology)
 			continue
 		}
 		var physical string
@@ -229,7 +244,19 @@ func Desired(in Input) Plan {
 			problem("NAD %s: annotation %s=%q is not a network ID 1-%d", key, udn.NetworkIDAnnotation, nad.Annotations[udn.NetworkIDAnnotation], datapath.MaxNetworkID)
 			continue
 		}
-		n := &network{conf: conf, id: id, physical: physical, exhausted: nad.Annotations[udn.PoolExhaustedAnnotation] == "true"}
+		n := &network{conf: conf, id: id, physical: physical, layer3: l3, exhausted: nad.Annotations[udn.PoolExhaustedAnnotation] == "true"}
+		if l3 != nil {
+			// This node's host subnets, with its router in each.
+			if n.subnets = hostSubnets[conf.Name]; len(n.subnets) == 0 {
+				unserved(conf.Name, "node %s has no host subnet of layer3 network %q yet (annotation %s, which kvnet-controller writes)", in.Node, conf.Name, hostsubnet.Annotation)
+				continue
+			}
+			for _, p := range n.subnets {
+				n.gateways = append(n.gateways, hostsubnet.Gateway(p))
+			}
+			nets[conf.Name] = n
+			continue
+		}
 		if n.subnets, err = netconf.ParsePrefixes("subnets", conf.Subnets); err != nil {
 			problem("NAD %s: %v", key, err)
 			continue
@@ -306,10 +333,18 @@ func Desired(in Input) Plan {
 		if dn.Primary {
 			dn.Gateways = n.gateways
 		}
-		if n.physical != "" {
+		switch {
+		case n.layer3 != nil:
+			dn.Gateways = n.gateways
+			var err error
+			if dn.Layer3, err = layer3Of(n, hs, in, self, vteps); err != nil {
+				problem("network %s: %v", name, err)
+				continue
+			}
+		case n.physical != "":
 			// Localnet: the physical network carries it between nodes.
 			dn.Physical, dn.VLAN, dn.MTU = n.physical, n.conf.VLANID, cmp.Or(n.conf.MTU, udn.LocalnetDefaultMTU)
-		} else {
+		default:
 			remotes := map[netip.Addr]bool{}
 			for _, h := range hs {
 				if h.node != in.Node {
@@ -320,7 +355,11 @@ func Desired(in Input) Plan {
 		}
 		var services []datapath.Service
 		if dn.Primary {
-			services = servicesOf(serviceInput{name: name, conf: n.conf, subnets: n.subnets, namespaces: primaryNS[name], holders: hs, problem: problem}, in.Services)
+			subnets := n.subnets
+			if dn.Layer3 != nil {
+				subnets = dn.Layer3.ClusterSubnets // endpoints on every node
+			}
+			services = servicesOf(serviceInput{name: name, conf: n.conf, subnets: subnets, namespaces: primaryNS[name], holders: hs, problem: problem}, in.Services)
 		}
 		if len(services) > 0 {
 			var err error
@@ -329,7 +368,15 @@ func Desired(in Input) Plan {
 			case !ok:
 				problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): %d service ports wait", name, nodeid.Annotation, len(services))
 			default:
-				dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
+				if n.layer3 != nil {
+					// Only this router's own pods answer its service
+					// port (other nodes' pods answer over the overlay),
+					// so the join subnet serves, the overlay keeping
+					// the transit subnet.
+					dn.ServiceAddrs, dn.ServiceMAC, err = joinAddrs(n.conf.JoinSubnet, id)
+				} else {
+					dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
+				}
 				if err != nil {
 					problem("network %s: services: %v", name, err)
 				}
@@ -346,7 +393,7 @@ func Desired(in Input) Plan {
 		}
 		plan.State.Networks = append(plan.State.Networks, dn)
 		plan.State.Services = append(plan.State.Services, services...)
-		if len(services) > 0 {
+		if len(services) > 0 && n.layer3 == nil {
 			// The other nodes' routers on this network, which endpoints
 			// here answer: their service MACs, pinned to their VTEPs.
 			for _, nodeName := range slices.Sorted(maps.Keys(remoteNodes(hs, in.Node))) {
@@ -378,7 +425,7 @@ func Desired(in Input) Plan {
 				// The other copy of a migrating VM's MAC: nothing here,
 				// unless it is the migration's port on this node.
 			case h.node != in.Node:
-				if n.physical != "" || (h.migrating && localMAC[h.mac.String()]) {
+				if n.physical != "" || n.layer3 != nil || (h.migrating && localMAC[h.mac.String()]) {
 					// The physical network learns where a MAC is; the
 					// bridge learns whether a migrating guest is here.
 					continue
@@ -548,4 +595,59 @@ func remoteNodes(hs []*holder, self string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// nodeHostSubnets returns the host subnets node holds (see package
+// hostsubnet), by network.
+func nodeHostSubnets(node *corev1.Node, problem func(string, ...any)) hostsubnet.Subnets {
+	if node == nil {
+		return nil
+	}
+	v, ok := node.Annotations[hostsubnet.Annotation]
+	if !ok {
+		return nil
+	}
+	s, err := hostsubnet.Parse(v)
+	if err != nil {
+		problem("node %s: %v", node.Name, err)
+		return nil
+	}
+	return s
+}
+
+// layer3Of returns what the router of Layer3 network n on this node needs:
+// its overlay address and MAC (from the node ID, in the network's transit
+// subnet) and the routers of the other nodes with pods of it.
+func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[string]netip.Addr) (*datapath.Layer3, error) {
+	id, ok := nodeID(self)
+	if !ok {
+		return nil, fmt.Errorf("this node has no node ID yet (annotation %s, which kvnet-controller writes)", nodeid.Annotation)
+	}
+	l3 := &datapath.Layer3{}
+	for _, s := range n.layer3.Subnets {
+		l3.ClusterSubnets = append(l3.ClusterSubnets, s.CIDR)
+	}
+	var err error
+	if l3.Addrs, l3.MAC, err = serviceAddrs(n.conf.TransitSubnet, id); err != nil {
+		return nil, err
+	}
+	for _, nodeName := range slices.Sorted(maps.Keys(remoteNodes(hs, in.Node))) {
+		other := nodeNamed(in.Nodes, nodeName)
+		oid, ok := nodeID(other)
+		vtep, hasVTEP := vteps[nodeName]
+		subnets := nodeHostSubnets(other, func(string, ...any) {})[n.conf.Name]
+		if !ok || !hasVTEP || len(subnets) == 0 {
+			continue // not ready: its pods are unreachable until it is
+		}
+		addrs, mac, err := serviceAddrs(n.conf.TransitSubnet, oid)
+		if err != nil {
+			continue
+		}
+		p := datapath.Layer3Peer{VTEP: vtep, MAC: mac, Subnets: subnets}
+		for _, a := range addrs {
+			p.Addrs = append(p.Addrs, a.Addr())
+		}
+		l3.Peers = append(l3.Peers, p)
+	}
+	return l3, nil
 }

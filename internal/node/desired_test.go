@@ -282,7 +282,8 @@ func TestDesiredSkipsBadInput(t *testing.T) {
 			primaryNAD("noid", ""),
 			nad("x", "broken", `{"type":`, "3"),
 			nad("x", "bridge", `{"type":"bridge","name":"br"}`, ""),
-			nad("x", "l3", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"x_l3","topology":"layer3","role":"secondary","subnets":"10.9.0.0/16/24"}`, "4"),
+			nad("x", "l3", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"x_l3","topology":"layer3","role":"secondary","subnets":"10.9.0.0/16/8"}`, "4"),
+			nad("x", "l3ok", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"x_l3ok","topology":"layer3","role":"secondary","subnets":"10.9.0.0/16/24"}`, "5"),
 		},
 		Pods:  []corev1.Pod{good, bad, noVTEPPod},
 		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "not-an-ip"), kvnode("n9", "")},
@@ -292,7 +293,7 @@ func TestDesiredSkipsBadInput(t *testing.T) {
 	want := []string{
 		`NAD noid/udn: annotation k8s.ovn.org/network-id="" is not a network ID`,
 		`NAD x/broken:`,
-		`NAD x/l3: topology "layer3"`,
+		`NAD x/l3: network "x_l3": subnet "10.9.0.0/16": host subnet length /8`,
 		`node n2: annotation kvnet.io/vtep="not-an-ip" is not an IP address`,
 		`pod a/bad:`,
 	}
@@ -304,6 +305,11 @@ func TestDesiredSkipsBadInput(t *testing.T) {
 	}
 	if len(plan.Problems) != len(want) {
 		t.Errorf("%d problems, want %d:\n%s", len(plan.Problems), len(want), all)
+	}
+	// A valid Layer3 network this node has no host subnet of yet is
+	// refused to its pods with the reason.
+	if why := plan.Unserved["x_l3ok"]; !strings.Contains(why, `node n1 has no host subnet of layer3 network "x_l3ok" yet`) {
+		t.Errorf("unserved reason of x_l3ok: %q", why)
 	}
 	// The good pod is still served; the pod on a node without VTEP is
 	// not a remote (it has nowhere to be sent).

@@ -26,20 +26,33 @@ import (
 // MACs from IPs). The transit subnet never overlaps the network's
 // subnets, so neither address nor MAC can be a pod's.
 func serviceAddrs(transit string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
-	list := udn.DefaultTransitSubnets
-	if transit != "" {
-		list = strings.Split(transit, ",")
+	return nodeAddrs("transitSubnet", transit, udn.DefaultTransitSubnets, nodeID)
+}
+
+// joinAddrs is serviceAddrs in a network's join subnets (the NAD's
+// "joinSubnet", or OVN-Kubernetes' default for UDNs).
+func joinAddrs(join string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
+	return nodeAddrs("joinSubnet", join, udn.DefaultJoinSubnets, nodeID)
+}
+
+// nodeAddrs returns the node ID-th address of each subnet of the
+// comma-separated NAD field key (value v, or def if empty) and the MAC
+// derived from the first.
+func nodeAddrs(key, v string, def []string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
+	list := def
+	if v != "" {
+		list = strings.Split(v, ",")
 	}
 	var out []netip.Prefix
 	for _, s := range list {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
 		if err != nil {
-			return nil, nil, fmt.Errorf("\"transitSubnet\" %q: %w", s, err)
+			return nil, nil, fmt.Errorf("%q %q: %w", key, s, err)
 		}
 		p = p.Masked()
 		host := p.Addr().BitLen() - p.Bits()
 		if host < 64 && uint64(nodeID) >= uint64(1)<<host-1 {
-			return nil, nil, fmt.Errorf("\"transitSubnet\" %s has no address for node ID %d", p, nodeID)
+			return nil, nil, fmt.Errorf("%q %s has no address for node ID %d", key, p, nodeID)
 		}
 		b := p.Addr().AsSlice()
 		low := binary.BigEndian.Uint32(b[len(b)-4:]) + uint32(nodeID)
@@ -48,7 +61,7 @@ func serviceAddrs(transit string, nodeID int) ([]netip.Prefix, net.HardwareAddr,
 		out = append(out, netip.PrefixFrom(a, p.Bits()))
 	}
 	if len(out) == 0 {
-		return nil, nil, fmt.Errorf("\"transitSubnet\" %q: no subnet", transit)
+		return nil, nil, fmt.Errorf("%q %q: no subnet", key, v)
 	}
 	b := out[0].Addr().AsSlice()
 	mac := net.HardwareAddr{0x0a, 0x58, b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1]}

@@ -185,11 +185,6 @@ func TestPrimaryNetworkNotRendered(t *testing.T) {
 	expect(t, diagnose(podFactsOf(pod, namespace("t", true), u, deleting)), PrimaryNetworkNotRendered, "being deleted")
 }
 
-func TestTopologyNotServed(t *testing.T) {
-	pod := plainPod("t", "p", "n1", nil)
-	expect(t, diagnose(podFactsOf(pod, namespace("t", true), kvnetNAD("t", "net", netConf{topology: "layer3", subnets: "10.0.0.0/16/24"}))), TopologyNotServed, "layer3")
-}
-
 func TestNADNotFound(t *testing.T) {
 	pod := plainPod("t", "p", "n1", map[string]string{multus.NetworksAnnotation: "nope"})
 	expect(t, diagnose(podFactsOf(pod)), NADNotFound, "element 0 of the pod's annotation k8s.v1.cni.cncf.io/networks names NetworkAttachmentDefinition t/nope")

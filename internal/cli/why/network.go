@@ -273,9 +273,6 @@ func checkNamespace(r *Report, f *netFacts, evidence []string) (labelled bool, p
 		r.ok("network", "hand-written primary NAD %s", primaryKey)
 	}
 	s, _ := netconf.ParseServed(nad.Spec.Config)
-	if stop := checkTopology(r, f, primaryKey, s); stop {
-		return true, primaryKey, true
-	}
 	r.ok("NAD", "%s", describeServed(primaryKey, s))
 	return true, primaryKey, false
 }
@@ -325,21 +322,6 @@ func noPrimary(r *Report, f *netFacts, deleting *nadv1.NetworkAttachmentDefiniti
 		"%s has no NAD %s/%s: %s", o, ns, o.nadName, o.state())
 }
 
-// checkTopology fails a kvnet-cni NAD whose topology kvnet-node does not
-// program.
-func checkTopology(r *Report, f *netFacts, key string, s *netconf.Served) bool {
-	if s == nil || s.Conf == nil || s.Conf.Topology == netconf.TopologyLayer2 || s.Conf.Topology == netconf.TopologyLocalnet {
-		return false
-	}
-	what := "NAD " + key
-	if o, ok := f.ownerOf(f.NADs[key]); ok {
-		what = o.String()
-	}
-	return r.fail("NAD", describeServed(key, s), TopologyNotServed,
-		"use a Layer2 network: the topology of a UDN is immutable, so create a new Layer2 one (or change \"topology\" to \"layer2\" in a hand-written NAD)",
-		"%s has topology %s; kvnet-node programs Layer2 and Localnet networks only, so pods and VMs attached to it fail to start", what, s.Conf.Topology)
-}
-
 // checkNAD checks the NAD an element (or a VM network) names. where says
 // who names it. It returns the served configuration (nil for a NAD of
 // another plugin) and whether a link is broken.
@@ -373,10 +355,7 @@ func checkNAD(r *Report, f *netFacts, key, where string) (*netconf.Served, bool)
 		r.ok("NAD", "%s: CNI type %q, not kvnet's (its own plugin and IPAM serve it)", key, c.Type)
 		return nil, false
 	}
-	if checkTopology(r, f, key, s) {
-		return s, true
-	}
-	if o, ok := f.ownerOf(nad); ok && o.cond != nil && o.cond.Status != metav1.ConditionTrue && o.cond.Reason != udncontroller.ReasonTopologyNotServed {
+	if o, ok := f.ownerOf(nad); ok && o.cond != nil && o.cond.Status != metav1.ConditionTrue {
 		r.ok("network", "%s: %s", o, o.state())
 	}
 	r.ok("NAD", "%s", describeServed(key, s))

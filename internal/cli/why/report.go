@@ -20,9 +20,6 @@ const (
 	// PrimaryNetworkNotRendered: the primary UDN/CUDN exists, its NAD does
 	// not (not rendered yet, or NetworkCreated=False).
 	PrimaryNetworkNotRendered Code = "PrimaryNetworkNotRendered"
-	// TopologyNotServed: the network is Layer3; kvnet-node programs
-	// Layer2 and Localnet networks only.
-	TopologyNotServed Code = "TopologyNotServed"
 	// NADNotFound: a network-selection element (or a VM network) names a
 	// NAD that does not exist.
 	NADNotFound Code = "NADNotFound"

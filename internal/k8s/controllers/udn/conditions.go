@@ -26,11 +26,8 @@ const (
 	ReasonSyncError     = "SyncError"
 	ReasonCUDNSyncError = "NetworkAttachmentDefinitionSyncError"
 
-	// ReasonTopologyNotServed is kvnet's own: the NADs exist, but kvnet's
-	// nodes do not program the network's topology, so nothing can attach.
-	ReasonTopologyNotServed = "TopologyNotServed"
-	messageNADCreated       = "NetworkAttachmentDefinition has been created"
-	messageNADIsDeleting    = "NetworkAttachmentDefinition is being deleted"
+	messageNADCreated    = "NetworkAttachmentDefinition has been created"
+	messageNADIsDeleting = "NetworkAttachmentDefinition is being deleted"
 )
 
 // networkCreated is a UDN's NetworkCreated condition after a sync that
@@ -67,18 +64,6 @@ func clusterNetworkCreated(nads []*nadv1.NetworkAttachmentDefinition, syncErr er
 		Type: ConditionNetworkCreated, Status: metav1.ConditionTrue, Reason: ReasonNADCreated,
 		Message: fmt.Sprintf("%s in following namespaces: [%s]", messageNADCreated, strings.Join(namespaces, ", ")),
 	}
-}
-
-// servedTopology turns a True condition False when kvnet-node does not
-// serve the network's topology (Layer2 and Localnet are programmed on
-// nodes today): a network nothing serves must not read as created.
-func servedTopology(cond metav1.Condition, topology udnv1.NetworkTopology) metav1.Condition {
-	if cond.Status != metav1.ConditionTrue || topology == udnv1.NetworkTopologyLayer2 || topology == udnv1.NetworkTopologyLocalnet {
-		return cond
-	}
-	return falseCondition(ReasonTopologyNotServed, fmt.Sprintf(
-		"%s, but kvnet nodes do not serve the %s topology yet: pods and VMs attached to this network fail to start",
-		cond.Message, topology))
 }
 
 // Reasons of a localnet network that no node can attach (kvnet's own).

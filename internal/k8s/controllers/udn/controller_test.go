@@ -240,15 +240,12 @@ func TestRenderedNADs(t *testing.T) {
 	checkGolden(t, waitNAD(t, "golden-secondary", "golden-localnet"), "cudn-localnet.yaml")
 
 	waitCondition(t, docs, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
-	// kvnet-node serves Layer2 and Localnet: the Layer3 NADs exist, but
-	// its network does not read as created; a localnet one no node maps to
-	// a bridge does not either (TestLocalnetCondition).
+	// A localnet network no node maps to a bridge does not read as created
+	// (TestLocalnetCondition); a Layer3 one does.
 	waitExactCondition(t, localnet, metav1.ConditionFalse, "NoBridgeMapping",
 		"NetworkAttachmentDefinition has been created in following namespaces: [golden-secondary], "+
 			"but no node maps physical network \"physnet\" to a bridge: annotate the nodes on that network with kvnet.io/bridge-mappings=physnet:<bridge>")
-	waitExactCondition(t, l3, metav1.ConditionFalse, "TopologyNotServed",
-		"NetworkAttachmentDefinition has been created, but kvnet nodes do not serve the Layer3 topology yet: "+
-			"pods and VMs attached to this network fail to start")
+	waitExactCondition(t, l3, metav1.ConditionTrue, "NetworkAttachmentDefinitionCreated", "NetworkAttachmentDefinition has been created")
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(docs), docs); err != nil {
 		t.Fatal(err)
 	}

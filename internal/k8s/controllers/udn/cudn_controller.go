@@ -108,7 +108,7 @@ func (r *cudnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 	}
 	err = errors.Join(errs...)
-	cond := servedTopology(clusterNetworkCreated(nads, err), spec.Topology)
+	cond := clusterNetworkCreated(nads, err)
 	if spec.Topology == udnv1.NetworkTopologyLocalnet {
 		var nodes corev1.NodeList
 		if err := r.client.List(ctx, &nodes); err != nil {

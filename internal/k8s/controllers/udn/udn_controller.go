@@ -71,7 +71,7 @@ func (r *udnReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 	}
 	nad, err := r.ensureNAD(ctx, owner, spec, netName, u.Namespace)
-	cond := servedTopology(networkCreated(nad, err), spec.Topology)
+	cond := networkCreated(nad, err)
 	if serr := r.reportSync(ctx, &u, &u.Status.Conditions, cond); serr != nil {
 		return ctrl.Result{}, serr
 	}
