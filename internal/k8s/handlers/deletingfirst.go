@@ -28,7 +28,23 @@ const DeletingPriority = 100
 // runtime's order (list last, in the same order every time) a restart
 // could come before its turn again and again: the 10,000-operation chaos
 // run left namespaces terminating for 30 minutes that way.
-func DeletingFirst() handler.EventHandler {
+func DeletingFirst() handler.EventHandler { return DeletingFirstBy(self) }
+
+// DeletingFirstBy is DeletingFirst for the requests mapFn maps an object
+// to (e.g. an IPAMClaim to its VM): with the object's priority.
+func DeletingFirstBy(mapFn func(client.Object) []reconcile.Request) handler.EventHandler {
+	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], obj client.Object, initialList bool) {
+		if obj == nil {
+			return
+		}
+		for _, req := range mapFn(obj) {
+			if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+				pq.AddWithOpts(priorityqueue.AddOpts{Priority: Priority(obj, initialList)}, req)
+				continue
+			}
+			q.Add(req)
+		}
+	}
 	return handler.Funcs{
 		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			add(q, e.Object, e.IsInInitialList)
@@ -45,6 +61,11 @@ func DeletingFirst() handler.EventHandler {
 	}
 }
 
+// self maps an object to its own request.
+func self(obj client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(obj)}}
+}
+
 // Priority returns the priority DeletingFirst gives obj: DeletingPriority
 // while it is being deleted, handler.LowPriority for the rest of a start-
 // up list, nil (the default) otherwise.
@@ -56,16 +77,4 @@ func Priority(obj client.Object, initialList bool) *int {
 		return new(handler.LowPriority)
 	}
 	return nil
-}
-
-func add(q workqueue.TypedRateLimitingInterface[reconcile.Request], obj client.Object, initialList bool) {
-	if obj == nil {
-		return
-	}
-	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(obj)}
-	if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
-		pq.AddWithOpts(priorityqueue.AddOpts{Priority: Priority(obj, initialList)}, req)
-		return
-	}
-	q.Add(req)
 }

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -45,5 +47,26 @@ func TestDeletingFirst(t *testing.T) {
 	}
 	if p := Priority(obj("x", false), false); p != nil {
 		t.Errorf("an ordinary event's priority is %d, want the default", *p)
+	}
+}
+
+// TestDeletingFirstBy: a mapped object (an IPAMClaim to its VM) being
+// deleted puts its mapped request ahead of a start-up list's.
+func TestDeletingFirstBy(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test-by")
+	defer q.ShutDown()
+	h := DeletingFirstBy(func(o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: "vm-of-" + o.GetName()}}}
+	})
+	ctx := context.Background()
+	listed := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "listed"}}
+	deleting := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "claim",
+		DeletionTimestamp: &metav1.Time{Time: time.Now()}, Finalizers: []string{"x"}}}
+	h.Create(ctx, event.CreateEvent{Object: listed, IsInInitialList: true}, q)
+	h.Create(ctx, event.CreateEvent{Object: deleting, IsInInitialList: true}, q)
+	first, _ := q.Get()
+	q.Done(first)
+	if first.Name != "vm-of-claim" {
+		t.Fatalf("first request %v, want the deleting object's mapped request vm-of-claim", first)
 	}
 }

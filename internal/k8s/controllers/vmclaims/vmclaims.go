@@ -58,10 +58,10 @@ type Options struct {
 func Setup(mgr ctrl.Manager, opts Options) error {
 	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-vmclaims"),
 		after: opts.After}
-	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
-	})
-	byVMLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+	// A claim being deleted (its namespace going) waits for this
+	// controller to drop its finalizer: ahead of other work, or under churn
+	// with restarts it may never get its turn (handlers.DeletingFirst).
+	byVMLabel := handlers.DeletingFirstBy(func(o client.Object) []reconcile.Request {
 		if vm := o.GetLabels()[kubevirtv1.VirtualMachineLabel]; vm != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: vm}}}
 		}
@@ -93,7 +93,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("vmclaims").
 		// A VMI being deleted releases its claims: ahead of other work.
 		Watches(&kubevirtv1.VirtualMachineInstance{}, handlers.DeletingFirst()).
-		Watches(&kubevirtv1.VirtualMachine{}, byName).
+		Watches(&kubevirtv1.VirtualMachine{}, handlers.DeletingFirst()).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, vmisOfNamespace, builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return true },
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
