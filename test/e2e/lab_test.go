@@ -81,6 +81,8 @@ var demoTrafficChecks = []string{
 	`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 10\.0\.0\.\d+ \(node-2\)`,
 	`reached\s+red-namespace/red-1 \(node-2\)\s+-> blue-namespace/blue-1 203\.203\.0\.\d+ \(node-3\)`,
 	`reached\s+udn-demo/web-1 \(node-1\)\s+-> 198\.51\.100\.1`,
+	`reached\s+l3-demo/app-1 \(node-1\)\s+-> l3-demo/app-2 10\.128\.\d+\.\d+ \(node-2\)`,
+	`blocked\s+l3-demo/app-1 \(node-1\)\s+-> udn-demo/web-2`,
 	`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
 	`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
 	`live migration vm-a-migration-\w+: node-\d -> node-\d`,
@@ -113,7 +115,8 @@ func TestLabDemo(t *testing.T) {
 		"NetworkAttachmentDefinition has been created in following namespaces: [blue-namespace, red-namespace]",
 		`"name": "udn-demo_udn-l2-net"`,
 		`"allowPersistentIPs": true`,
-		"NetworkAttachmentDefinitions rendered by kvnet (5)",
+		"NetworkAttachmentDefinitions rendered by kvnet (6)",
+		"applied  UserDefinedNetwork l3-demo/l3-net",
 		"applied  VirtualMachine udn-demo/vm-a",
 	} {
 		if !strings.Contains(out, want) {
@@ -138,7 +141,7 @@ func TestLabDemo(t *testing.T) {
 	// Running the demo again is idempotent.
 	macRE := regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+(02:[0-9a-f:]{14})`)
 	again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
-	if !strings.Contains(again, "(5)") {
+	if !strings.Contains(again, "(6)") {
 		t.Errorf("second demo run differs:\n%s", again)
 	}
 	// Re-applying the VM manifest (which names no MAC) keeps its MAC.

@@ -66,6 +66,8 @@ var checks = []check{
 	{"tenant-b/db-1", "udn-demo/web-2", false, "another tenant on the same subnet"},
 	{"tenant-b/db-1", "udn-demo/web-1", false, "another tenant on the same subnet, same node"},
 	{"red-namespace/red-1", "udn-demo/web-1", false, "another tenant"},
+	{"l3-demo/app-1", "l3-demo/app-2", true, "Layer3: routed from node-1's host subnet to node-2's"},
+	{"l3-demo/app-1", "udn-demo/web-2", false, "another tenant, from a Layer3 network"},
 }
 
 // expectedPods returns the pods the checks and the VM check need, sorted.
