@@ -321,6 +321,7 @@ func Desired(in Input) Plan {
 		}
 	}
 
+	var nodeSubnets map[string]hostsubnet.Subnets // node -> its host subnets, once a Layer3 network needs them
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
 		n, hs := nets[name], holders[name]
 		activeHolders(hs, in.VMINodes)
@@ -337,7 +338,14 @@ func Desired(in Input) Plan {
 		case n.layer3 != nil:
 			dn.Gateways = n.gateways
 			var err error
-			if dn.Layer3, err = layer3Of(n, hs, in, self, vteps); err != nil {
+			if nodeSubnets == nil {
+				// Parsed once per plan, for every Layer3 network.
+				nodeSubnets = map[string]hostsubnet.Subnets{}
+				for i := range in.Nodes {
+					nodeSubnets[in.Nodes[i].Name] = nodeHostSubnets(&in.Nodes[i], func(string, ...any) {})
+				}
+			}
+			if dn.Layer3, err = layer3Of(n, hs, in, self, vteps, nodeSubnets); err != nil {
 				problem("network %s: %v", name, err)
 				continue
 			}
@@ -618,7 +626,7 @@ func nodeHostSubnets(node *corev1.Node, problem func(string, ...any)) hostsubnet
 // layer3Of returns what the router of Layer3 network n on this node needs:
 // its overlay address and MAC (from the node ID, in the network's transit
 // subnet) and the routers of the other nodes with pods of it.
-func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[string]netip.Addr) (*datapath.Layer3, error) {
+func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[string]netip.Addr, nodeSubnets map[string]hostsubnet.Subnets) (*datapath.Layer3, error) {
 	id, ok := nodeID(self)
 	if !ok {
 		return nil, fmt.Errorf("this node has no node ID yet (annotation %s, which kvnet-controller writes)", nodeid.Annotation)
@@ -635,7 +643,7 @@ func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[s
 		other := nodeNamed(in.Nodes, nodeName)
 		oid, ok := nodeID(other)
 		vtep, hasVTEP := vteps[nodeName]
-		subnets := nodeHostSubnets(other, func(string, ...any) {})[n.conf.Name]
+		subnets := nodeSubnets[nodeName][n.conf.Name]
 		if !ok || !hasVTEP || len(subnets) == 0 {
 			continue // not ready: its pods are unreachable until it is
 		}

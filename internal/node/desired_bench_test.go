@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -173,10 +175,11 @@ type servicesBenchParams struct {
 // benchTopology is how servicesBenchInput lays out a primary network of
 // one topology: the NAD config of namespace ns's network, and the
 // address (with prefix length) and gateway of the pod with host index
-// host on node nodeIdx. A topology is benchmarked by adding its entry.
+// host on node nodeIdx, the local-th of the network there. A topology is
+// benchmarked by adding its entry.
 type benchTopology struct {
 	conf  func(ns string) string
-	podIP func(nodeIdx, host int) (ip, gateway string)
+	podIP func(nodeIdx, host, local int) (ip, gateway string)
 }
 
 var benchTopologies = map[string]benchTopology{
@@ -184,8 +187,18 @@ var benchTopologies = map[string]benchTopology{
 		conf: func(ns string) string {
 			return fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"%s_udn","netAttachDefName":"%s/udn","topology":"layer2","role":"primary","subnets":"10.1.0.0/16"}`, ns, ns)
 		},
-		podIP: func(_, host int) (string, string) {
+		podIP: func(_, host, _ int) (string, string) {
 			return fmt.Sprintf("10.1.%d.%d/16", (host+2)>>8, (host+2)&0xff), "10.1.0.1"
+		},
+	},
+	// Layer3: node k holds host subnet 10.128.k.0/24 of every Layer3
+	// network (servicesBenchInput writes the nodes' annotations).
+	netconf.TopologyLayer3: {
+		conf: func(ns string) string {
+			return fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"%s_udn","netAttachDefName":"%s/udn","topology":"layer3","role":"primary","subnets":"10.128.0.0/16/24"}`, ns, ns)
+		},
+		podIP: func(nodeIdx, _, local int) (string, string) {
+			return fmt.Sprintf("10.128.%d.%d/24", nodeIdx, local+3), fmt.Sprintf("10.128.%d.1", nodeIdx)
 		},
 	},
 }
@@ -215,12 +228,21 @@ func servicesBenchInput(tb testing.TB, p servicesBenchParams) Input {
 	for i := range p.nodes {
 		n := kvnode(fmt.Sprintf("n%d", i), fmt.Sprintf("192.168.%d.%d", i/250, i%250+1))
 		n.Annotations[nodeid.Annotation] = fmt.Sprint(i + 1)
+		subnets := hostsubnet.Subnets{}
+		for k := range p.networks {
+			if p.topology(k) == netconf.TopologyLayer3 {
+				subnets[fmt.Sprintf("t%d_udn", k)] = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, byte(i), 0}), 24)}
+			}
+		}
+		if len(subnets) > 0 {
+			n.Annotations[hostsubnet.Annotation] = hostsubnet.Format(subnets)
+		}
 		in.Nodes = append(in.Nodes, n)
 	}
 	for i := range p.pods {
 		network, nodeIdx, host := i%p.networks, i/p.networks%p.nodes, i/p.networks
 		ns, mac := fmt.Sprintf("t%d", network), fmt.Sprintf("0a:58:0a:01:%02x:%02x", host>>8, host&0xff)
-		ip, gw := topo[network].podIP(nodeIdx, host)
+		ip, gw := topo[network].podIP(nodeIdx, host, host/p.nodes)
 		pd := corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i)),
 				CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-time.Hour)),
@@ -263,9 +285,25 @@ func servicesBenchInput(tb testing.TB, p servicesBenchParams) Input {
 // difference is what Services cost). n0 has pods on every network, so
 // its plan holds all 500 services.
 func BenchmarkDesiredServices(b *testing.B) {
-	for _, eps := range []int{3, 20} {
-		b.Run(fmt.Sprintf("endpoints=%d", eps), func(b *testing.B) {
-			p := servicesBenchParams{nodes: 100, networks: 50, pods: 10000, services: 500, endpoints: eps}
+	mixed := func(i int) string {
+		if i%2 == 1 {
+			return netconf.TopologyLayer3
+		}
+		return netconf.TopologyLayer2
+	}
+	for _, bc := range []struct {
+		name     string
+		eps      int
+		topology func(int) string
+	}{
+		{"layer2/endpoints=3", 3, nil},
+		{"layer2/endpoints=20", 20, nil},
+		{"mixed/endpoints=3", 3, mixed},
+		{"mixed/endpoints=20", 20, mixed},
+	} {
+		eps := bc.eps
+		b.Run(bc.name, func(b *testing.B) {
+			p := servicesBenchParams{nodes: 100, networks: 50, pods: 10000, services: 500, endpoints: eps, topology: bc.topology}
 			in := servicesBenchInput(b, p)
 			plan := Desired(in)
 			if len(plan.Problems) > 0 {
