@@ -212,14 +212,12 @@ func sameRules(fam nftables.TableFamily, have []*nftables.Rule, want []nftRule) 
 	return true, nil
 }
 
-// exprsKey encodes exprs for comparison.
+// exprsKey encodes exprs for comparison, each in canonical form
+// (canonicalExpr), so that an expression and its kernel read-back agree.
 func exprsKey(fam nftables.TableFamily, exprs []expr.Any) ([]byte, error) {
 	var key []byte
 	for _, e := range exprs {
-		if _, ok := e.(*expr.Counter); ok {
-			e = &expr.Counter{}
-		}
-		b, err := expr.Marshal(byte(fam), e)
+		b, err := expr.Marshal(byte(fam), canonicalExpr(e))
 		if err != nil {
 			return nil, fmt.Errorf("encode nftables expression %T: %w", e, err)
 		}
@@ -227,6 +225,39 @@ func exprsKey(fam nftables.TableFamily, exprs []expr.Any) ([]byte, error) {
 		key = append(key, b...)
 	}
 	return key, nil
+}
+
+// canonicalExpr returns e in the form in which an expression kvnet
+// programs and the kernel's read-back of it compare equal:
+//   - a counter without its values;
+//   - a ct statement (ct mark set) without its source register: the kernel
+//     dumps NFTA_CT_SREG, but google/nftables v0.3.0 decodes only
+//     NFTA_CT_DREG, so a read-back `ct set` has neither register nor
+//     SourceRegister (kvnet sets ct keys from register 1 only);
+//   - a NAT range without a maximum register reads as the minimum one,
+//     as the kernel fills it in (nft_nat_init) and dumps it.
+//
+// Without the last two, no rule with `ct mark set` or `dnat` ever compared
+// equal, and every Apply rewrote the router's service chains.
+func canonicalExpr(e expr.Any) expr.Any {
+	switch e := e.(type) {
+	case *expr.Counter:
+		return &expr.Counter{}
+	case *expr.Ct:
+		if e.SourceRegister || e.Register == 0 {
+			return &expr.Ct{Key: e.Key, Direction: e.Direction}
+		}
+	case *expr.NAT:
+		c := *e
+		if c.RegAddrMin != 0 && c.RegAddrMax == 0 {
+			c.RegAddrMax = c.RegAddrMin
+		}
+		if c.RegProtoMin != 0 && c.RegProtoMax == 0 {
+			c.RegProtoMax = c.RegProtoMin
+		}
+		return &c
+	}
+	return e
 }
 
 // readCounters adds the packet counts of the counted kvnet rules reachable
