@@ -411,8 +411,11 @@ func TestNftRulesInKernel(t *testing.T) {
 		role:   "router-services",
 		tables: routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices()),
 		must: []struct{ family, chain, text string }{
-			{"inet", "prerouting", `iifname "gw" ip daddr 10.96.0.10 tcp dport 80 numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
-			{"inet", "prerouting", `iifname "gw" ip6 daddr fd00:96::10 tcp dport 80 meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "prerouting", `iifname "gw" ip daddr 10.96.0.10 tcp dport 80 jump svc-ooakdqon-a/web_http`},
+			{"inet", "svc-ooakdqon-a/web_http", `numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
+			{"inet", "svc-ooakdqon-a/web_http", `meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.4:8080`},
+			{"inet", "prerouting", `iifname "gw" ip6 daddr fd00:96::10 tcp dport 80 jump svc-3amfmddj-a/web6_http`},
+			{"inet", "svc-3amfmddj-a/web6_http", `meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
 			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},

@@ -2,12 +2,15 @@ package datapath
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -543,10 +546,9 @@ func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule 
 //
 // services are the network's Services: connections from the network's
 // pods to a service address are spread over its endpoints at random
-// (numgen, one draw per rule: rule i of k takes 1/(k-i) of what reaches
-// it, so each endpoint gets 1/k) and masqueraded to the gateway, so that
-// the endpoint, on the same subnet as the client, replies through the
-// router; a service without endpoints refuses connections.
+// (serviceRules) and masqueraded to the gateway, so that the endpoint, on
+// the same subnet as the client, replies through the router; a service
+// without endpoints refuses connections.
 //
 // Service connections leave through routerSvcIf (a routing table chosen
 // by the packet mark, restored from the connection's mark for each packet
@@ -554,20 +556,8 @@ func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule 
 // address there.
 func routerRules(n Network, services []Service) []nftTable {
 	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
-	var dnat []nftRule
-	for _, sv := range services {
-		if len(sv.Endpoints) == 0 {
-			forward = append(forward, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
-			continue
-		}
-		for i, ep := range sv.Endpoints {
-			b := serviceMatch(sv)
-			if left := len(sv.Endpoints) - i; left > 1 {
-				b.numgenZero(uint32(left))
-			}
-			dnat = append(dnat, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
-		}
-	}
+	dnat, svcChains, refuse := serviceRules(services)
+	forward = append(forward, refuse...)
 	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
 		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
@@ -585,12 +575,73 @@ func routerRules(n Network, services []Service) []nftTable {
 			}),
 			nftChain{name: "prerouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting,
 				priority: *nftables.ChainPriorityNATDest, policy: nftables.ChainPolicyAccept}, rules: dnat})
+		chains = append(chains, svcChains...)
 		postrouting = append(postrouting, newRule().ctStatusDNAT().oifname(routerSvcIf).masquerade(
 			fmt.Sprintf("network %s: service connections come back to this router", n.Name)))
 	}
 	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})
 	return []nftTable{{family: nftables.TableFamilyINet, chains: chains}}
+}
+
+// serviceRules returns the rules of services: dispatch, one rule per
+// service with endpoints in the router's NAT prerouting chain, matching its
+// address, protocol and port and jumping to the service's own chain
+// (serviceChainName); those chains, each spreading connections over the
+// service's endpoints at random (numgen, one draw per rule: rule i of k
+// takes 1/(k-i) of what reaches it, so each endpoint gets 1/k) with DNAT;
+// and refuse, for the forward chain, one counted reject per service
+// without endpoints.
+//
+// A change of one service's endpoints thus changes only that service's
+// chain, and syncTables rewrites only that one.
+func serviceRules(services []Service) (dispatch []nftRule, chains []nftChain, refuse []nftRule) {
+	for _, sv := range services {
+		if len(sv.Endpoints) == 0 {
+			refuse = append(refuse, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
+			continue
+		}
+		name := serviceChainName(sv)
+		dispatch = append(dispatch, serviceMatch(sv).jump(name, "service "+sv.Name))
+		rules := make([]nftRule, 0, len(sv.Endpoints))
+		for i, ep := range sv.Endpoints {
+			b := newRule()
+			if left := len(sv.Endpoints) - i; left > 1 {
+				b.numgenZero(uint32(left))
+			}
+			rules = append(rules, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
+		}
+		chains = append(chains, nftChain{name: name, rules: rules})
+	}
+	return dispatch, chains, refuse
+}
+
+// serviceChainPrefix starts the name of every service chain.
+const serviceChainPrefix = "svc-"
+
+// maxServiceChainName bounds service chain names: the kernel allows 255
+// bytes (NFT_CHAIN_MAXNAMELEN), kept well below for `nft list`.
+const maxServiceChainName = 64
+
+// serviceChainName returns the name of service sv's chain in its router:
+// "svc-", a hash of its protocol and address (unique in a router, as
+// Validate checks), and its name with every byte nft would not take in a
+// bare chain name replaced by "_", cut to maxServiceChainName bytes. The
+// hash keeps names unique when cut; the name is there for people.
+func serviceChainName(sv Service) string {
+	sum := sha256.Sum256([]byte(sv.Protocol + " " + sv.VIP.String()))
+	name := serviceChainPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:5])) + "-" +
+		strings.Map(func(r rune) rune {
+			if r < utf8.RuneSelf && (r == '_' || r == '.' || r == '/' || r == '-' ||
+				'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
+				return r
+			}
+			return '_'
+		}, sv.Name)
+	if len(name) > maxServiceChainName {
+		name = name[:maxServiceChainName]
+	}
+	return name
 }
 
 // serviceMatch starts a rule matching connections from the network's pods
