@@ -9,6 +9,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // managedFamilies are the families in which a table named kvnet is ours:
@@ -87,6 +88,27 @@ func syncTables(conn *nftables.Conn, want []nftTable) error {
 func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 	t := &nftables.Table{Family: wt.family, Name: tableName}
 	haveChains := map[string]*nftables.Chain{} // chain name -> existing chain
+	haveMaps := map[string]*nftables.Set{}     // map name -> existing named set or map
+	if exists {
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			return fmt.Errorf("list sets of table %s %q: %w", familyNames[wt.family], tableName, err)
+		}
+		for _, s := range sets {
+			if !s.Anonymous {
+				haveMaps[s.Name] = s
+			}
+		}
+		for _, wm := range wt.vmaps {
+			if hm := haveMaps[wm.name]; hm != nil && !sameVMapSpec(hm) {
+				// Not a map kvnet makes (an older kvnet's): rules may
+				// refer to it, so the table starts afresh.
+				conn.DelTable(t)
+				exists, haveMaps = false, map[string]*nftables.Set{}
+				break
+			}
+		}
+	}
 	if exists {
 		chains, err := conn.ListChainsOfTableFamily(wt.family)
 		if err != nil {
@@ -102,8 +124,11 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 	}
 
 	// Order inside the transaction: create every missing chain first (jump
-	// rules need their target), then rewrite rules, then drop chains that
-	// nothing jumps to any more.
+	// rules and map elements need their target), then update maps
+	// (deleting stale elements before adding new ones: one may replace
+	// another of the same key), then rewrite rules, then flush chains that
+	// are no longer wanted, delete maps that no rule refers to any more and
+	// last the chains that nothing jumps to any more.
 	type rewrite struct {
 		chain *nftables.Chain
 		rules []nftRule
@@ -140,6 +165,13 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 			}
 		}
 	}
+	wantMaps := map[string]bool{} // map name -> wanted
+	for _, wm := range wt.vmaps {
+		wantMaps[wm.name] = true
+		if err := syncVMap(conn, t, wm, haveMaps[wm.name]); err != nil {
+			return err
+		}
+	}
 	for _, rw := range rewrites {
 		if rw.flush {
 			conn.FlushChain(rw.chain)
@@ -155,10 +187,105 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 			stale = append(stale, hc)
 		}
 	}
+	for name, hm := range haveMaps {
+		if !wantMaps[name] {
+			conn.DelSet(hm)
+		}
+	}
 	for _, hc := range stale {
 		conn.DelChain(hc)
 	}
 	return nil
+}
+
+// vmapSet returns the nftables map for wm in table t.
+func vmapSet(t *nftables.Table, wm nftVMap) *nftables.Set {
+	return &nftables.Set{Table: t, Name: wm.name, IsMap: true, Concatenation: true,
+		KeyType: wm.keyType, DataType: nftables.TypeVerdict}
+}
+
+// sameVMapSpec reports whether the existing set hm is a verdict map with a
+// concatenated key, as kvnet makes them. (google/nftables v0.3.0 decodes a
+// verdict map's data type into KeyType, and so loses the key type: the
+// map's name stands for it, see nftVMap.)
+func sameVMapSpec(hm *nftables.Set) bool {
+	return hm.IsMap && hm.Concatenation && hm.KeyType.Name == nftables.TypeVerdict.Name &&
+		!hm.Interval && !hm.Constant && !hm.HasTimeout && !hm.Dynamic
+}
+
+// syncVMap queues the changes that make map hm (nil: missing) hold
+// exactly wm's elements: only elements that differ (in target chain or
+// comment) are deleted and added again.
+func syncVMap(conn *nftables.Conn, t *nftables.Table, wm nftVMap, hm *nftables.Set) error {
+	want := make([]nftables.SetElement, 0, len(wm.elems))
+	for _, e := range wm.elems {
+		want = append(want, nftables.SetElement{Key: e.key, Comment: e.comment,
+			VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: e.chain}})
+	}
+	if hm == nil {
+		if err := conn.AddSet(vmapSet(t, wm), want); err != nil {
+			return fmt.Errorf("add map %q: %w", wm.name, err)
+		}
+		return nil
+	}
+	have, err := conn.GetSetElements(hm)
+	if err != nil {
+		return fmt.Errorf("list elements of map %q: %w", wm.name, err)
+	}
+	haveByKey := make(map[string]nftables.SetElement, len(have))
+	for _, he := range have {
+		haveByKey[string(he.Key)] = he
+	}
+	var add, del []nftables.SetElement
+	for _, we := range want {
+		he, ok := haveByKey[string(we.Key)]
+		delete(haveByKey, string(we.Key))
+		if ok && sameVMapElem(he, we) {
+			continue
+		}
+		if ok {
+			del = append(del, nftables.SetElement{Key: he.Key})
+		}
+		add = append(add, we)
+	}
+	for _, he := range haveByKey {
+		del = append(del, nftables.SetElement{Key: he.Key})
+	}
+	s := vmapSet(t, wm)
+	if len(del) > 0 {
+		if err := conn.SetDeleteElements(s, del); err != nil {
+			return fmt.Errorf("delete elements of map %q: %w", wm.name, err)
+		}
+	}
+	if len(add) > 0 {
+		if err := conn.SetAddElements(s, add); err != nil {
+			return fmt.Errorf("add elements to map %q: %w", wm.name, err)
+		}
+	}
+	return nil
+}
+
+// sameVMapElem reports whether the kernel's element he (as read back: its
+// verdict still encoded, in Val) equals we.
+func sameVMapElem(he, we nftables.SetElement) bool {
+	if he.Comment != we.Comment {
+		return false
+	}
+	ad, err := netlink.NewAttributeDecoder(he.Val)
+	if err != nil {
+		return false
+	}
+	var code uint32
+	var chain string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			code = binary.BigEndian.Uint32(ad.Bytes())
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = ad.String()
+		}
+	}
+	return ad.Err() == nil && int32(code) == int32(we.VerdictData.Kind) && chain == we.VerdictData.Chain
 }
 
 // chainSpec returns the nftables chain for wc in table t.

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,6 +13,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"kvnet.io/kvnet/internal/nl"
 )
 
 // TestServices: on twoTenants' networks, a service of tenant A with
@@ -81,7 +87,7 @@ func TestServices(t *testing.T) {
 	}
 }
 
-// TestManyServices: a router with 400 Services (400 dispatch rules and
+// TestManyServices: a router with 400 Services (a map of 400 elements and
 // 400 chains of 3 endpoint rules, in one nftables transaction) is
 // programmed, and its last Service answers. With the default netlink
 // buffers Apply failed from some 30 Services on.
@@ -112,10 +118,12 @@ func TestManyServices(t *testing.T) {
 
 // TestServicesIncremental: Apply rewrites only what changed in a router's
 // service rules. With 20 services of 3 endpoints and one without any,
-// applying the same state again rewrites nothing (every rule keeps its
-// handle), and replacing one endpoint of one service rewrites that
-// service's chain only: every other rule, the dispatch rules and the other
-// services' chains included, keeps its handle.
+// applying the same state again commits no nftables transaction at all
+// (the router's ruleset generation stays), and replacing one endpoint of
+// one service rewrites that service's chain only: every other rule, the
+// dispatch rules and the other services' chains included, keeps its
+// handle. Adding a service adds its chain (and map element) and removing
+// it removes them, without rewriting any other chain.
 func TestServicesIncremental(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 1)
@@ -145,8 +153,12 @@ func TestServicesIncremental(t *testing.T) {
 	if len(before) < 20 {
 		t.Fatalf("router has %d chains with rules, want a chain per service: %v", len(before), before)
 	}
+	gen := routerGenID(t, nd.dp, n.ID)
 	if again := apply(s); !maps.EqualFunc(again, before, slices.Equal) {
 		t.Fatalf("a no-op Apply rewrote rules:\n--- after\n%v\n--- before\n%v", again, before)
+	}
+	if g := routerGenID(t, nd.dp, n.ID); g != gen {
+		t.Errorf("a no-op Apply committed to the router's nftables: generation %d, was %d", g, gen)
 	}
 
 	changed := s
@@ -156,6 +168,9 @@ func TestServicesIncremental(t *testing.T) {
 	sv.Endpoints[1] = netip.MustParseAddrPort("10.1.200.1:8080")
 	touched := serviceChainName(*sv)
 	after := apply(changed)
+	if g := routerGenID(t, nd.dp, n.ID); g == gen {
+		t.Errorf("an endpoint change committed nothing (generation %d)", g)
+	}
 	if !maps.Equal(keySet(after), keySet(before)) {
 		t.Fatalf("chains changed: %v, were %v", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
 	}
@@ -167,6 +182,63 @@ func TestServicesIncremental(t *testing.T) {
 			t.Errorf("chain %s of the changed service not rewritten: %v, was %v", chain, after[chain], rules)
 		}
 	}
+
+	// One service more, then one less: its chain comes and goes, no
+	// other chain is rewritten.
+	added := changed
+	added.Services = append(slices.Clone(changed.Services), Service{Network: n.Name, Name: "inc/new:http", Protocol: "TCP",
+		VIP: netip.MustParseAddrPort("10.96.2.1:80"), Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.1.201.1:8080")}})
+	newChain := serviceChainName(added.Services[len(added.Services)-1])
+	withNew := apply(added)
+	if len(withNew[newChain]) != 1 {
+		t.Errorf("added service's chain %s: %v", newChain, withNew[newChain])
+	}
+	delete(withNew, newChain)
+	if !maps.EqualFunc(withNew, after, slices.Equal) {
+		t.Errorf("adding a service rewrote other chains:\n--- after\n%v\n--- before\n%v", withNew, after)
+	}
+	if removed := apply(changed); !maps.EqualFunc(removed, after, slices.Equal) {
+		t.Errorf("removing a service rewrote other chains or left its own:\n--- after\n%v\n--- before\n%v", removed, after)
+	}
+}
+
+// routerGenID returns the nftables ruleset generation of network id's
+// router, which each committed transaction advances (NFT_MSG_GETGEN).
+func routerGenID(t *testing.T, dp *Datapath, id int) uint32 {
+	t.Helper()
+	var gen uint32
+	if err := withNS(nl.NSPath(RouterNSName(dp.cfg, id)), func(fd int) error {
+		conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: fd})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		msgs, err := conn.Execute(netlink.Message{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+			Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0}, // nfgenmsg
+		})
+		if err != nil {
+			return fmt.Errorf("NFT_MSG_GETGEN: %w", err)
+		}
+		if len(msgs) != 1 || len(msgs[0].Data) < 4 {
+			return fmt.Errorf("NFT_MSG_GETGEN: %d replies", len(msgs))
+		}
+		ad, err := netlink.NewAttributeDecoder(msgs[0].Data[4:])
+		if err != nil {
+			return err
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				gen = ad.Uint32()
+				return nil
+			}
+		}
+		return fmt.Errorf("NFT_MSG_GETGEN: no generation ID (%v)", ad.Err())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return gen
 }
 
 // routerRulesByChain returns the kvnet rules of network id's router, each
