@@ -30,8 +30,10 @@ func nftConn(nsFd int) (*nftables.Conn, error) {
 }
 
 // nftSocketBuffer is the send and receive buffer of nftables sockets. One
-// Apply is one transaction: a router with 500 Services sends about 1.3 MB
-// in 1,500 messages and gets an acknowledgement for each, which overflow
+// Apply is one transaction: a router's first Apply with 500 Services sends
+// about 2,000 messages (a chain and 3 rules per Service, and the map) and
+// gets an acknowledgement for each (with one rule per endpoint and no
+// per-Service chains, it was 1.3 MB in 1,500 messages), which overflow
 // the default buffers (about 208 KiB) from some 30 Services on (the kernel
 // commits, but the reply is lost and Apply fails) and from about 100 on
 // the batch cannot even be sent (BenchmarkApplyServices).
