@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -201,10 +202,18 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 }
 
 // vmapSet returns the nftables map for wm in table t.
+//
+// Its ID (which names a set within one transaction) comes from setIDs:
+// given none, google/nftables' AddSet takes one from a package variable it
+// increments under the connection's own lock only, a data race between
+// two connections (two routers programmed at once).
 func vmapSet(t *nftables.Table, wm nftVMap) *nftables.Set {
-	return &nftables.Set{Table: t, Name: wm.name, IsMap: true, Concatenation: true,
+	return &nftables.Set{Table: t, Name: wm.name, ID: setIDs.Add(1), IsMap: true, Concatenation: true,
 		KeyType: wm.keyType, DataType: nftables.TypeVerdict}
 }
+
+// setIDs numbers the sets kvnet adds, see vmapSet.
+var setIDs atomic.Uint32
 
 // sameVMapSpec reports whether the existing set hm is a verdict map with a
 // concatenated key, as kvnet makes them. (google/nftables v0.3.0 decodes a
