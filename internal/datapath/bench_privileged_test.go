@@ -229,9 +229,9 @@ func rawVXLANPair(tb testing.TB, c *cluster) (sw, src, dst string, target netip.
 // network (10.1.0.0/16) and no pods, with services Services (TCP, one
 // port, 3 endpoints each on the network's subnet), all load-balanced by
 // the network's router, for services=500 (the cluster the issue asks
-// about) and services=20 (a baseline that fits in one netlink
-// transaction as the router's rules are rendered today; at 500, Apply
-// fails: the transaction is ~1.3 MB in ~1,500 messages, see the log):
+// about) and services=20 (a small baseline). The first Apply at 500
+// sends one transaction of ~2,000 messages: 500 chains, 1,500 endpoint
+// rules, and the map with its 500 elements (see the log):
 //
 //   - add: from the state without Services to the one with them (the
 //     network has its service address in both, so what is timed is the
@@ -242,9 +242,9 @@ func rawVXLANPair(tb testing.TB, c *cluster) (sw, src, dst string, target netip.
 //     and forth, one change per op.
 //
 // Each reports the size of the router's table with the Services: its
-// rules, and the netlink encoding of their expressions and comments in
-// bytes (without message headers), also logged before anything is
-// applied.
+// rules, and the netlink encoding of their expressions and comments, plus
+// the keys, target chains and comments of its map elements, in bytes
+// (without message headers), also logged before anything is applied.
 func BenchmarkApplyServices(b *testing.B) {
 	for _, services := range []int{20, 500} {
 		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) { benchApplyServices(b, services, 3) })
@@ -278,8 +278,13 @@ func benchApplyServices(b *testing.B, services, endpoints int) {
 			b.Fatal(err)
 		}
 	}
-	rules, size := 0, 0
+	rules, size, elems := 0, 0, 0
 	for _, t := range routerRules(n, with.Services) {
+		for _, m := range t.vmaps {
+			for _, e := range m.elems {
+				elems, size = elems+1, size+len(e.key)+len(e.chain)+len(e.comment)
+			}
+		}
 		for _, ch := range t.chains {
 			for _, r := range ch.rules {
 				key, err := exprsKey(t.family, r.exprs)
@@ -290,7 +295,7 @@ func benchApplyServices(b *testing.B, services, endpoints int) {
 			}
 		}
 	}
-	b.Logf("router table with %d services: %d rules, %d bytes of expressions and comments", services, rules, size)
+	b.Logf("router table with %d services: %d rules, %d map elements, %d bytes of expressions, elements and comments", services, rules, elems, size)
 	apply := func(b *testing.B, s State) {
 		if err := nd.dp.Apply(context.Background(), s); err != nil {
 			b.Fatal(err)

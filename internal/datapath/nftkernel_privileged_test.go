@@ -39,6 +39,9 @@ type kernelRuleset struct {
 	Families []string          // of the kvnet tables, in listing order
 	Chains   map[string]string // "family chain" -> base chain spec ("" for a regular chain)
 	Rules    []kernelRule      // in listing order
+	// Maps are the named maps: "family name" -> its type, then its
+	// elements ("key comment "..." : jump chain"), sorted.
+	Maps map[string][]string
 }
 
 // listKernelRuleset runs `nft -j list ruleset` in the named namespace and
@@ -59,7 +62,7 @@ func listKernelRuleset(t *testing.T, nsName string) kernelRuleset {
 	if err := json.Unmarshal(out, &doc); err != nil {
 		t.Fatalf("decode nft -j output: %v\n%s", err, out)
 	}
-	rs := kernelRuleset{Chains: map[string]string{}}
+	rs := kernelRuleset{Chains: map[string]string{}, Maps: map[string][]string{}}
 	for _, obj := range doc.Nftables {
 		switch {
 		case obj["table"] != nil:
@@ -85,6 +88,23 @@ func listKernelRuleset(t *testing.T, nsName string) kernelRuleset {
 				spec = fmt.Sprintf("type %s hook %s priority %s; policy %s;", c.Type, c.Hook, prio, c.Policy)
 			}
 			rs.Chains[c.Family+" "+c.Name] = spec
+		case obj["map"] != nil:
+			var m struct {
+				Family, Name, Map string
+				Type              json.RawMessage
+				Elem              [][2]json.RawMessage
+			}
+			mustUnmarshal(t, obj["map"], &m)
+			var types []string
+			if json.Unmarshal(m.Type, &types) != nil {
+				types = []string{string(m.Type)}
+			}
+			var elems []string
+			for _, e := range m.Elem {
+				elems = append(elems, nftElemText(e[0])+" : "+nftExprText(mustMap(t, e[1])))
+			}
+			slices.Sort(elems)
+			rs.Maps[m.Family+" "+m.Name] = append([]string{"type " + strings.Join(types, " . ") + " : " + m.Map}, elems...)
 		case obj["rule"] != nil:
 			var r struct {
 				Family, Chain, Comment string
@@ -99,6 +119,37 @@ func listKernelRuleset(t *testing.T, nsName string) kernelRuleset {
 		}
 	}
 	return rs
+}
+
+// nftElemText renders a map element's key (a concatenation, with or
+// without a comment) as nft lists it.
+func nftElemText(b json.RawMessage) string {
+	var e struct {
+		Elem *struct {
+			Val     json.RawMessage
+			Comment string
+		}
+	}
+	comment := ""
+	if json.Unmarshal(b, &e) == nil && e.Elem != nil {
+		b, comment = e.Elem.Val, fmt.Sprintf(" comment %q", e.Elem.Comment)
+	}
+	var c struct{ Concat []json.RawMessage }
+	if json.Unmarshal(b, &c) != nil || c.Concat == nil {
+		return string(b)
+	}
+	parts := make([]string, len(c.Concat))
+	for i, v := range c.Concat {
+		parts[i] = nftRightText(v, false)
+	}
+	return strings.Join(parts, " . ") + comment
+}
+
+func mustMap(t *testing.T, b json.RawMessage) map[string]json.RawMessage {
+	t.Helper()
+	var m map[string]json.RawMessage
+	mustUnmarshal(t, b, &m)
+	return m
 }
 
 func mustUnmarshal(t *testing.T, b json.RawMessage, v any) {
@@ -126,6 +177,21 @@ func nftExprText(e map[string]json.RawMessage) string {
 				return raw()
 			}
 			return k
+		case "vmap":
+			var m struct {
+				Key  struct{ Concat []json.RawMessage }
+				Data string
+			}
+			if json.Unmarshal(v, &m) != nil || len(m.Key.Concat) == 0 {
+				return raw()
+			}
+			parts := make([]string, len(m.Key.Concat))
+			for i, c := range m.Key.Concat {
+				if parts[i], _ = nftLeftText(c); parts[i] == "" {
+					return raw()
+				}
+			}
+			return strings.Join(parts, " . ") + " vmap " + m.Data
 		case "jump":
 			var j struct{ Target string }
 			if json.Unmarshal(v, &j) != nil {
@@ -268,10 +334,18 @@ var nftElided = strings.NewReplacer(
 // intendedRuleset is what the kernel must hold after syncTables(want),
 // in the form listKernelRuleset returns.
 func intendedRuleset(want []nftTable) kernelRuleset {
-	rs := kernelRuleset{Chains: map[string]string{}}
+	rs := kernelRuleset{Chains: map[string]string{}, Maps: map[string][]string{}}
 	for _, tb := range want {
 		fam := familyNames[tb.family]
 		rs.Families = append(rs.Families, fam)
+		for _, m := range tb.vmaps {
+			var elems []string
+			for _, e := range m.elems {
+				elems = append(elems, fmt.Sprintf("%s comment %q : jump %s", e.text, e.comment, e.chain))
+			}
+			slices.Sort(elems)
+			rs.Maps[fam+" "+m.name] = append([]string{"type " + m.keyType.Name + " : verdict"}, elems...)
+		}
 		for _, c := range tb.chains {
 			spec := ""
 			if b := c.base; b != nil {
@@ -304,6 +378,9 @@ func (rs kernelRuleset) String() string {
 	}
 	for fc, spec := range rs.Chains {
 		lines = append(lines, fmt.Sprintf("chain %s {%s}", fc, spec))
+	}
+	for fm, m := range rs.Maps {
+		lines = append(lines, fmt.Sprintf("map %s {%s}", fm, strings.Join(m, "; ")))
 	}
 	slices.Sort(lines)
 	byChain := map[string][]string{}
@@ -364,6 +441,9 @@ func TestNftRulesInKernel(t *testing.T) {
 		must []struct{ family, chain, text string }
 		// chains are base chain specs written out by hand.
 		chains map[string]string
+		// maps are map types and elements written out by hand, by
+		// "family name".
+		maps map[string][]string
 	}{{
 		role:   "node",
 		tables: nodeRules("eth0", state),
@@ -411,8 +491,11 @@ func TestNftRulesInKernel(t *testing.T) {
 		role:   "router-services",
 		tables: routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices()),
 		must: []struct{ family, chain, text string }{
-			{"inet", "prerouting", `iifname "gw" ip daddr 10.96.0.10 tcp dport 80 numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
-			{"inet", "prerouting", `iifname "gw" ip6 daddr fd00:96::10 tcp dport 80 meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "prerouting", `iifname "gw" ip daddr . meta l4proto . th dport vmap @service-ips4`},
+			{"inet", "svc-ooakdqon-a/web_http", `numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
+			{"inet", "svc-ooakdqon-a/web_http", `meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.4:8080`},
+			{"inet", "prerouting", `iifname "gw" ip6 daddr . meta l4proto . th dport vmap @service-ips6`},
+			{"inet", "svc-3amfmddj-a/web6_http", `meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
 			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},
@@ -420,6 +503,12 @@ func TestNftRulesInKernel(t *testing.T) {
 		chains: map[string]string{
 			"inet prerouting": "type nat hook prerouting priority -100; policy accept;",
 			"inet services":   "type filter hook prerouting priority -150; policy accept;",
+		},
+		maps: map[string][]string{
+			"inet service-ips4": {"type ipv4_addr . inet_proto . inet_service : verdict",
+				`10.96.0.10 . tcp . 80 comment "service a/web:http" : jump svc-ooakdqon-a/web_http`},
+			"inet service-ips6": {"type ipv6_addr . inet_proto . inet_service : verdict",
+				`fd00:96::10 . tcp . 80 comment "service a/web6:http" : jump svc-3amfmddj-a/web6_http`},
 		},
 	}}
 	for _, tc := range tests {
@@ -439,6 +528,59 @@ func TestNftRulesInKernel(t *testing.T) {
 					t.Errorf("kernel chain %s is {%s}, want {%s}", fc, got.Chains[fc], spec)
 				}
 			}
+			for fm, m := range tc.maps {
+				if !slices.Equal(got.Maps[fm], m) {
+					t.Errorf("kernel map %s is %q, want %q", fm, got.Maps[fm], m)
+				}
+			}
 		})
 	}
+}
+
+// TestSyncTablesServiceMaps: syncTables keeps a router's service maps in
+// step with the state: a family's map goes with its last service, both
+// maps and every service chain go with the last service, and they come
+// back; a set of kvnet's map name that kvnet did not make (another key
+// type, used by a rule) is replaced with the table. After each step the
+// kernel holds exactly the intended ruleset, maps and elements included.
+func TestSyncTablesServiceMaps(t *testing.T) {
+	testenv.NeedsRoot(t)
+	n := withServiceAddrs(goldenState()).Networks[1]
+	all := goldenServices()
+	ns := programInNewNS(t, "maps", routerRules(n, all))
+	sync := func(step string, tables []nftTable) {
+		t.Helper()
+		if err := withNS(nl.NSPath(ns), func(fd int) error {
+			conn, err := nftConn(fd)
+			if err != nil {
+				return err
+			}
+			return syncTables(conn, tables)
+		}); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		got, want := listKernelRuleset(t, ns), intendedRuleset(tables)
+		if g, w := got.String(), want.String(); g != w {
+			t.Errorf("%s: kernel ruleset differs from the intended one\n--- kernel\n%s\n--- intended\n%s", step, g, w)
+		}
+	}
+	sync("IPv4 services only", routerRules(n, all[:2]))
+	sync("no services", routerRules(n, nil))
+	sync("services back", routerRules(n, all))
+	renamed := slices.Clone(all)
+	renamed[0].Name = "a/web-renamed:http" // same key, another chain
+	sync("service renamed", routerRules(n, renamed))
+
+	for _, cmd := range [][]string{
+		{"delete", "table", "inet", tableName},
+		{"add", "table", "inet", tableName},
+		{"add", "set", "inet", tableName, "service-ips4", "{ type ipv4_addr; }"},
+		{"add", "chain", "inet", tableName, "other"},
+		{"add", "rule", "inet", tableName, "other", "ip", "daddr", "@service-ips4", "accept"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, cmd...)...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %s: %v: %s", cmd, err, out)
+		}
+	}
+	sync("foreign set of the map's name", routerRules(n, all))
 }

@@ -2,12 +2,15 @@ package datapath
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -32,6 +35,26 @@ const vxlanPort = 4789
 type nftTable struct {
 	family nftables.TableFamily
 	chains []nftChain
+	vmaps  []nftVMap
+}
+
+// nftVMap is a named verdict map whose elements jump to chains of the
+// same table. Its name stands for its key type: syncTables cannot read a
+// map's key type back (google/nftables v0.3.0 loses it), so a map whose
+// key type changes must be renamed.
+type nftVMap struct {
+	name    string
+	keyType nftables.SetDatatype // a concatenation
+	elems   []nftVMapElem
+}
+
+// nftVMapElem is one element: key (in the kernel's encoding, each field
+// padded to 4 bytes) -> jump chain, with its nft-syntax key and a comment.
+type nftVMapElem struct {
+	key     []byte
+	text    string
+	chain   string
+	comment string
 }
 
 // nftChain is one chain; base is nil for a regular (jump target) chain.
@@ -543,10 +566,9 @@ func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule 
 //
 // services are the network's Services: connections from the network's
 // pods to a service address are spread over its endpoints at random
-// (numgen, one draw per rule: rule i of k takes 1/(k-i) of what reaches
-// it, so each endpoint gets 1/k) and masqueraded to the gateway, so that
-// the endpoint, on the same subnet as the client, replies through the
-// router; a service without endpoints refuses connections.
+// (serviceRules) and masqueraded to the gateway, so that the endpoint, on
+// the same subnet as the client, replies through the router; a service
+// without endpoints refuses connections.
 //
 // Service connections leave through routerSvcIf (a routing table chosen
 // by the packet mark, restored from the connection's mark for each packet
@@ -554,20 +576,8 @@ func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule 
 // address there.
 func routerRules(n Network, services []Service) []nftTable {
 	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
-	var dnat []nftRule
-	for _, sv := range services {
-		if len(sv.Endpoints) == 0 {
-			forward = append(forward, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
-			continue
-		}
-		for i, ep := range sv.Endpoints {
-			b := serviceMatch(sv)
-			if left := len(sv.Endpoints) - i; left > 1 {
-				b.numgenZero(uint32(left))
-			}
-			dnat = append(dnat, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
-		}
-	}
+	dnat, svcMaps, svcChains, refuse := serviceRules(services)
+	forward = append(forward, refuse...)
 	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
 		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
@@ -590,12 +600,147 @@ func routerRules(n Network, services []Service) []nftTable {
 			}),
 			nftChain{name: "prerouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting,
 				priority: *nftables.ChainPriorityNATDest, policy: nftables.ChainPolicyAccept}, rules: dnat})
+		chains = append(chains, svcChains...)
 		postrouting = append(postrouting, newRule().ctStatusDNAT().oifname(routerSvcIf).masquerade(
 			fmt.Sprintf("network %s: service connections come back to this router", n.Name)))
 	}
 	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})
-	return []nftTable{{family: nftables.TableFamilyINet, chains: chains}}
+	return []nftTable{{family: nftables.TableFamilyINet, chains: chains, vmaps: svcMaps}}
+}
+
+// serviceRules returns the rules of services, as kube-proxy's nftables
+// mode has them: dispatch, for the router's NAT prerouting chain, one rule
+// per IP family that looks the packet's destination address, protocol and
+// port up in maps (the family's verdict map, an element per service with
+// endpoints, which jumps to the service's own chain, serviceChainName);
+// chains, one per service with endpoints, spreading connections over them
+// at random (numgen, one draw per rule: rule i of k takes 1/(k-i) of what
+// reaches it, so each endpoint gets 1/k) with DNAT; and refuse, for the
+// forward chain, one counted reject per service without endpoints.
+//
+// A change of one service's endpoints thus changes only that service's
+// chain, and adding or removing a service one map element and one chain:
+// syncTables rewrites only those.
+func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chains []nftChain, refuse []nftRule) {
+	var v4, v6 nftVMap
+	for _, sv := range services {
+		if len(sv.Endpoints) == 0 {
+			refuse = append(refuse, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
+			continue
+		}
+		name := serviceChainName(sv)
+		m := &v4
+		if sv.VIP.Addr().Is6() {
+			m = &v6
+		}
+		m.elems = append(m.elems, serviceElem(sv, name))
+		rules := make([]nftRule, 0, len(sv.Endpoints))
+		for i, ep := range sv.Endpoints {
+			b := newRule()
+			if left := len(sv.Endpoints) - i; left > 1 {
+				b.numgenZero(uint32(left))
+			}
+			rules = append(rules, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
+		}
+		chains = append(chains, nftChain{name: name, rules: rules})
+	}
+	for _, f := range []struct {
+		m   *nftVMap
+		v6  bool
+		fam string
+	}{{&v4, false, "IPv4"}, {&v6, true, "IPv6"}} {
+		if len(f.m.elems) == 0 {
+			continue
+		}
+		f.m.name, f.m.keyType = serviceMapName(f.v6), serviceKeyType(f.v6)
+		maps = append(maps, *f.m)
+		dispatch = append(dispatch, newRule().iifname(routerGwIf).nfproto(f.v6).serviceLookup(f.v6, f.m.name).
+			done(fmt.Sprintf("%s services: to the service's chain", f.fam)))
+	}
+	return dispatch, maps, chains, refuse
+}
+
+// serviceMapName names the verdict map of the router's services of one IP
+// family (its key: address . protocol . port).
+func serviceMapName(v6 bool) string {
+	if v6 {
+		return "service-ips6"
+	}
+	return "service-ips4"
+}
+
+// serviceKeyType is the key type of serviceMapName(v6).
+func serviceKeyType(v6 bool) nftables.SetDatatype {
+	addr := nftables.TypeIPAddr
+	if v6 {
+		addr = nftables.TypeIP6Addr
+	}
+	return nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+}
+
+// serviceElem returns sv's element of its family's service map: its
+// address, protocol and port, each padded to 4 bytes as in registers,
+// jumping to chain.
+func serviceElem(sv Service, chain string) nftVMapElem {
+	proto := serviceProto(sv)
+	key := slices.Concat(sv.VIP.Addr().AsSlice(), []byte{proto, 0, 0, 0},
+		binary.BigEndian.AppendUint16(nil, sv.VIP.Port()), []byte{0, 0})
+	comment := "service " + sv.Name
+	if len(comment) > maxCommentLen {
+		comment = comment[:maxCommentLen]
+	}
+	return nftVMapElem{key: key, chain: chain, comment: comment,
+		text: fmt.Sprintf("%s . %s . %d", sv.VIP.Addr(), protoNames[proto], sv.VIP.Port())}
+}
+
+// serviceLookup looks the packet's destination address, layer 4 protocol
+// and destination port up in verdict map name, as the concatenation
+// `ip daddr . meta l4proto . th dport` does: each field in the next free
+// 32-bit register from register 1 on (NFT_REG_1 is NFT_REG32_00..03).
+func (b *ruleBuilder) serviceLookup(v6 bool, name string) *ruleBuilder {
+	addr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOff, Len: 4}
+	text := "ip daddr"
+	if v6 {
+		addr.Offset, addr.Len, text = 24, 16, "ip6 daddr"
+	}
+	next := reg32(addr.Len / 4) // the register after the address
+	return b.add(fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", text, name),
+		addr,
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
+		&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: 1, SetName: name, DestRegister: 0, IsDestRegSet: true})
+}
+
+// reg32 returns the number of the i-th 32-bit register (NFT_REG32_00 + i).
+func reg32(i uint32) uint32 { return unix.NFT_REG32_00 + i }
+
+// serviceChainPrefix starts the name of every service chain.
+const serviceChainPrefix = "svc-"
+
+// maxServiceChainName bounds service chain names: the kernel allows 255
+// bytes (NFT_CHAIN_MAXNAMELEN), kept well below for `nft list`.
+const maxServiceChainName = 64
+
+// serviceChainName returns the name of service sv's chain in its router:
+// "svc-", a hash of its protocol and address (unique in a router, as
+// Validate checks), and its name with every byte nft would not take in a
+// bare chain name replaced by "_", cut to maxServiceChainName bytes. The
+// hash keeps names unique when cut; the name is there for people.
+func serviceChainName(sv Service) string {
+	sum := sha256.Sum256([]byte(sv.Protocol + " " + sv.VIP.String()))
+	name := serviceChainPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:5])) + "-" +
+		strings.Map(func(r rune) rune {
+			if r < utf8.RuneSelf && (r == '_' || r == '.' || r == '/' || r == '-' ||
+				'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
+				return r
+			}
+			return '_'
+		}, sv.Name)
+	if len(name) > maxServiceChainName {
+		name = name[:maxServiceChainName]
+	}
+	return name
 }
 
 // serviceMatch starts a rule matching connections from the network's pods
@@ -608,12 +753,17 @@ func serviceMatch(sv Service) *ruleBuilder {
 	} else {
 		b.nfproto(true).ip6Daddr(hostPrefix(addr), false)
 	}
-	proto := byte(unix.IPPROTO_TCP)
-	if sv.Protocol == "UDP" {
-		proto = unix.IPPROTO_UDP
-	}
+	proto := serviceProto(sv)
 	return b.l4proto(proto).match(fmt.Sprintf("%s dport %d", protoNames[proto], sv.VIP.Port()),
 		expr.PayloadBaseTransportHeader, 2, binary.BigEndian.AppendUint16(nil, sv.VIP.Port()), nil, false)
+}
+
+// serviceProto returns sv's IP protocol number.
+func serviceProto(sv Service) byte {
+	if sv.Protocol == "UDP" {
+		return unix.IPPROTO_UDP
+	}
+	return unix.IPPROTO_TCP
 }
 
 // numgenZero matches one time in mod: a fresh random number modulo mod
@@ -713,6 +863,13 @@ func renderTables(tables []nftTable) string {
 			sb.WriteString("\n")
 		}
 		fmt.Fprintf(&sb, "table %s %s {\n", familyNames[t.family], tableName)
+		for _, m := range t.vmaps {
+			fmt.Fprintf(&sb, "\tmap %s {\n\t\ttype %s : verdict\n\t\telements = {\n", m.name, m.keyType.Name)
+			for _, e := range m.elems {
+				fmt.Fprintf(&sb, "\t\t\t%s comment %q : jump %s,\n", e.text, e.comment, e.chain)
+			}
+			sb.WriteString("\t\t}\n\t}\n\n")
+		}
 		for j, c := range t.chains {
 			if j > 0 {
 				sb.WriteString("\n")
