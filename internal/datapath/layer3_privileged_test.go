@@ -127,6 +127,46 @@ func TestLayer3(t *testing.T) {
 		t.Errorf("a2's egress seen from %q, want its node's %s", got, c.nodes[1].ip)
 	}
 
+	// A Service of tenant A with one endpoint per node: reached from both
+	// nodes, through the local router, answered by both endpoints (one
+	// local, one over the overlay); tenant B's routers know no such
+	// address.
+	vip := netip.MustParseAddrPort("10.96.0.30:80")
+	svcState := func(i int) State {
+		s := State{Networks: netsOf(i, 1-i)}
+		s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 65, 0, byte(i + 1)}), 16)}
+		s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 100, 65, 0, byte(i + 1)}
+		s.Services = []Service{{Network: "l3-a", Name: "a/web:echo", Protocol: "TCP", VIP: vip,
+			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.100.0.5:7"), netip.MustParseAddrPort("10.100.1.5:7")}}}
+		for _, p := range c.pods {
+			if p.node == c.nodes[i] {
+				s.Ports = append(s.Ports, Port{Network: p.network, HostIfName: p.hostIf, MAC: p.mac, IPs: p.ips})
+			}
+		}
+		return s
+	}
+	for i := range c.nodes {
+		if err := c.nodes[i].dp.Apply(context.Background(), svcState(i)); err != nil {
+			t.Fatalf("apply services on %s: %v", c.nodes[i].name, err)
+		}
+	}
+	for _, client := range []string{"a1", "a2"} {
+		seen := map[string]int{}
+		for range 16 {
+			token, err := echoSessionTo(pods[client], vip, 1)
+			if err != nil {
+				t.Fatalf("%s to the service %s: %v", client, vip, err)
+			}
+			seen[token]++
+		}
+		if seen["a1"] == 0 || seen["a2"] == 0 || len(seen) != 2 {
+			t.Errorf("%s's connections to %s were answered by %v, want a1 and a2 only", client, vip, seen)
+		}
+	}
+	if token, err := echoSessionTo(pods["b1"], vip, 1); err == nil {
+		t.Errorf("tenant B reached tenant A's Layer3 service: answered by %q", token)
+	}
+
 	// Node 2 leaves node 1's state: its subnet is no longer routed there.
 	apply(0, netsOf(0))
 	if err := ping(pods["a1"].ns, netip.Addr{}, addr("10.100.1.5"), time.Second, true); err == nil {
