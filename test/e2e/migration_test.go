@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -19,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -217,7 +219,17 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 	ctx := context.Background()
 	const ns = "e2e-mig-ok"
 	primaryUDN(t, c, ns, "10.71.0.0/24")
-	if err := c.Create(ctx, l2bridgeVM(ns, "vm-1")); err != nil {
+	vm := l2bridgeVM(ns, "vm-1")
+	vm.Spec.Template.ObjectMeta.Labels = map[string]string{"app": "vm-1"}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	// A Service to the VM's guest, as the docs expose a VM: its endpoint
+	// (the launcher pod) must follow the migration.
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-1-web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "vm-1"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(guest.HTTPPort)}}}}
+	if err := c.Create(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
 	lease := waitBoot(t, dir, ns, "vm-1", 1)
@@ -255,6 +267,23 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 		return nil
 	})
 	peerNS := simkubelet.PodNetNS(lab.KubeletConfig(dir, peerNode), peer)
+	viaService := func() error {
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		conn, err := guest.DialContext(dctx, peerNS, "tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
+		b, err := io.ReadAll(conn)
+		if err != nil || !strings.Contains(string(b), "vm-1") {
+			return fmt.Errorf("answer %q, %v", b, err)
+		}
+		return nil
+	}
+	testenv.Eventually(t, time.Minute, "the Service reaches the guest", viaService)
 	var conn net.Conn
 	testenv.Eventually(t, time.Minute, "connect to the guest's echo service", func() error {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -317,6 +346,8 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 	if vmi.Status.NodeName == source {
 		t.Fatalf("the VMI still runs on %s", source)
 	}
+	// The Service reaches the guest on its new node, from the peer.
+	testenv.Eventually(t, 30*time.Second, "the Service reaches the migrated guest", viaService)
 	// The guest's own kernel: same IP and MAC.
 	got, err := guest.Exec(ctx, peerNS, lease.IP(), "cat /sys/class/net/eth0/address; ip -o -4 addr show dev eth0")
 	if err != nil || !strings.Contains(got, lease.MAC.String()) || !strings.Contains(got, lease.Addr.String()) {
