@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -43,6 +44,22 @@ func TestApplyUnchangedStateIsQuiet(t *testing.T) {
 	defer close(done)
 	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{Namespace: &nsh}); err != nil {
 		t.Fatal(err)
+	}
+	// The first Apply's links change operstate asynchronously (the
+	// kernel's link watch defers "running" by up to a second): let those
+	// notifications pass before the Apply under test.
+	quiet := time.NewTimer(2 * time.Second)
+	deadline := time.After(20 * time.Second)
+drain:
+	for {
+		select {
+		case <-updates:
+			quiet.Reset(2 * time.Second)
+		case <-quiet.C:
+			break drain
+		case <-deadline:
+			t.Fatal("links of the first Apply still changing after 20 s")
+		}
 	}
 	if err := nd.dp.Apply(context.Background(), state); err != nil {
 		t.Fatal(err)
