@@ -255,8 +255,7 @@ func benchApplyServices(b *testing.B, services, endpoints int) {
 	c := newCluster(b, 1)
 	nd := c.nodes[0]
 	n := primaryNet("svc-bench_udn", 1, "10.1.0.0/16", "10.1.0.1")
-	n.ServiceAddrs = []netip.Prefix{netip.MustParsePrefix("100.88.0.1/16")}
-	n.ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, 1}
+	setServicePort(&n, transit16, 0)
 	base := c.state(nd, []Network{n})
 	with := base
 	for i := range services {

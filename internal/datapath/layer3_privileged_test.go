@@ -52,9 +52,9 @@ func TestLayer3(t *testing.T) {
 		"a2": c.addPod(c.nodes[1], "a2", "l3-a", nil, pfx("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
 		"b2": c.addPod(c.nodes[1], "b2", "l3-b", nil, pfx("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
 	}
-	apply := func(i int, nets []Network) {
+	// apply applies s on node i with the node's pods as ports.
+	apply := func(i int, s State) {
 		t.Helper()
-		s := State{Networks: nets}
 		for _, p := range c.pods {
 			if p.node == c.nodes[i] {
 				s.Ports = append(s.Ports, Port{Network: p.network, HostIfName: p.hostIf, MAC: p.mac, IPs: p.ips})
@@ -64,8 +64,8 @@ func TestLayer3(t *testing.T) {
 			t.Fatalf("apply on %s: %v", c.nodes[i].name, err)
 		}
 	}
-	apply(0, netsOf(0, 1))
-	apply(1, netsOf(1, 0))
+	apply(0, State{Networks: netsOf(0, 1)})
+	apply(1, State{Networks: netsOf(1, 0)})
 	for _, p := range pods {
 		startEcho(t, p)
 	}
@@ -132,23 +132,12 @@ func TestLayer3(t *testing.T) {
 	// local, one over the overlay); tenant B's routers know no such
 	// address.
 	vip := netip.MustParseAddrPort("10.96.0.30:80")
-	svcState := func(i int) State {
+	for i := range c.nodes {
 		s := State{Networks: netsOf(i, 1-i)}
-		s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 65, 0, byte(i + 1)}), 16)}
-		s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 100, 65, 0, byte(i + 1)}
+		setServicePort(&s.Networks[0], [2]byte{100, 65}, i) // the join subnet: the overlay holds the transit one
 		s.Services = []Service{{Network: "l3-a", Name: "a/web:echo", Protocol: "TCP", VIP: vip,
 			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.100.0.5:7"), netip.MustParseAddrPort("10.100.1.5:7")}}}
-		for _, p := range c.pods {
-			if p.node == c.nodes[i] {
-				s.Ports = append(s.Ports, Port{Network: p.network, HostIfName: p.hostIf, MAC: p.mac, IPs: p.ips})
-			}
-		}
-		return s
-	}
-	for i := range c.nodes {
-		if err := c.nodes[i].dp.Apply(context.Background(), svcState(i)); err != nil {
-			t.Fatalf("apply services on %s: %v", c.nodes[i].name, err)
-		}
+		apply(i, s)
 	}
 	for _, client := range []string{"a1", "a2"} {
 		seen := map[string]int{}
@@ -168,7 +157,7 @@ func TestLayer3(t *testing.T) {
 	}
 
 	// Node 2 leaves node 1's state: its subnet is no longer routed there.
-	apply(0, netsOf(0))
+	apply(0, State{Networks: netsOf(0)})
 	if err := ping(pods["a1"].ns, netip.Addr{}, addr("10.100.1.5"), time.Second, true); err == nil {
 		t.Error("a1 still reaches a2 after node 2 left its peers")
 	}
@@ -192,7 +181,7 @@ func TestLayer3(t *testing.T) {
 	if n := routes(); n != 0 {
 		t.Errorf("%d routes via the overlay left after the peer went", n)
 	}
-	apply(0, netsOf(0, 1))
+	apply(0, State{Networks: netsOf(0, 1)})
 	if n := routes(); n != 1 {
 		t.Errorf("%d routes via the overlay, want 1", n)
 	}

@@ -36,20 +36,7 @@ func TestServices(t *testing.T) {
 			Endpoints: []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7")}},
 		{Network: "tenant-a_udn", Name: "a/empty:echo", Protocol: "TCP", VIP: ap("10.96.0.11:80")},
 	}
-	apply := func() {
-		t.Helper()
-		for i, nd := range c.nodes {
-			s := c.state(nd, nets)
-			// Each node's router has its own service address and MAC in
-			// tenant A's transit subnet.
-			s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 88, 0, byte(i + 1)}), 16)}
-			s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, byte(i + 1)}
-			s.Services = svcs
-			if err := nd.dp.Apply(context.Background(), s); err != nil {
-				t.Fatalf("apply on %s: %v", nd.name, err)
-			}
-		}
-	}
+	apply := func() { t.Helper(); c.applyServices(nets, svcs) }
 	apply()
 	vip := ap("10.96.0.10:80")
 	for _, client := range []string{"a1", "a2"} {
@@ -87,6 +74,32 @@ func TestServices(t *testing.T) {
 	}
 }
 
+// transit16 is the /16 of the default transit subnet, 100.88.0.0/16.
+var transit16 = [2]byte{100, 88}
+
+// setServicePort gives n the service address of node index i: the
+// (i+1)-th address of the /16 base.0.0 and the MAC 0a:58 + its bytes, as
+// kvnet-node derives them from node IDs.
+func setServicePort(n *Network, base [2]byte, i int) {
+	n.ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{base[0], base[1], 0, byte(i + 1)}), 16)}
+	n.ServiceMAC = net.HardwareAddr{0x0a, 0x58, base[0], base[1], 0, byte(i + 1)}
+}
+
+// applyServices applies on every node its state for nets with the
+// services svcs, each node's router with its own service address and MAC
+// in the first network's transit subnet.
+func (c *cluster) applyServices(nets []Network, svcs []Service) {
+	c.tb.Helper()
+	for i, nd := range c.nodes {
+		s := c.state(nd, nets)
+		setServicePort(&s.Networks[0], transit16, i)
+		s.Services = svcs
+		if err := nd.dp.Apply(context.Background(), s); err != nil {
+			c.tb.Fatalf("apply %d services on %s: %v", len(svcs), nd.name, err)
+		}
+	}
+}
+
 // TestManyServices: a router with 400 Services (a map of 400 elements and
 // 400 chains of 3 endpoint rules, in one nftables transaction) is
 // programmed, and its last Service answers. With the default netlink
@@ -101,15 +114,7 @@ func TestManyServices(t *testing.T) {
 			VIP:       netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(1 + i/250), byte(1 + i%250)}), 80),
 			Endpoints: []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7"), ap("10.1.1.3:7")}})
 	}
-	for i, nd := range c.nodes {
-		s := c.state(nd, nets)
-		s.Networks[0].ServiceAddrs = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 88, 0, byte(i + 1)}), 16)}
-		s.Networks[0].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, byte(i + 1)}
-		s.Services = svcs
-		if err := nd.dp.Apply(context.Background(), s); err != nil {
-			t.Fatalf("apply 400 services on %s: %v", nd.name, err)
-		}
-	}
+	c.applyServices(nets, svcs)
 	last := svcs[len(svcs)-1].VIP
 	if token, err := echoSessionTo(pods["a1"], last, 1); err != nil || (token != "a1" && token != "a2") {
 		t.Fatalf("a1 to the 400th service %s: %q, %v", last, token, err)
@@ -129,8 +134,7 @@ func TestServicesIncremental(t *testing.T) {
 	c := newCluster(t, 1)
 	nd := c.nodes[0]
 	n := primaryNet("svc-inc_udn", 1, "10.1.0.0/16", "10.1.0.1")
-	n.ServiceAddrs = []netip.Prefix{netip.MustParsePrefix("100.88.0.1/16")}
-	n.ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, 1}
+	setServicePort(&n, transit16, 0)
 	s := c.state(nd, []Network{n})
 	for i := range 20 {
 		sv := Service{Network: n.Name, Name: fmt.Sprintf("inc/svc%d:http", i), Protocol: "TCP",

@@ -29,12 +29,8 @@ import (
 // node.
 func layer3UDN(t testing.TB, c client.Client, ns, cidr string) {
 	t.Helper()
-	ctx := context.Background()
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, &udnv1.UserDefinedNetwork{
+	primaryNamespace(t, c, ns)
+	if err := c.Create(context.Background(), &udnv1.UserDefinedNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
 		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer3, Layer3: &udnv1.Layer3Config{
 			Role: udnv1.NetworkRolePrimary, Subnets: []udnv1.Layer3Subnet{{CIDR: udnv1.CIDR(cidr), HostSubnet: 24}}}},

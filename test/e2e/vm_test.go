@@ -42,15 +42,21 @@ func labClient(t testing.TB, dir string) client.Client {
 	return c
 }
 
+// primaryNamespace makes namespace ns with the primary-UDN label.
+func primaryNamespace(t testing.TB, c client.Client, ns string) {
+	t.Helper()
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // primaryUDN makes namespace ns with a primary Layer2 UDN with persistent
 // IPs on subnet.
 func primaryUDN(t testing.TB, c client.Client, ns, subnet string) {
 	t.Helper()
 	ctx := context.Background()
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
-		t.Fatal(err)
-	}
+	primaryNamespace(t, c, ns)
 	if err := c.Create(ctx, &udnv1.UserDefinedNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
 		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
