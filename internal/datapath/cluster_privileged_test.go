@@ -350,7 +350,12 @@ func echoSession(p *pod, dst netip.Addr, rounds int) (string, error) {
 // echoSessionTo is echoSession to an echo server at dst (a service's
 // address in front of echo servers, say).
 func echoSessionTo(p *pod, dst netip.AddrPort, rounds int) (string, error) {
-	conn, err := dial(p.ns, dst.String(), 2*time.Second)
+	return echoFrom(p.ns, p.name, dst, rounds)
+}
+
+// echoFrom is echoSessionTo from the namespace at ns, a client called who.
+func echoFrom(ns, who string, dst netip.AddrPort, rounds int) (string, error) {
+	conn, err := dial(ns, dst.String(), 2*time.Second)
 	if err != nil {
 		return "", err
 	}
@@ -362,7 +367,7 @@ func echoSessionTo(p *pod, dst netip.AddrPort, rounds int) (string, error) {
 		return "", fmt.Errorf("read token: %w", err)
 	}
 	for i := range rounds {
-		msg := fmt.Sprintf("round %d from %s\n", i, p.name)
+		msg := fmt.Sprintf("round %d from %s\n", i, who)
 		if _, err := io.WriteString(conn, msg); err != nil {
 			return "", err
 		}

@@ -223,6 +223,9 @@ func nftExprText(e map[string]json.RawMessage) string {
 			if err != nil {
 				return raw()
 			}
+			if d.Port == 0 {
+				return fmt.Sprintf("dnat %s to %s", d.Family, addr)
+			}
 			return fmt.Sprintf("dnat %s to %s", d.Family, netip.AddrPortFrom(addr, uint16(d.Port)))
 		case "reject":
 			var r struct{ Type, Expr string }
@@ -264,7 +267,11 @@ func nftLeftText(b json.RawMessage) (text string, quote bool) {
 		Meta    *struct{ Key string }
 		Payload *struct{ Protocol, Field string }
 		Ct      *struct{ Key string }
-		Numgen  *struct {
+		Fib     *struct {
+			Result string
+			Flags  []string
+		}
+		Numgen *struct {
 			Mode   string
 			Mod    int
 			Offset int
@@ -284,6 +291,8 @@ func nftLeftText(b json.RawMessage) (text string, quote bool) {
 		return l.Payload.Protocol + " " + l.Payload.Field, false
 	case l.Ct != nil:
 		return "ct " + l.Ct.Key, false
+	case l.Fib != nil && len(l.Fib.Flags) == 1:
+		return "fib " + l.Fib.Flags[0] + " " + l.Fib.Result, false
 	}
 	return "", false
 }
@@ -476,6 +485,29 @@ func TestNftRulesInKernel(t *testing.T) {
 			"arp input":         "type filter hook input priority 0; policy accept;",
 		},
 	}, {
+		role:   "node-services",
+		tables: nodeRules("eth0", goldenServiceState()),
+		must: []struct{ family, chain, text string }{
+			{"inet", "node-ports-in", `fib daddr type local meta l4proto . th dport vmap @node-ports`},
+			{"inet", "node-ports-in", `ip daddr . meta l4proto . th dport vmap @external-ips4`},
+			{"inet", "node-ports-local", `ip6 daddr != ::1 fib daddr type local meta l4proto . th dport vmap @node-ports`},
+			{"inet", "router-1", `meta nfproto ipv4 dnat ip to 169.254.0.11`},
+			{"inet", "router-1", `meta nfproto ipv6 dnat ip6 to fd69::b`},
+			{"inet", "ext-ej2lefnw-a/web_http", `dnat ip to 169.254.0.11:30080`},
+			{"inet", "forward", `oifname "kvtr*" ct status dnat accept`},
+		},
+		chains: map[string]string{
+			"inet node-ports-in":    "type nat hook prerouting priority -110; policy accept;",
+			"inet node-ports-local": "type nat hook output priority -110; policy accept;",
+		},
+		maps: map[string][]string{
+			"inet node-ports": {"type inet_proto . inet_service : verdict",
+				`tcp . 30080 comment "service a/web:http" : jump router-1`,
+				`udp . 30053 comment "service a/dns:dns" : jump router-1`},
+			"inet external-ips6": {"type ipv6_addr . inet_proto . inet_service : verdict",
+				`2001:db8::10 . tcp . 80 comment "service a/web6:http" : jump ext-onz2lysf-a/web6_http`},
+		},
+	}, {
 		role:   "router",
 		tables: routerRules(state.Networks[1], nil),
 		must: []struct{ family, chain, text string }{
@@ -499,6 +531,9 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},
+			{"inet", "prerouting", `iifname "transit" meta nfproto ipv4 meta l4proto . th dport vmap @node-ports4`},
+			{"inet", "forward", `iifname "transit" meta nfproto ipv4 udp dport 30053 counter reject with icmpx port-unreachable`},
+			{"inet", "forward", `iifname "transit" oifname "svc" ct status dnat accept`},
 		},
 		chains: map[string]string{
 			"inet prerouting": "type nat hook prerouting priority -100; policy accept;",
@@ -509,6 +544,8 @@ func TestNftRulesInKernel(t *testing.T) {
 				`10.96.0.10 . tcp . 80 comment "service a/web:http" : jump svc-ooakdqon-a/web_http`},
 			"inet service-ips6": {"type ipv6_addr . inet_proto . inet_service : verdict",
 				`fd00:96::10 . tcp . 80 comment "service a/web6:http" : jump svc-3amfmddj-a/web6_http`},
+			"inet node-ports6": {"type inet_proto . inet_service : verdict",
+				`tcp . 30080 comment "service a/web6:http" : jump svc-3amfmddj-a/web6_http`},
 		},
 	}}
 	for _, tc := range tests {

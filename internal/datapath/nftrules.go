@@ -285,10 +285,7 @@ func (b *ruleBuilder) verdict(text string, kind expr.VerdictKind, comment string
 const maxCommentLen = 128
 
 func (b *ruleBuilder) done(comment string) nftRule {
-	if len(comment) > maxCommentLen {
-		comment = comment[:maxCommentLen]
-	}
-	b.r.comment = comment
+	b.r.comment = cutComment(comment)
 	return b.r
 }
 func (b *ruleBuilder) accept(comment string) nftRule {
@@ -368,6 +365,7 @@ func nodeRules(underlayDev string, s State) []nftTable {
 		filterChain("forward", nftables.ChainHookForward, bridgePriorityFilter, nftables.ChainPolicyAccept, fwd),
 	}, portChains...)}
 
+	np := nodePortRules(nets, s.Services)
 	var input []nftRule
 	for _, n := range nets {
 		if !n.Primary {
@@ -381,11 +379,7 @@ func nodeRules(underlayDev string, s State) []nftTable {
 			} else {
 				b.ipDaddr(transitPrefix4, false).ipDaddr(hostPrefix(node), true)
 			}
-			fam := "IPv4"
-			if v6 {
-				fam = "IPv6"
-			}
-			input = append(input, b.counter().drop(fmt.Sprintf("network %s: no other network's %s transit address", n.Name, fam)))
+			input = append(input, b.counter().drop(fmt.Sprintf("network %s: no other network's %s transit address", n.Name, familyName(v6))))
 		}
 	}
 	// VXLAN carries no authentication: a tenant that could send UDP 4789
@@ -419,21 +413,155 @@ func nodeRules(underlayDev string, s State) []nftTable {
 		filterChain("output", nftables.ChainHookOutput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
 			newRule().oifname(bridgePrefix + "*").counter().drop("the node stack never sends into tenant networks"),
 		}),
-		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
+		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, slices.Concat([]nftRule{
 			newRule().iifname(transitPrefix + "*").oifname(transitPrefix + "*").counter().
 				drop("no forwarding between tenant routers"),
+		}, np.forward, []nftRule{
 			newRule().oifname(transitPrefix + "*").ctEstRel(true).counter().
 				drop("only replies enter tenant routers"),
 			newRule().iifname(transitPrefix + "*").l4protoUDP().udpDport(vxlanPort).counter().
 				drop("tenants never speak VXLAN to the underlay"),
-		}),
+		})),
 		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
 			newRule().iifname(transitPrefix + "*").oifname(underlayDev).
 				masquerade("tenant egress leaves with the node's address"),
 		}},
 	}}
+	inet.chains = append(inet.chains, np.chains...)
+	inet.vmaps = np.maps
 	return []nftTable{bridge, inet, arp}
+}
+
+// nodePortPriority runs kvnet's node port translation just before the
+// usual destination NAT priority, where kube-proxy's is: the first NAT
+// mapping of a connection wins, so a UDN Service's node port goes to the
+// UDN even where kube-proxy also programs it (for the pods' cluster
+// default network addresses).
+var nodePortPriority = nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 10)
+
+// nodePortTables holds the node namespace's part of node ports and
+// external addresses.
+type nodePortTables struct {
+	chains  []nftChain
+	maps    []nftVMap
+	forward []nftRule
+}
+
+// nodePortRules returns the node's rules for the node ports and external
+// addresses of services (on nets, sorted by ID): connections to a node
+// port on any of the node's addresses (fib daddr type local), and to an
+// external address and service port, get their destination translated to
+// the service network's router (its transit address, and the node port),
+// where the router balances them as it does the cluster IP. A verdict map
+// `node-ports` (protocol . port) jumps to the network's chain
+// `router-<ID>`, which translates the address only; maps `external-ips4`
+// and `external-ips6` (address . protocol . port) jump to one chain per
+// external address and port. The same lookups run for connections the
+// node opens itself (output), loopback addresses excepted.
+func nodePortRules(nets []Network, services []Service) nodePortTables {
+	var np nodePortTables
+	byName := map[string]Network{}
+	for _, n := range nets {
+		byName[n.Name] = n
+	}
+	ports := nftVMap{name: "node-ports", keyType: nodePortKeyType}
+	ext := [2]nftVMap{{name: "external-ips4", keyType: serviceKeyType(false)}, {name: "external-ips6", keyType: serviceKeyType(true)}}
+	routers := map[int]bool{}
+	seen := map[string]bool{}
+	for _, sv := range services {
+		n, ok := byName[sv.Network]
+		if !ok || sv.NodePort == 0 {
+			continue
+		}
+		proto := serviceProto(sv)
+		v6 := sv.VIP.Addr().Is6()
+		router, _, err := TransitAddrs(n.ID, v6)
+		if err != nil {
+			continue // Validate refused it
+		}
+		chain := fmt.Sprintf("router-%d", n.ID)
+		if key := fmt.Sprintf("%d/%d", proto, sv.NodePort); !seen[key] {
+			seen[key] = true
+			ports.elems = append(ports.elems, nftVMapElem{key: portKey(proto, sv.NodePort), chain: chain,
+				comment: cutComment("service " + sv.Name), text: fmt.Sprintf("%s . %d", protoNames[proto], sv.NodePort)})
+		}
+		routers[n.ID] = true
+		m := &ext[0]
+		if v6 {
+			m = &ext[1]
+		}
+		to := netip.AddrPortFrom(router, sv.NodePort)
+		for _, a := range sv.External {
+			at := netip.AddrPortFrom(a, sv.VIP.Port())
+			name := hashedChainName("ext-", sv.Protocol+" "+at.String(), sv.Name)
+			m.elems = append(m.elems, nftVMapElem{key: slices.Concat(a.AsSlice(), portKey(proto, sv.VIP.Port())), chain: name,
+				comment: cutComment("service " + sv.Name), text: fmt.Sprintf("%s . %s . %d", a, protoNames[proto], sv.VIP.Port())})
+			np.chains = append(np.chains, nftChain{name: name, rules: []nftRule{
+				newRule().dnat(to, fmt.Sprintf("service %s: %s %s to network %s's router", sv.Name, sv.Protocol, at, n.Name)),
+			}})
+		}
+	}
+	if len(ports.elems) == 0 {
+		return np
+	}
+	for _, n := range nets {
+		if !routers[n.ID] {
+			continue
+		}
+		var rules []nftRule
+		for _, v6 := range networkFamilies(n) {
+			router, _, _ := TransitAddrs(n.ID, v6)
+			rules = append(rules, newRule().nfproto(v6).dnatAddr(router, fmt.Sprintf("network %s: to its router", n.Name)))
+		}
+		np.chains = append(np.chains, nftChain{name: fmt.Sprintf("router-%d", n.ID), rules: rules})
+	}
+	np.maps = append(np.maps, ports)
+	in := []nftRule{newRule().fibDaddrLocal().portLookup(ports.name).done("node ports of UDN services")}
+	out := []nftRule{
+		newRule().nfproto(false).ipDaddr(loopback4, true).fibDaddrLocal().portLookup(ports.name).done("node ports of UDN services, from the node"),
+		newRule().nfproto(true).ip6Daddr(hostPrefix(netip.IPv6Loopback()), true).fibDaddrLocal().portLookup(ports.name).done("node ports of UDN services, from the node"),
+	}
+	for i := range ext {
+		if len(ext[i].elems) == 0 {
+			continue
+		}
+		v6 := i == 1
+		np.maps = append(np.maps, ext[i])
+		r := newRule().nfproto(v6).serviceLookup(v6, ext[i].name).done(fmt.Sprintf("%s external addresses of UDN services", familyName(v6)))
+		in, out = append(in, r), append(out, r)
+	}
+	np.chains = append([]nftChain{
+		{name: "node-ports-in", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting,
+			priority: *nodePortPriority, policy: nftables.ChainPolicyAccept}, rules: in},
+		{name: "node-ports-local", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookOutput,
+			priority: *nodePortPriority, policy: nftables.ChainPolicyAccept}, rules: out},
+	}, np.chains...)
+	np.forward = []nftRule{newRule().oifname(transitPrefix + "*").ctStatusDNAT().accept("node port and load balancer connections to tenant routers")}
+	return np
+}
+
+// loopback4 is IPv4's loopback network.
+var loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+
+// fibDaddrLocal matches packets to one of the node's own addresses.
+func (b *ruleBuilder) fibDaddrLocal() *ruleBuilder {
+	return b.add("fib daddr type local",
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)})
+}
+
+// dnatAddr translates the destination address to a, keeping the port,
+// and ends the rule.
+func (b *ruleBuilder) dnatAddr(a netip.Addr, comment string) nftRule {
+	fam, text := uint32(unix.NFPROTO_IPV4), fmt.Sprintf("dnat ip to %s", a)
+	if a.Is6() {
+		fam, text = unix.NFPROTO_IPV6, fmt.Sprintf("dnat ip6 to %s", a)
+	}
+	b.add(text,
+		&expr.Immediate{Register: 1, Data: a.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1})
+	return b.done(comment)
 }
 
 // networkFamilies returns the IP families of n's subnets: false for IPv4,
@@ -590,6 +718,10 @@ func routerRules(n Network, services []Service) []nftTable {
 		forward = append(forward, newRule().iifname(routerGwIf).oifname(routerSvcIf).accept(
 			fmt.Sprintf("network %s: service connections, and replies to other nodes' routers", n.Name)))
 	}
+	if slices.ContainsFunc(services, func(sv Service) bool { return sv.NodePort != 0 }) {
+		forward = append(forward, newRule().iifname(routerTransitIf).oifname(routerSvcIf).ctStatusDNAT().accept(
+			fmt.Sprintf("network %s: node port and load balancer connections", n.Name)))
+	}
 	forward = append(forward, newRule().counter().drop(fmt.Sprintf("network %s: nothing else is forwarded", n.Name)))
 	postrouting := []nftRule{newRule().oifname(routerTransitIf).masquerade(fmt.Sprintf("network %s: the node sees the transit address only", n.Name))}
 	chains := []nftChain{filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, forward)}
@@ -623,18 +755,24 @@ func routerRules(n Network, services []Service) []nftTable {
 // chain, and adding or removing a service one map element and one chain:
 // syncTables rewrites only those.
 func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chains []nftChain, refuse []nftRule) {
-	var v4, v6 nftVMap
+	var v4, v6, np4, np6 nftVMap
 	for _, sv := range services {
 		if len(sv.Endpoints) == 0 {
 			refuse = append(refuse, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
+			if sv.NodePort != 0 {
+				refuse = append(refuse, nodePortMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: node port: no endpoints", sv.Name)))
+			}
 			continue
 		}
 		name := serviceChainName(sv)
-		m := &v4
+		m, np := &v4, &np4
 		if sv.VIP.Addr().Is6() {
-			m = &v6
+			m, np = &v6, &np6
 		}
 		m.elems = append(m.elems, serviceElem(sv, name))
+		if sv.NodePort != 0 {
+			np.elems = append(np.elems, nodePortElem(sv, name))
+		}
 		rules := make([]nftRule, 0, len(sv.Endpoints))
 		for i, ep := range sv.Endpoints {
 			b := newRule()
@@ -658,7 +796,81 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 		dispatch = append(dispatch, newRule().iifname(routerGwIf).nfproto(f.v6).serviceLookup(f.v6, f.m.name).
 			done(fmt.Sprintf("%s services: to the service's chain", f.fam)))
 	}
+	for _, f := range []struct {
+		m  *nftVMap
+		v6 bool
+	}{{&np4, false}, {&np6, true}} {
+		if len(f.m.elems) == 0 {
+			continue
+		}
+		f.m.name, f.m.keyType = nodePortMapName(f.v6), nodePortKeyType
+		maps = append(maps, *f.m)
+		// Connections the node sent to the router's transit address
+		// (the node's and external addresses' ports, translated there).
+		dispatch = append(dispatch, newRule().iifname(routerTransitIf).nfproto(f.v6).portLookup(f.m.name).
+			done(fmt.Sprintf("%s node ports: to the service's chain", familyName(f.v6))))
+	}
 	return dispatch, maps, chains, refuse
+}
+
+// familyName names an IP family in comments.
+func familyName(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// nodePortMapName names the verdict map of a router's node ports of one
+// IP family (its key: protocol . port).
+func nodePortMapName(v6 bool) string {
+	if v6 {
+		return "node-ports6"
+	}
+	return "node-ports4"
+}
+
+// nodePortKeyType is the key type of node port maps.
+var nodePortKeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+
+// portKey returns the key of a protocol . port map element, each field
+// padded to 4 bytes as in registers.
+func portKey(proto byte, port uint16) []byte {
+	return slices.Concat([]byte{proto, 0, 0, 0}, binary.BigEndian.AppendUint16(nil, port), []byte{0, 0})
+}
+
+// nodePortElem returns sv's element of its family's node port map,
+// jumping to chain.
+func nodePortElem(sv Service, chain string) nftVMapElem {
+	proto := serviceProto(sv)
+	return nftVMapElem{key: portKey(proto, sv.NodePort), chain: chain, comment: cutComment("service " + sv.Name),
+		text: fmt.Sprintf("%s . %d", protoNames[proto], sv.NodePort)}
+}
+
+// nodePortMatch starts a rule matching connections the node sent to
+// service sv's node port at the router.
+func nodePortMatch(sv Service) *ruleBuilder {
+	proto := serviceProto(sv)
+	return newRule().iifname(routerTransitIf).nfproto(sv.VIP.Addr().Is6()).l4proto(proto).
+		match(fmt.Sprintf("%s dport %d", protoNames[proto], sv.NodePort),
+			expr.PayloadBaseTransportHeader, 2, binary.BigEndian.AppendUint16(nil, sv.NodePort), nil, false)
+}
+
+// portLookup looks the packet's layer 4 protocol and destination port up
+// in verdict map name (`meta l4proto . th dport vmap @name`).
+func (b *ruleBuilder) portLookup(name string) *ruleBuilder {
+	return b.add(fmt.Sprintf("meta l4proto . th dport vmap @%s", name),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Payload{DestRegister: reg32(1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: 1, SetName: name, DestRegister: 0, IsDestRegSet: true})
+}
+
+// cutComment cuts a comment to nft's limit.
+func cutComment(c string) string {
+	if len(c) > maxCommentLen {
+		return c[:maxCommentLen]
+	}
+	return c
 }
 
 // serviceMapName names the verdict map of the router's services of one IP
@@ -684,13 +896,8 @@ func serviceKeyType(v6 bool) nftables.SetDatatype {
 // jumping to chain.
 func serviceElem(sv Service, chain string) nftVMapElem {
 	proto := serviceProto(sv)
-	key := slices.Concat(sv.VIP.Addr().AsSlice(), []byte{proto, 0, 0, 0},
-		binary.BigEndian.AppendUint16(nil, sv.VIP.Port()), []byte{0, 0})
-	comment := "service " + sv.Name
-	if len(comment) > maxCommentLen {
-		comment = comment[:maxCommentLen]
-	}
-	return nftVMapElem{key: key, chain: chain, comment: comment,
+	key := slices.Concat(sv.VIP.Addr().AsSlice(), portKey(proto, sv.VIP.Port()))
+	return nftVMapElem{key: key, chain: chain, comment: cutComment("service " + sv.Name),
 		text: fmt.Sprintf("%s . %s . %d", sv.VIP.Addr(), protoNames[proto], sv.VIP.Port())}
 }
 
@@ -728,19 +935,26 @@ const maxServiceChainName = 64
 // bare chain name replaced by "_", cut to maxServiceChainName bytes. The
 // hash keeps names unique when cut; the name is there for people.
 func serviceChainName(sv Service) string {
-	sum := sha256.Sum256([]byte(sv.Protocol + " " + sv.VIP.String()))
-	name := serviceChainPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:5])) + "-" +
+	return hashedChainName(serviceChainPrefix, sv.Protocol+" "+sv.VIP.String(), sv.Name)
+}
+
+// hashedChainName returns prefix, a hash of key and name with every byte
+// nft would not take in a bare chain name replaced by "_", cut to
+// maxServiceChainName bytes.
+func hashedChainName(prefix, key, name string) string {
+	sum := sha256.Sum256([]byte(key))
+	out := prefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:5])) + "-" +
 		strings.Map(func(r rune) rune {
 			if r < utf8.RuneSelf && (r == '_' || r == '.' || r == '/' || r == '-' ||
 				'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
 				return r
 			}
 			return '_'
-		}, sv.Name)
-	if len(name) > maxServiceChainName {
-		name = name[:maxServiceChainName]
+		}, name)
+	if len(out) > maxServiceChainName {
+		out = out[:maxServiceChainName]
 	}
-	return name
+	return out
 }
 
 // serviceMatch starts a rule matching connections from the network's pods

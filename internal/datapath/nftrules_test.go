@@ -60,16 +60,32 @@ func TestRouterRulesGolden(t *testing.T) {
 }
 
 // goldenServices are services of goldenState's primary network: one TCP
-// service with three endpoints, a UDP one without, an IPv6 one.
+// service with three endpoints, a UDP one without, an IPv6 one; the TCP
+// ones with a node port and an external address each (a dual-stack
+// LoadBalancer), the UDP one with a node port.
 func goldenServices() []Service {
 	ap := netip.MustParseAddrPort
 	return []Service{
-		{Network: "tenant-a_udn", Name: "a/web:http", Protocol: "TCP", VIP: ap("10.96.0.10:80"),
+		{Network: "tenant-a_udn", Name: "a/web:http", Protocol: "TCP", VIP: ap("10.96.0.10:80"), NodePort: 30080,
+			External:  []netip.Addr{netip.MustParseAddr("203.0.113.10")},
 			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")}},
-		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53")},
-		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"),
+		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53"), NodePort: 30053},
+		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080,
+			External:  []netip.Addr{netip.MustParseAddr("2001:db8::10")},
 			Endpoints: []netip.AddrPort{ap("[fd00:1::2]:8080")}},
 	}
+}
+
+// goldenServiceState is goldenState with service addresses and
+// goldenServices.
+func goldenServiceState() State {
+	s := withServiceAddrs(goldenState())
+	s.Services = goldenServices()
+	return s
+}
+
+func TestNodeServiceRulesGolden(t *testing.T) {
+	checkGolden(t, "node-services.nft", renderTables(nodeRules("eth0", goldenServiceState())))
 }
 
 // withServiceAddrs gives goldenState's primary network node 2's service
@@ -108,6 +124,10 @@ func TestValidateServices(t *testing.T) {
 		{"endpoint outside", func(sv *Service) { sv.Endpoints[0] = ap("10.9.9.9:8080") }, `endpoint "10.9.9.9:8080" outside network "tenant-a_udn"'s subnets`},
 		{"duplicate", func(sv *Service) { sv.VIP = ap("10.96.0.53:53"); sv.Protocol = "UDP" }, `UDP 10.96.0.53:53 already used by service "a/web:http"`},
 		{"no service address", func(sv *Service) { sv.VIP = ap("[fd00:96::11]:80"); sv.Endpoints = nil }, ""},
+		{"node port twice", func(sv *Service) { sv.Protocol, sv.NodePort = "UDP", 30053 }, `node port UDP 30053 already used by service "a/web:http"`},
+		{"external without node port", func(sv *Service) { sv.NodePort = 0 }, `external address "203.0.113.10" needs a node port`},
+		{"external family", func(sv *Service) { sv.External = []netip.Addr{netip.MustParseAddr("2001:db8::1")} }, `external address "2001:db8::1" is not a unicast address of the service's family`},
+		{"external loopback", func(sv *Service) { sv.External = []netip.Addr{netip.MustParseAddr("127.0.0.1")} }, `external address "127.0.0.1" is not a unicast address`},
 	} {
 		s := withServiceAddrs(goldenState())
 		s.Services = goldenServices()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	vnetlink "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
@@ -86,13 +87,15 @@ func setServicePort(n *Network, base [2]byte, i int) {
 }
 
 // applyServices applies on every node its state for nets with the
-// services svcs, each node's router with its own service address and MAC
-// in the first network's transit subnet.
+// services svcs, each node's routers with their own service address and
+// MAC in their network's transit subnet.
 func (c *cluster) applyServices(nets []Network, svcs []Service) {
 	c.tb.Helper()
 	for i, nd := range c.nodes {
 		s := c.state(nd, nets)
-		setServicePort(&s.Networks[0], transit16, i)
+		for j := range s.Networks {
+			setServicePort(&s.Networks[j], transit16, i)
+		}
 		s.Services = svcs
 		if err := nd.dp.Apply(context.Background(), s); err != nil {
 			c.tb.Fatalf("apply %d services on %s: %v", len(svcs), nd.name, err)
@@ -266,4 +269,83 @@ func keySet[V any](m map[string]V) map[string]bool {
 		out[k] = true
 	}
 	return out
+}
+
+// TestNodePorts: tenant A's service with endpoints a1 (node 1) and a2
+// (node 2) is reached at its node port on any node's address, from that
+// node itself, from another node and from outside the cluster, and at its
+// load balancer address (routed by the external network to node 2, as a
+// load balancer implementation announces it), each time answered by both
+// endpoints; a node port without endpoints refuses; tenant B's node port
+// leads to tenant B's pod only; neither tenant's pods reach the other's
+// service through a node port; a node port taken away is closed.
+func TestNodePorts(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	ap := netip.MustParseAddrPort
+	lb := addr("198.51.100.10")
+	svcs := []Service{
+		{Network: "tenant-a_udn", Name: "a/web:echo", Protocol: "TCP", VIP: ap("10.96.0.10:80"), NodePort: 30080,
+			External: []netip.Addr{lb}, Endpoints: []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7")}},
+		{Network: "tenant-a_udn", Name: "a/empty:echo", Protocol: "TCP", VIP: ap("10.96.0.11:80"), NodePort: 30081},
+		{Network: "tenant-b_udn", Name: "b/web:echo", Protocol: "TCP", VIP: ap("10.96.0.20:80"), NodePort: 30082,
+			Endpoints: []netip.AddrPort{ap("10.1.1.2:7")}}, // b2, on node 3
+	}
+	c.applyServices(nets, svcs)
+	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
+	// The external network sends the load balancer address to node 2.
+	c.must(withHandle(c.ext, func(h *nl.Handle) error {
+		return h.RouteAdd(&vnetlink.Route{Dst: ipNet(hostPrefix(lb)), Gw: net.IP(n2.ip.AsSlice())})
+	}))
+	clients := []struct {
+		what, ns string
+		dst      netip.AddrPort
+	}{
+		{"node 1 to its own address", n1.ns, netip.AddrPortFrom(n1.ip, 30080)},
+		{"node 2 to node 1", n2.ns, netip.AddrPortFrom(n1.ip, 30080)},
+		{"outside to node 3", c.ext, netip.AddrPortFrom(n3.ip, 30080)},
+		{"outside to the load balancer address", c.ext, netip.AddrPortFrom(lb, 80)},
+	}
+	for _, cl := range clients {
+		seen := map[string]int{}
+		for range 16 {
+			token, err := echoFrom(cl.ns, cl.what, cl.dst, 1)
+			if err != nil {
+				t.Fatalf("%s (%s): %v", cl.what, cl.dst, err)
+			}
+			seen[token]++
+		}
+		if seen["a1"] == 0 || seen["a2"] == 0 || len(seen) != 2 {
+			t.Errorf("%s (%s): 16 connections answered by %v, want both a1 and a2 and nobody else", cl.what, cl.dst, seen)
+		}
+	}
+	// No endpoints: refused at once.
+	if _, err := dial(n2.ns, netip.AddrPortFrom(n1.ip, 30081).String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("node port without endpoints: %v, want connection refused", err)
+	}
+	// Tenant B's node port: tenant B's pod, on another node.
+	if token, err := echoFrom(n1.ns, "node 1", netip.AddrPortFrom(n1.ip, 30082), 1); err != nil || token != "b2" {
+		t.Errorf("node 1 to tenant B's node port: %q, %v; want b2", token, err)
+	}
+	// Pods never cross to the other tenant through a node port.
+	for _, x := range []struct {
+		pod  string
+		port uint16
+	}{{"b1", 30080}, {"a1", 30082}} {
+		if token, err := echoSessionTo(pods[x.pod], netip.AddrPortFrom(n1.ip, x.port), 1); err == nil {
+			t.Errorf("%s reached the other tenant's node port %d: answered by %q", x.pod, x.port, token)
+		}
+	}
+	// The node port and address go: closed.
+	svcs[0].NodePort, svcs[0].External = 0, nil
+	c.applyServices(nets, svcs)
+	for _, cl := range clients[:3] {
+		if token, err := echoFrom(cl.ns, cl.what, cl.dst, 1); err == nil {
+			t.Errorf("%s (%s) after the node port went: answered by %q", cl.what, cl.dst, token)
+		}
+	}
+	// The cluster IP is unchanged.
+	if token, err := echoSessionTo(pods["a1"], ap("10.96.0.10:80"), 1); err != nil || (token != "a1" && token != "a2") {
+		t.Errorf("a1 to the cluster IP after the node port went: %q, %v", token, err)
+	}
 }

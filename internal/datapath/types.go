@@ -152,6 +152,17 @@ type Service struct {
 	// none: connections are refused (TCP reset / ICMP port unreachable),
 	// as kube-proxy does.
 	Endpoints []netip.AddrPort
+	// NodePort, when not 0, makes the service reachable at this port on
+	// every address of the node (NodePort and LoadBalancer Services): the
+	// node translates the destination to the network's router, which
+	// balances it over Endpoints as it does VIP. The entries of one
+	// Kubernetes Service port (one per IP family) share it.
+	NodePort uint16
+	// External are addresses from outside the cluster (a LoadBalancer's
+	// ingress IPs, spec.externalIPs), of VIP's family, at which the node
+	// takes the service at VIP's port and handles it as NodePort (which
+	// they need).
+	External []netip.Addr
 }
 
 // State is what the node's datapath should look like. Apply makes the node
@@ -306,7 +317,10 @@ func (s *State) validate() (map[string]*Network, error) {
 			bad("remote MAC %q: VTEP %q is not a valid address", m.MAC, m.VTEP)
 		}
 	}
-	vips := map[string]string{} // network + protocol + VIP -> service
+	vips := map[string]string{}         // network + protocol + VIP -> service
+	nodePorts := map[string]string{}    // protocol + node port + family -> service
+	nodePortNets := map[string]string{} // protocol + node port -> network
+	externals := map[string]string{}    // protocol + external address and port -> service
 	for i, sv := range s.Services {
 		n := byName[sv.Network]
 		switch {
@@ -330,6 +344,32 @@ func (s *State) validate() (map[string]*Network, error) {
 			bad("service %q: %s %s already used by service %q", sv.Name, sv.Protocol, sv.VIP, other)
 		}
 		vips[key] = sv.Name
+		if sv.NodePort != 0 {
+			npKey := fmt.Sprintf("%s/%d", sv.Protocol, sv.NodePort)
+			fam := npKey + "/" + familyName(sv.VIP.Addr().Is6())
+			if other, dup := nodePorts[fam]; dup {
+				bad("service %q: node port %s %d already used by service %q", sv.Name, sv.Protocol, sv.NodePort, other)
+			}
+			nodePorts[fam] = sv.Name
+			if owner, taken := nodePortNets[npKey]; taken && owner != sv.Network {
+				bad("service %q: node port %s %d already used on network %q", sv.Name, sv.Protocol, sv.NodePort, owner)
+			}
+			nodePortNets[npKey] = sv.Network
+		}
+		for _, a := range sv.External {
+			switch {
+			case sv.NodePort == 0:
+				bad("service %q: external address %q needs a node port", sv.Name, a)
+			case !a.IsValid() || a.Zone() != "" || a.Is4() != sv.VIP.Addr().Is4() || a.IsUnspecified() || a.IsLoopback() || a.IsMulticast():
+				bad("service %q: external address %q is not a unicast address of the service's family", sv.Name, a)
+			default:
+				key := sv.Protocol + "/" + netip.AddrPortFrom(a, sv.VIP.Port()).String()
+				if other, dup := externals[key]; dup {
+					bad("service %q: external %s %s already used by service %q", sv.Name, sv.Protocol, netip.AddrPortFrom(a, sv.VIP.Port()), other)
+				}
+				externals[key] = sv.Name
+			}
+		}
 		for _, ep := range sv.Endpoints {
 			if !ep.IsValid() || ep.Port() == 0 || ep.Addr().Is4() != sv.VIP.Addr().Is4() {
 				bad("service %q: endpoint %q is not an address of the service's family with a port", sv.Name, ep)
