@@ -378,8 +378,13 @@ func answeredBy(from *pod, ip, want string) error {
 
 // tokenAt connects from p to addr and returns the token its server sends.
 func tokenAt(from *pod, addr string) (string, error) {
+	return tokenFrom(from.netns, addr)
+}
+
+// tokenFrom is tokenAt from the namespace at nsPath (a node's, say).
+func tokenFrom(nsPath, addr string) (string, error) {
 	var conn net.Conn
-	if err := nl.Do(from.netns, func() (err error) {
+	if err := nl.Do(nsPath, func() (err error) {
 		conn, err = net.DialTimeout("tcp4", addr, 2*time.Second)
 		return err
 	}); err != nil {

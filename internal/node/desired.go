@@ -171,6 +171,7 @@ func Desired(in Input) Plan {
 		lacksVLAN = physnet.LacksVLAN(self)
 	}
 	hostSubnets := nodeHostSubnets(self, problem)
+	claims := newNodeAddrClaims()
 	unserved := func(name, format string, args ...any) {
 		if plan.Unserved == nil {
 			plan.Unserved = map[string]string{}
@@ -393,6 +394,7 @@ func Desired(in Input) Plan {
 				services = nil
 			}
 		}
+		claims.admit(services, problem)
 		// One network the datapath would refuse must not stop the others:
 		// Apply refuses a whole state with an invalid network in it.
 		if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Services: services}); err != nil {

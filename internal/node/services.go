@@ -121,6 +121,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 				n.problem("Service %s/%s: cluster IP %s is inside network %s's subnet %s: the cluster's service CIDR must not overlap UDN subnets", svc.Namespace, svc.Name, vip, n.name, sub)
 				continue
 			}
+			external := externalAddrs(svc, vip.Is4())
 			for _, port := range svc.Spec.Ports {
 				proto := string(cmp.Or(port.Protocol, corev1.ProtocolTCP))
 				if proto != "TCP" && proto != "UDP" {
@@ -129,6 +130,18 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 				ds := datapath.Service{
 					Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)),
 					Name: fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port))),
+				}
+				if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) &&
+					port.NodePort > 0 && port.NodePort < 65536 {
+					ds.NodePort = uint16(port.NodePort)
+				}
+				if len(external) > 0 {
+					if ds.NodePort == 0 {
+						n.problem("Service %s/%s port %s: external addresses %v need a node port (allocateLoadBalancerNodePorts: false is not supported on user-defined networks)",
+							svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port)), external)
+					} else {
+						ds.External = external
+					}
 				}
 				for _, h := range picked {
 					target, ok := targetPort(h.pod, port)
@@ -148,6 +161,75 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 		}
 	}
 	return out
+}
+
+// nodeAddrClaims makes the node ports and external addresses of services
+// exclusive across a node's plan: the API server keeps node ports unique,
+// but two Services (of one tenant or two) may both claim an external
+// address and port; the first in the plan gets it, and the other's claim
+// is a problem while the rest of its service stays.
+type nodeAddrClaims struct {
+	nodePorts map[string]string // protocol/port -> network
+	external  map[string]string // protocol/address:port -> service
+}
+
+func newNodeAddrClaims() *nodeAddrClaims {
+	return &nodeAddrClaims{nodePorts: map[string]string{}, external: map[string]string{}}
+}
+
+// admit takes services' claims, removing those already taken.
+func (c *nodeAddrClaims) admit(services []datapath.Service, problem func(string, ...any)) {
+	for i := range services {
+		sv := &services[i]
+		if sv.NodePort != 0 {
+			key := fmt.Sprintf("%s/%d", sv.Protocol, sv.NodePort)
+			if owner, taken := c.nodePorts[key]; taken && owner != sv.Network {
+				problem("Service %s: node port %s %d is already network %s's", sv.Name, sv.Protocol, sv.NodePort, owner)
+				sv.NodePort, sv.External = 0, nil
+				continue
+			}
+			c.nodePorts[key] = sv.Network
+		}
+		var kept []netip.Addr
+		for _, a := range sv.External {
+			at := netip.AddrPortFrom(a, sv.VIP.Port())
+			key := sv.Protocol + "/" + at.String()
+			if other, taken := c.external[key]; taken {
+				problem("Service %s: external address %s %s is already Service %s's", sv.Name, sv.Protocol, at, other)
+				continue
+			}
+			c.external[key] = sv.Name
+			kept = append(kept, a)
+		}
+		sv.External = kept
+	}
+}
+
+// externalAddrs returns the addresses of svc's family (v4 or not) at which
+// it is reached from outside the cluster: spec.externalIPs, and for a
+// LoadBalancer the ingress IPs of its status that a load balancer
+// implementation delivers to the nodes (ipMode VIP, the default; ipMode
+// Proxy: the load balancer connects to the node ports itself), sorted,
+// without duplicates.
+func externalAddrs(svc *corev1.Service, v4 bool) []netip.Addr {
+	var out []netip.Addr
+	add := func(s string) {
+		if a, err := netip.ParseAddr(s); err == nil && a.Unmap().Is4() == v4 && a.IsGlobalUnicast() && a.Zone() == "" {
+			out = append(out, a.Unmap())
+		}
+	}
+	for _, s := range svc.Spec.ExternalIPs {
+		add(s)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP {
+				add(in.IP)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // servesTraffic reports whether pod may be a service endpoint: running,

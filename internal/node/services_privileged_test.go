@@ -32,11 +32,12 @@ func labelled(app string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Labels["app"] = app }
 }
 
-// TestAgentServices: a ClusterIP Service in a namespace on a primary UDN
-// reaches the pods it selects on their UDN addresses, from a pod of the
-// UDN on either node, spread over both endpoints; a pod that is not Ready
-// gets no traffic; another tenant gets nothing; a pod that goes stops
-// getting traffic.
+// TestAgentServices: a NodePort Service in a namespace on a primary UDN
+// reaches the pods it selects on their UDN addresses, at its cluster IP
+// from a pod of the UDN on either node and at its node port from either
+// node, spread over both endpoints; a pod that is not Ready gets no
+// traffic; another tenant gets nothing, by cluster IP or node port; a pod
+// that goes stops getting traffic.
 func TestAgentServices(t *testing.T) {
 	l := newLab(t, "n1", "n2")
 	nad := tenant(t, "svc-a", "10.8.0.0/24", false)
@@ -51,7 +52,7 @@ func TestAgentServices(t *testing.T) {
 	running(t, e2)
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "svc-a", Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "web"},
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(tokenPort)}}},
 	}
 	testenv.Create(t, c, svc)
@@ -59,10 +60,24 @@ func TestAgentServices(t *testing.T) {
 		t.Fatal("the API server gave the Service no cluster IP")
 	}
 	vip := net.JoinHostPort(svc.Spec.ClusterIP, "80")
-	for _, from := range []*pod{client1, e2} {
+	n1, err := l.Node("n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodePort := net.JoinHostPort(n1.IP.String(), fmt.Sprint(svc.Spec.Ports[0].NodePort))
+	type client struct{ name, ns, addr string }
+	clients := []client{{client1.name, client1.netns, vip}, {e2.name, e2.netns, vip}}
+	for _, n := range []string{"n1", "n2"} {
+		nd, err := l.Node(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, client{"node " + n, nd.NS, nodePort})
+	}
+	for _, from := range clients {
 		seen := map[string]int{}
-		eventually(t, from.name+" reaches both endpoints through "+vip, func() error {
-			token, err := tokenAt(from, vip)
+		eventually(t, from.name+" reaches both endpoints through "+from.addr, func() error {
+			token, err := tokenFrom(from.ns, from.addr)
 			if err != nil {
 				return err
 			}
@@ -80,8 +95,10 @@ func TestAgentServices(t *testing.T) {
 	other := tenant(t, "svc-b", "10.8.0.0/24", false)
 	b := l.runPod(other, "b1", "n1", nil)
 	for range 3 {
-		if token, err := tokenAt(b, vip); err == nil {
-			t.Fatalf("another tenant reached the service: answered by %q", token)
+		for _, addr := range []string{vip, nodePort} {
+			if token, err := tokenAt(b, addr); err == nil {
+				t.Fatalf("another tenant reached the service at %s: answered by %q", addr, token)
+			}
 		}
 	}
 

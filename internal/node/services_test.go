@@ -129,3 +129,65 @@ func TestDesiredServices(t *testing.T) {
 		t.Errorf("without a node ID: services %v, problems %v", plan.State.Services, plan.Problems)
 	}
 }
+
+// TestDesiredNodePorts: NodePort and LoadBalancer Services get their node
+// ports; a LoadBalancer's ingress IPs (ipMode VIP, not Proxy) and any
+// Service's externalIPs of the cluster IP's family become its external
+// addresses; without a node port those are a problem and left out; an
+// external address and port another Service holds already is a problem
+// for the second, whose node port stays; the plan stays valid.
+func TestDesiredNodePorts(t *testing.T) {
+	e1 := pod("a", "e1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	e1.Labels, e1.Status.Phase = map[string]string{"app": "web"}, corev1.PodRunning
+	b1 := pod("b", "b1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	b1.Labels, b1.Status.Phase = map[string]string{"app": "web"}, corev1.PodRunning
+	proxy := corev1.LoadBalancerIPModeProxy
+	svc := func(ns, name, ip string, typ corev1.ServiceType, nodePort int32, external ...string) corev1.Service {
+		return corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{Type: typ, ClusterIP: ip, ClusterIPs: []string{ip}, Selector: map[string]string{"app": "web"},
+				ExternalIPs: external, Ports: []corev1.ServicePort{{Port: 80, NodePort: nodePort}}}}
+	}
+	lb := svc("a", "lb", "10.96.0.2", corev1.ServiceTypeLoadBalancer, 30081, "198.51.100.7", "fe80::1", "garbage", "127.0.0.1")
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.5"}, {IP: "203.0.113.6", IPMode: &proxy}, {Hostname: "lb.example.com"}}
+	noNodePort := svc("a", "nonp", "10.96.0.3", corev1.ServiceTypeLoadBalancer, 0)
+	noNodePort.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.9"}}
+	in := Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7"), primaryNAD("b", "8")},
+		Pods:  []corev1.Pod{e1, b1},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1")},
+		Links: links(e1, b1),
+		Services: []corev1.Service{
+			svc("a", "np", "10.96.0.1", corev1.ServiceTypeNodePort, 30080),
+			lb, noNodePort,
+			svc("a", "cip", "10.96.0.4", corev1.ServiceTypeClusterIP, 0),
+			svc("b", "steal", "10.96.0.5", corev1.ServiceTypeNodePort, 30090, "198.51.100.7"),
+		},
+	}
+	in.Nodes[0].Annotations[nodeid.Annotation] = "1"
+	plan := Desired(in)
+	var got []string
+	for _, s := range plan.State.Services {
+		got = append(got, fmt.Sprintf("%s %s node port %d external %v", s.Network, s.Name, s.NodePort, s.External))
+	}
+	want := []string{
+		"a_udn a/np:80 node port 30080 external []",
+		"a_udn a/lb:80 node port 30081 external [198.51.100.7 203.0.113.5]",
+		"a_udn a/nonp:80 node port 0 external []",
+		"a_udn a/cip:80 node port 0 external []",
+		"b_udn b/steal:80 node port 30090 external []",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("services:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	wantProblems := []string{
+		"Service a/nonp port 80: external addresses [203.0.113.9] need a node port (allocateLoadBalancerNodePorts: false is not supported on user-defined networks)",
+		"Service b/steal:80: external address TCP 198.51.100.7:80 is already Service a/lb:80's",
+	}
+	if strings.Join(plan.Problems, "\n") != strings.Join(wantProblems, "\n") {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(plan.Problems, "\n"), strings.Join(wantProblems, "\n"))
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+}
