@@ -209,7 +209,7 @@ func (d *Datapath) syncNodeRules(s State) error {
 		}
 	}
 	d.activated = still // the planner caught up with the others
-	return syncTables(conn, nodeRules(d.cfg.UnderlayDev, s))
+	return syncTables(conn, nodeRules(s))
 }
 
 // Activate ends the Standby of port p (a live-migration target whose guest

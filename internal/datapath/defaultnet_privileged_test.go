@@ -132,6 +132,13 @@ func TestDefaultNetworkRestriction(t *testing.T) {
 // "answer from c" (a stand-in for the cluster DNS).
 func startDNS(t *testing.T, ns, addr string) {
 	t.Helper()
+	startUDPAnswer(t, ns, addr, "answer from c")
+}
+
+// startUDPAnswer answers every UDP datagram at addr in namespace ns with
+// answer.
+func startUDPAnswer(t *testing.T, ns, addr, answer string) {
+	t.Helper()
 	var pc net.PacketConn
 	if err := nl.Do(ns, func() (err error) {
 		pc, err = net.ListenPacket("udp4", addr)
@@ -147,7 +154,7 @@ func startDNS(t *testing.T, ns, addr string) {
 			if err != nil {
 				return
 			}
-			_, _ = pc.WriteTo([]byte("answer from c"), from)
+			_, _ = pc.WriteTo([]byte(answer), from)
 		}
 	}()
 }

@@ -455,7 +455,7 @@ func TestNftRulesInKernel(t *testing.T) {
 		maps map[string][]string
 	}{{
 		role:   "node",
-		tables: nodeRules("eth0", state),
+		tables: nodeRules(state),
 		must: []struct{ family, chain, text string }{
 			// bridge: anti-spoofing of a port, by MAC, IPv4, IPv6 and ARP.
 			{"bridge", "prerouting", `iifname "pa1" jump port-pa1`},
@@ -470,7 +470,7 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"bridge", "port-pa2", `ether saddr != 02:00:00:00:00:02 counter drop`},
 			{"bridge", "port-l2p", `ether saddr != 02:00:00:00:00:03 counter drop`},
 			// inet: tenant egress SNAT, node isolation, IPv4 and IPv6.
-			{"inet", "postrouting", `iifname "kvtr*" oifname "eth0" masquerade`},
+			{"inet", "postrouting", `iifname "kvtr*" masquerade`},
 			{"inet", "input", `iifname "kvbr*" counter drop`},
 			{"inet", "input", `iifname "kvtr1" ip daddr 169.254.0.0/17 ip daddr != 169.254.0.12 counter drop`},
 			{"inet", "input", `iifname "kvtr1" ip6 daddr fd69::/112 ip6 daddr != fd69::c counter drop`},
@@ -486,7 +486,7 @@ func TestNftRulesInKernel(t *testing.T) {
 		},
 	}, {
 		role:   "node-services",
-		tables: nodeRules("eth0", goldenServiceState()),
+		tables: nodeRules(goldenServiceState()),
 		must: []struct{ family, chain, text string }{
 			{"inet", "node-ports-in", `fib daddr type local meta l4proto . th dport vmap @node-ports`},
 			{"inet", "node-ports-in", `ip daddr . meta l4proto . th dport vmap @external-ips4`},
@@ -532,6 +532,8 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},
 			{"inet", "prerouting", `iifname "transit" meta nfproto ipv4 meta l4proto . th dport vmap @node-ports4`},
+			// The cluster DNS, on the default network: no service mark.
+			{"inet", "svc-vonyfya4-kube-system/kube-dns_dns", `numgen random mod 2 0 dnat ip to 10.244.0.5:53`},
 			{"inet", "forward", `iifname "transit" meta nfproto ipv4 udp dport 30053 counter reject with icmpx port-unreachable`},
 			{"inet", "forward", `iifname "transit" oifname "svc" ct status dnat accept`},
 		},
@@ -541,7 +543,8 @@ func TestNftRulesInKernel(t *testing.T) {
 		},
 		maps: map[string][]string{
 			"inet service-ips4": {"type ipv4_addr . inet_proto . inet_service : verdict",
-				`10.96.0.10 . tcp . 80 comment "service a/web:http" : jump svc-ooakdqon-a/web_http`},
+				`10.96.0.10 . tcp . 80 comment "service a/web:http" : jump svc-ooakdqon-a/web_http`,
+				`10.96.0.10 . udp . 53 comment "service kube-system/kube-dns:dns" : jump svc-vonyfya4-kube-system/kube-dns_dns`},
 			"inet service-ips6": {"type ipv6_addr . inet_proto . inet_service : verdict",
 				`fd00:96::10 . tcp . 80 comment "service a/web6:http" : jump svc-3amfmddj-a/web6_http`},
 			"inet node-ports6": {"type inet_proto . inet_service : verdict",

@@ -329,7 +329,7 @@ func filterChain(name string, hook *nftables.ChainHook, prio nftables.ChainPrior
 // inet table (node stack kept off tenant bridges, transit isolation,
 // egress masquerade) and an arp table (no ARP between the node and tenant
 // bridges). There are none when s has no network.
-func nodeRules(underlayDev string, s State) []nftTable {
+func nodeRules(s State) []nftTable {
 	if len(s.Networks) == 0 {
 		return nil
 	}
@@ -424,7 +424,7 @@ func nodeRules(underlayDev string, s State) []nftTable {
 		})),
 		{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 			priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: []nftRule{
-			newRule().iifname(transitPrefix + "*").oifname(underlayDev).
+			newRule().iifname(transitPrefix + "*").
 				masquerade("tenant egress leaves with the node's address"),
 		}},
 	}}
@@ -779,7 +779,10 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 			if left := len(sv.Endpoints) - i; left > 1 {
 				b.numgenZero(uint32(left))
 			}
-			rules = append(rules, b.markService().dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
+			if !sv.ViaNode { // leaves through the service port
+				b.markService()
+			}
+			rules = append(rules, b.dnat(ep, fmt.Sprintf("service %s: endpoint %s", sv.Name, ep)))
 		}
 		chains = append(chains, nftChain{name: name, rules: rules})
 	}

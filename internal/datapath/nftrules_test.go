@@ -52,7 +52,7 @@ func checkGolden(t *testing.T, name, got string) {
 }
 
 func TestNodeRulesGolden(t *testing.T) {
-	checkGolden(t, "node.nft", renderTables(nodeRules("eth0", goldenState())))
+	checkGolden(t, "node.nft", renderTables(nodeRules(goldenState())))
 }
 
 func TestRouterRulesGolden(t *testing.T) {
@@ -73,6 +73,8 @@ func goldenServices() []Service {
 		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080,
 			External:  []netip.Addr{netip.MustParseAddr("2001:db8::10")},
 			Endpoints: []netip.AddrPort{ap("[fd00:1::2]:8080")}},
+		{Network: "tenant-a_udn", Name: "kube-system/kube-dns:dns", Protocol: "UDP", VIP: ap("10.96.0.10:53"), ViaNode: true,
+			Endpoints: []netip.AddrPort{ap("10.244.0.5:53"), ap("10.244.1.7:53")}},
 	}
 }
 
@@ -85,7 +87,7 @@ func goldenServiceState() State {
 }
 
 func TestNodeServiceRulesGolden(t *testing.T) {
-	checkGolden(t, "node-services.nft", renderTables(nodeRules("eth0", goldenServiceState())))
+	checkGolden(t, "node-services.nft", renderTables(nodeRules(goldenServiceState())))
 }
 
 // withServiceAddrs gives goldenState's primary network node 2's service
@@ -128,6 +130,8 @@ func TestValidateServices(t *testing.T) {
 		{"external without node port", func(sv *Service) { sv.NodePort = 0 }, `external address "203.0.113.10" needs a node port`},
 		{"external family", func(sv *Service) { sv.External = []netip.Addr{netip.MustParseAddr("2001:db8::1")} }, `external address "2001:db8::1" is not a unicast address of the service's family`},
 		{"external loopback", func(sv *Service) { sv.External = []netip.Addr{netip.MustParseAddr("127.0.0.1")} }, `external address "127.0.0.1" is not a unicast address`},
+		{"via node with a node port", func(sv *Service) { sv.ViaNode = true }, `service "a/web:http": a service reached through the node has no node port nor external addresses`},
+		{"via node inside the network", func(sv *Service) { sv.ViaNode, sv.NodePort, sv.External = true, 0, nil }, `endpoint "10.1.1.2:8080", reached through the node, is inside network "tenant-a_udn"'s subnets`},
 	} {
 		s := withServiceAddrs(goldenState())
 		s.Services = goldenServices()
@@ -145,7 +149,7 @@ func TestValidateServices(t *testing.T) {
 }
 
 func TestNodeRulesEmptyState(t *testing.T) {
-	if got := nodeRules("eth0", State{}); got != nil {
+	if got := nodeRules(State{}); got != nil {
 		t.Errorf("nodeRules(empty) = %v, want no tables", got)
 	}
 }
@@ -154,7 +158,7 @@ func TestNodeRulesEmptyState(t *testing.T) {
 // unique on a node, and every port rule must name its port.
 func TestRuleComments(t *testing.T) {
 	seen := map[string]bool{}
-	for _, tb := range nodeRules("eth0", goldenState()) {
+	for _, tb := range nodeRules(goldenState()) {
 		for _, c := range tb.chains {
 			for _, r := range c.rules {
 				if r.comment == "" {

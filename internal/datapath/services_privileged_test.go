@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // TestServices: on twoTenants' networks, a service of tenant A with
@@ -347,5 +348,38 @@ func TestNodePorts(t *testing.T) {
 	// The cluster IP is unchanged.
 	if token, err := echoSessionTo(pods["a1"], ap("10.96.0.10:80"), 1); err != nil || (token != "a1" && token != "a2") {
 		t.Errorf("a1 to the cluster IP after the node port went: %q, %v", token, err)
+	}
+}
+
+// TestServicesViaNode: tenant A's pods reach a service of the cluster
+// default network (the cluster DNS, here two UDP endpoints outside the
+// cluster) at its cluster IP through their router and node, from either
+// node, answered by both endpoints; tenant B's router has no such service
+// and its pods get no answer there.
+func TestServicesViaNode(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	ep1 := netip.AddrPortFrom(simnet.ExternalIP, 5353)
+	ep2 := netip.AddrPortFrom(simnet.InternetIP, 5353)
+	startUDPAnswer(t, c.ext, ep1.String(), "ep1")
+	startUDPAnswer(t, c.ext, ep2.String(), "ep2")
+	vip := netip.MustParseAddrPort("10.96.0.10:53")
+	c.applyServices(nets, []Service{{Network: "tenant-a_udn", Name: "kube-system/kube-dns:dns", Protocol: "UDP", VIP: vip,
+		ViaNode: true, Endpoints: []netip.AddrPort{ep1, ep2}}})
+	for _, client := range []string{"a1", "a2"} {
+		seen := map[string]int{}
+		for range 16 {
+			answer, err := queryDNS(pods[client].ns, vip.String())
+			if err != nil {
+				t.Fatalf("%s to %s: %v", client, vip, err)
+			}
+			seen[answer]++
+		}
+		if seen["ep1"] == 0 || seen["ep2"] == 0 || len(seen) != 2 {
+			t.Errorf("%s's 16 queries to %s were answered by %v, want both endpoints", client, vip, seen)
+		}
+	}
+	if answer, err := queryDNS(pods["b1"].ns, vip.String()); err == nil {
+		t.Errorf("tenant B, without the service, got an answer at %s: %q", vip, answer)
 	}
 }

@@ -152,6 +152,12 @@ type Service struct {
 	// none: connections are refused (TCP reset / ICMP port unreachable),
 	// as kube-proxy does.
 	Endpoints []netip.AddrPort
+	// ViaNode marks a service of the cluster default network that the
+	// network's pods may reach (the cluster DNS, the API server): its
+	// Endpoints are outside the network, and the router sends connections
+	// to them out through the node, masqueraded as egress is. Such a
+	// service has no node port nor external addresses.
+	ViaNode bool
 	// NodePort, when not 0, makes the service reachable at this port on
 	// every address of the node (NodePort and LoadBalancer Services): the
 	// node translates the destination to the network's router, which
@@ -329,7 +335,9 @@ func (s *State) validate() (map[string]*Network, error) {
 			continue
 		case !n.Primary:
 			bad("service %q: network %q is not primary (services are load-balanced by its router)", sv.Name, sv.Network)
-		case !slices.ContainsFunc(n.ServiceAddrs, func(p netip.Prefix) bool { return p.Addr().Is4() == sv.VIP.Addr().Is4() }):
+		case sv.ViaNode && (sv.NodePort != 0 || len(sv.External) > 0):
+			bad("service %q: a service reached through the node has no node port nor external addresses", sv.Name)
+		case !sv.ViaNode && !slices.ContainsFunc(n.ServiceAddrs, func(p netip.Prefix) bool { return p.Addr().Is4() == sv.VIP.Addr().Is4() }):
 			bad("service %q: network %q has no service address of its family", sv.Name, sv.Network)
 		}
 		if sv.Protocol != "TCP" && sv.Protocol != "UDP" {
@@ -373,8 +381,10 @@ func (s *State) validate() (map[string]*Network, error) {
 		for _, ep := range sv.Endpoints {
 			if !ep.IsValid() || ep.Port() == 0 || ep.Addr().Is4() != sv.VIP.Addr().Is4() {
 				bad("service %q: endpoint %q is not an address of the service's family with a port", sv.Name, ep)
-			} else if !slices.ContainsFunc(endpointSubnets(n), func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
+			} else if inside := slices.ContainsFunc(endpointSubnets(n), func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }); !inside && !sv.ViaNode {
 				bad("service %q: endpoint %q outside network %q's subnets", sv.Name, ep, sv.Network)
+			} else if inside && sv.ViaNode {
+				bad("service %q: endpoint %q, reached through the node, is inside network %q's subnets", sv.Name, ep, sv.Network)
 			}
 		}
 	}
