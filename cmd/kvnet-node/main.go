@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -27,7 +29,10 @@ func main() {
 	underlayIP := flag.String("underlay-ip", os.Getenv("NODE_IP"), "VTEP address of this node (default $NODE_IP, else the first address of --underlay-interface)")
 	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "LAB ONLY: network namespace of a simulated node's datapath, used by kvnet lab; on a real node leave it unset (default: this process's namespace)")
 	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
-	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP (default: the nameservers of /etc/resolv.conf)")
+	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP where the cluster DNS Service does not exist (default: the nameservers of /etc/resolv.conf)")
+	clusterDNS := flag.String("cluster-dns-service", node.DefaultClusterDNS.String(),
+		"namespace/name of the cluster DNS Service: pods on primary user-defined networks reach it, and DHCP hands its cluster IP to VMs there")
+	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", node.DefaultClusterDomain, "the cluster's DNS domain, for the search list DHCP hands to VMs")
 	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
 		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
 			"by default only the node (kubelet probes) and replies to the pod's own connections get in")
@@ -45,7 +50,7 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
-	if err := configure(&cfg, *underlayIP, *dns); err != nil {
+	if err := configure(&cfg, *underlayIP, *dns, *clusterDNS); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
 	}
@@ -75,7 +80,21 @@ func main() {
 }
 
 // configure fills the underlay and DNS settings from the flags.
-func configure(cfg *node.Config, underlayIP, dns string) error {
+func configure(cfg *node.Config, underlayIP, dns, clusterDNS string) error {
+	ns, name, ok := strings.Cut(clusterDNS, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("--cluster-dns-service %q: want namespace/name", clusterDNS)
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return fmt.Errorf("--cluster-dns-service %q: namespace: %s", clusterDNS, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1035Label(name); len(errs) > 0 {
+		return fmt.Errorf("--cluster-dns-service %q: name: %s", clusterDNS, strings.Join(errs, "; "))
+	}
+	cfg.ClusterDNS = types.NamespacedName{Namespace: ns, Name: name}
+	if errs := validation.IsDNS1123Subdomain(cfg.ClusterDomain); len(errs) > 0 {
+		return fmt.Errorf("--cluster-domain %q: %s", cfg.ClusterDomain, strings.Join(errs, "; "))
+	}
 	if underlayIP != "" {
 		ip, err := netip.ParseAddr(underlayIP)
 		if err != nil {

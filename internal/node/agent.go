@@ -14,8 +14,11 @@ import (
 
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -43,8 +46,14 @@ type Config struct {
 	// Datapath describes the node's datapath: underlay device and address,
 	// MTU override, and (for simulated nodes) the namespace.
 	Datapath datapath.NodeConfig
-	// DNS servers handed out by DHCP (option 6).
+	// DNS servers handed out by DHCP (option 6) where the cluster DNS
+	// Service does not exist.
 	DNS []netip.Addr
+	// ClusterDNS names the cluster DNS Service (default
+	// kube-system/kube-dns), which pods on primary networks reach, and
+	// ClusterDomain is the cluster's DNS domain (default cluster.local).
+	ClusterDNS    types.NamespacedName
+	ClusterDomain string
 	// AllowDefaultNetwork tells kvnet-cni (through the status file) to
 	// leave the cluster default network interface of primary-UDN pods
 	// open; by default it admits only the node and replies.
@@ -123,6 +132,8 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 			// entries), so keep only what Desired reads.
 			&corev1.Pod{}:  {Transform: trimPod},
 			&corev1.Node{}: {Transform: trimNode},
+			// Only the cluster DNS's and the API server's slices.
+			&discoveryv1.EndpointSlice{}: {Label: clusterSliceSelector(cfg.ClusterDNS)},
 		}},
 	})
 	if err != nil {
@@ -331,7 +342,7 @@ func (a *Agent) publishNode(ctx context.Context) error {
 
 // watch kicks the loop on every change of the objects Desired reads.
 func (a *Agent) watch(ctx context.Context) error {
-	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}}
+	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}}
 	// KubeVirt is optional: without its CRDs there are no VMIs to watch.
 	if _, err := a.mgr.GetRESTMapper().RESTMapping(kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance").GroupKind(), "v1"); err == nil {
 		objs = append(objs, &kubevirtv1.VirtualMachineInstance{})
@@ -476,6 +487,12 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		return in, err
 	}
 	in.Services = services.Items
+	var eps discoveryv1.EndpointSliceList
+	if err := c.List(ctx, &eps); err != nil {
+		return in, err
+	}
+	in.EndpointSlices = eps.Items
+	in.ClusterDNS, in.ClusterDomain = a.cfg.ClusterDNS, a.cfg.ClusterDomain
 	var vmis kubevirtv1.VirtualMachineInstanceList
 	if err := c.List(ctx, &vmis); err == nil {
 		for _, vmi := range vmis.Items {
@@ -619,4 +636,17 @@ func boolFloat(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// clusterSliceSelector selects the EndpointSlices of the cluster DNS
+// Service dns (default: DefaultClusterDNS) and of the API server.
+func clusterSliceSelector(dns types.NamespacedName) labels.Selector {
+	if dns.Name == "" {
+		dns = DefaultClusterDNS
+	}
+	req, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, ClusterServiceNames(dns))
+	if err != nil { // a name that is no label value: no slices at all
+		return labels.Nothing()
+	}
+	return labels.NewSelector().Add(*req)
 }

@@ -115,11 +115,17 @@ func newLab(t *testing.T, names ...string) *lab {
 // newLabAs runs the agents with restCfg; kvnet-cni uses cniKubeconfig.
 func newLabAs(t *testing.T, restCfg *rest.Config, cniKubeconfig string, names ...string) *lab {
 	t.Helper()
+	return newLabWith(t, restCfg, cniKubeconfig, nil, names...)
+}
+
+// newLabWith is newLabAs with the lab's configuration changed by edit.
+func newLabWith(t *testing.T, restCfg *rest.Config, cniKubeconfig string, edit func(*simcluster.Config), names ...string) *lab {
+	t.Helper()
 	api, err := url.Parse(env.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := simcluster.Start(context.Background(), simcluster.Config{
+	cfg := simcluster.Config{
 		Nodes:         names,
 		Admin:         env.Config,
 		APIAddr:       api.Host,
@@ -129,7 +135,11 @@ func newLabAs(t *testing.T, restCfg *rest.Config, cniKubeconfig string, names ..
 		StateDir:      filepath.Join(tmpDir, t.Name()),
 		CNIBinDir:     filepath.Dir(cniBinary),
 		CNIKubeconfig: cniKubeconfig,
-	})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	cl, err := simcluster.Start(context.Background(), cfg)
 	if cl != nil {
 		t.Cleanup(func() {
 			if err := cl.Close(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -61,6 +62,16 @@ type Input struct {
 	// DNS servers are option 6.
 	MTU int
 	DNS []netip.Addr
+	// ClusterDNS names the cluster DNS Service (default kube-system/kube-dns)
+	// and ClusterDomain the cluster's DNS domain (default cluster.local).
+	// Where the Service exists, DHCP hands its IPv4 cluster IP to guests
+	// on primary networks instead of DNS, with the namespace's search
+	// list.
+	ClusterDNS    types.NamespacedName
+	ClusterDomain string
+	// EndpointSlices are those of the cluster DNS and API server Services
+	// (others are ignored): primary networks reach them through the node.
+	EndpointSlices []discoveryv1.EndpointSlice
 	// Gateways returns the gateway per subnet of a primary network; nil
 	// uses GatewaysOf. The Agent passes a memoised one.
 	Gateways func(*netconf.NetConf) ([]netip.Addr, error)
@@ -172,6 +183,8 @@ func Desired(in Input) Plan {
 	}
 	hostSubnets := nodeHostSubnets(self, problem)
 	claims := newNodeAddrClaims()
+	clusterSvcs := clusterServices(in)
+	dnsServers := clusterDNSServers(in)
 	unserved := func(name, format string, args ...any) {
 		if plan.Unserved == nil {
 			plan.Unserved = map[string]string{}
@@ -362,13 +375,16 @@ func Desired(in Input) Plan {
 			}
 			dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
 		}
-		var services []datapath.Service
+		var services, viaNode []datapath.Service
 		if dn.Primary {
 			subnets := n.subnets
 			if dn.Layer3 != nil {
 				subnets = dn.Layer3.ClusterSubnets // endpoints on every node
 			}
 			services = servicesOf(serviceInput{name: name, conf: n.conf, subnets: subnets, namespaces: primaryNS[name], holders: hs, problem: problem}, in.Services)
+			if len(primaryNS[name]) > 0 {
+				viaNode = viaNodeServices(name, subnets, primaryNS[name], clusterSvcs, in.EndpointSlices, problem)
+			}
 		}
 		if len(services) > 0 {
 			var err error
@@ -394,6 +410,7 @@ func Desired(in Input) Plan {
 				services = nil
 			}
 		}
+		services = append(services, viaNode...)
 		claims.admit(services, problem)
 		// One network the datapath would refuse must not stop the others:
 		// Apply refuses a whole state with an invalid network in it.
@@ -458,7 +475,7 @@ func Desired(in Input) Plan {
 				}
 				plan.State.Ports = append(plan.State.Ports, port)
 				if leases != nil && h.active {
-					if l, ok := lease(h, serverIP, n.conf.MTU, in); ok {
+					if l, ok := lease(h, serverIP, n.conf.MTU, dnsServers, in); ok {
 						leases[h.mac.String()] = l
 					}
 				}
@@ -543,7 +560,7 @@ func cmpBool(a, b bool) int {
 // subnet's mask, the gateway as router, the pod interface's MTU (the
 // network's, else the node's pod MTU, as kvnet-cni sets it), and the VM's
 // name as hostname.
-func lease(h *holder, router netip.Addr, mtu int, in Input) (dhcp.Lease, bool) {
+func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in Input) (dhcp.Lease, bool) {
 	if mtu == 0 {
 		mtu = in.MTU
 	}
@@ -556,7 +573,11 @@ func lease(h *holder, router netip.Addr, mtu int, in Input) (dhcp.Lease, bool) {
 		if host == "" {
 			host = h.pod.Name
 		}
-		return dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}, true
+		l := dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}
+		if len(clusterDNS) > 0 {
+			l.DNS, l.Search = clusterDNS, clusterSearch(h.pod.Namespace, in.ClusterDomain)
+		}
+		return l, true
 	}
 	return dhcp.Lease{}, false
 }

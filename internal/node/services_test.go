@@ -8,7 +8,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -189,5 +191,97 @@ func TestDesiredNodePorts(t *testing.T) {
 	}
 	if err := datapath.Validate(plan.State); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestDesiredClusterServices: a primary network's router gets the cluster
+// DNS and API server Services of the default network, reached through
+// the node, with the ready endpoints of their EndpointSlices for the
+// port's name and protocol and the cluster IP's family; an endpoint inside
+// the network's subnet is a problem; other default-network Services are
+// not reachable; DHCP hands out the cluster DNS with the search list.
+func TestDesiredClusterServices(t *testing.T) {
+	e1 := pod("a", "e1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	ready := func(b bool) discoveryv1.EndpointConditions { return discoveryv1.EndpointConditions{Ready: &b} }
+	slice := func(ns, svc string, fam discoveryv1.AddressType, port string, proto corev1.Protocol, num int32, eps ...discoveryv1.Endpoint) discoveryv1.EndpointSlice {
+		return discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: fam, Endpoints: eps, Ports: []discoveryv1.EndpointPort{{Name: &port, Protocol: &proto, Port: &num}}}
+	}
+	svc := func(ns, name, ip string, ports ...corev1.ServicePort) corev1.Service {
+		return corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Ports: ports}}
+	}
+	in := Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:  []corev1.Pod{e1},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1")},
+		Links: links(e1),
+		DNS:   []netip.Addr{netip.MustParseAddr("192.0.2.53")},
+		Services: []corev1.Service{
+			svc("kube-system", "kube-dns", "10.96.0.10", corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+				corev1.ServicePort{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP}),
+			svc("default", "kubernetes", "10.96.0.1", corev1.ServicePort{Name: "https", Port: 443}),
+			svc("kube-system", "metrics", "10.96.0.20", corev1.ServicePort{Port: 443}),
+		},
+		EndpointSlices: []discoveryv1.EndpointSlice{
+			slice("kube-system", "kube-dns", discoveryv1.AddressTypeIPv4, "dns", corev1.ProtocolUDP, 5353,
+				discoveryv1.Endpoint{Addresses: []string{"10.244.0.5"}},
+				discoveryv1.Endpoint{Addresses: []string{"10.244.1.9"}, Conditions: ready(false)},
+				discoveryv1.Endpoint{Addresses: []string{"10.1.1.77"}, Conditions: ready(true)}),
+			slice("kube-system", "kube-dns", discoveryv1.AddressTypeIPv4, "dns-tcp", corev1.ProtocolTCP, 5353,
+				discoveryv1.Endpoint{Addresses: []string{"10.244.0.5"}}),
+			slice("kube-system", "kube-dns", discoveryv1.AddressTypeIPv6, "dns", corev1.ProtocolUDP, 5353,
+				discoveryv1.Endpoint{Addresses: []string{"fd00:244::5"}}),
+			slice("default", "kubernetes", discoveryv1.AddressTypeIPv4, "https", corev1.ProtocolTCP, 6443,
+				discoveryv1.Endpoint{Addresses: []string{"192.168.100.10"}}),
+			slice("kube-system", "metrics", discoveryv1.AddressTypeIPv4, "", corev1.ProtocolTCP, 4443,
+				discoveryv1.Endpoint{Addresses: []string{"10.244.0.8"}}),
+		},
+	}
+	in.Nodes[0].Annotations[nodeid.Annotation] = "1"
+	plan := Desired(in)
+	var got []string
+	for _, s := range plan.State.Services {
+		got = append(got, fmt.Sprintf("%s %s %s %s via node %v %v", s.Network, s.Name, s.Protocol, s.VIP, s.ViaNode, s.Endpoints))
+	}
+	want := []string{
+		"a_udn kube-system/kube-dns:dns UDP 10.96.0.10:53 via node true [10.244.0.5:5353]",
+		"a_udn kube-system/kube-dns:dns-tcp TCP 10.96.0.10:53 via node true [10.244.0.5:5353]",
+		"a_udn default/kubernetes:https TCP 10.96.0.1:443 via node true [192.168.100.10:6443]",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("services:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if want := "Service kube-system/kube-dns:dns: endpoint 10.1.1.77:5353 is inside network a_udn's subnet 10.1.1.0/24: unreachable from it"; len(plan.Problems) != 1 || plan.Problems[0] != want {
+		t.Errorf("problems %q, want only %q", plan.Problems, want)
+	}
+	if len(plan.State.Networks) != 1 || len(plan.State.Networks[0].ServiceAddrs) != 0 {
+		t.Errorf("networks %+v: a router with only services through the node needs no service port", plan.State.Networks)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+	var leases []string
+	for _, d := range plan.DHCP {
+		for _, l := range d.Leases {
+			leases = append(leases, fmt.Sprintf("%v %v", l.DNS, l.Search))
+		}
+	}
+	if want := "[10.96.0.10] [a.svc.cluster.local svc.cluster.local cluster.local]"; len(leases) != 1 || leases[0] != want {
+		t.Errorf("leases %q, want %q", leases, want)
+	}
+	// Another cluster DNS Service configured: kube-dns is no more reached,
+	// and DHCP hands out the node's DNS servers.
+	in.ClusterDNS = types.NamespacedName{Namespace: "openshift-dns", Name: "dns-default"}
+	plan = Desired(in)
+	if len(plan.State.Services) != 1 || plan.State.Services[0].Name != "default/kubernetes:https" {
+		t.Errorf("with another cluster DNS: services %+v", plan.State.Services)
+	}
+	for _, d := range plan.DHCP {
+		for _, l := range d.Leases {
+			if fmt.Sprint(l.DNS) != "[192.0.2.53]" || len(l.Search) != 0 {
+				t.Errorf("with another cluster DNS: lease DNS %v search %v", l.DNS, l.Search)
+			}
+		}
 	}
 }

@@ -81,6 +81,8 @@ type Config struct {
 	Resync time.Duration
 	// DNS servers kvnet-node hands out by DHCP.
 	DNS []netip.Addr
+	// ClusterDNS is kvnet-node's cluster DNS Service; zero: its default.
+	ClusterDNS types.NamespacedName
 
 	// StateDir holds per-node files: kvnet-node's status file, kvnet-cni's
 	// kubeconfig (written by kvnet-node, as the DaemonSet does), the CNI
@@ -461,6 +463,9 @@ func (c *Cluster) StartAgent(n string) error {
 		if c.cfg.Resync > 0 {
 			args = append(args, "--resync", c.cfg.Resync.String())
 		}
+		if c.cfg.ClusterDNS.Name != "" {
+			args = append(args, "--cluster-dns-service", c.cfg.ClusterDNS.String())
+		}
 		logf, err := os.OpenFile(c.AgentLog(n), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			cancel()
@@ -505,6 +510,7 @@ func (c *Cluster) StartAgent(n string) error {
 			NodeName:   name,
 			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
 			DNS:        c.cfg.DNS,
+			ClusterDNS: c.cfg.ClusterDNS,
 			StatusFile: c.StatusFile(n),
 			Resync:     c.cfg.Resync,
 		}

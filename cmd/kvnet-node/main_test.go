@@ -1,0 +1,35 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"kvnet.io/kvnet/internal/node"
+)
+
+// TestConfigureClusterDNS: --cluster-dns-service and --cluster-domain are
+// taken when valid, and refused with the flag and value named otherwise.
+func TestConfigureClusterDNS(t *testing.T) {
+	for _, tt := range []struct {
+		svc, domain, want string
+	}{
+		{"openshift-dns/dns-default", "cluster.local", ""},
+		{"kube-dns", "cluster.local", `--cluster-dns-service "kube-dns": want namespace/name`},
+		{"kube-system/", "cluster.local", `--cluster-dns-service "kube-system/": want namespace/name`},
+		{"kube-system/a/b", "cluster.local", `want namespace/name`},
+		{"Kube_System/kube-dns", "cluster.local", `--cluster-dns-service "Kube_System/kube-dns": namespace:`},
+		{"kube-system/kube-dns", "not a domain", `--cluster-domain "not a domain"`},
+	} {
+		cfg := node.Config{ClusterDomain: tt.domain}
+		cfg.Datapath.NetNS = "lab" // no underlay lookup
+		err := configure(&cfg, "", "192.0.2.53", tt.svc)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%q %q: %v", tt.svc, tt.domain, err)
+		case tt.want == "" && cfg.ClusterDNS.String() != tt.svc:
+			t.Errorf("%q: cluster DNS %s", tt.svc, cfg.ClusterDNS)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%q %q: %v, want an error containing %q", tt.svc, tt.domain, err, tt.want)
+		}
+	}
+}

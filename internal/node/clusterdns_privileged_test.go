@@ -1,0 +1,155 @@
+package node_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/net/dns/dnsmessage"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/sim/simcluster"
+	"kvnet.io/kvnet/internal/sim/simnet"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// serveDNS runs a DNS server on UDP addr in the namespace at nsPath that
+// answers A queries for the names in records and NXDOMAIN for others:
+// the stand-in cluster DNS.
+func serveDNS(t *testing.T, nsPath, addr string, records map[string]netip.Addr) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := nl.Do(nsPath, func() (err error) {
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			var p dnsmessage.Parser
+			h, err := p.Start(buf[:n])
+			if err != nil {
+				continue
+			}
+			q, err := p.Question()
+			if err != nil {
+				continue
+			}
+			resp := dnsmessage.Message{Header: dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RCode: dnsmessage.RCodeNameError},
+				Questions: []dnsmessage.Question{q}}
+			if a, ok := records[q.Name.String()]; ok {
+				resp.RCode = dnsmessage.RCodeSuccess
+				if q.Type == dnsmessage.TypeA {
+					resp.Answers = []dnsmessage.Resource{{
+						Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 5},
+						Body:   &dnsmessage.AResource{A: a.As4()},
+					}}
+				}
+			}
+			if b, err := resp.Pack(); err == nil {
+				_, _ = pc.WriteTo(b, from)
+			}
+		}
+	}()
+}
+
+// nslookup resolves name with busybox nslookup in the namespace at nsPath
+// against server, returning its output.
+func nslookup(nsPath, server, name string) (string, error) {
+	out, err := exec.Command("ip", "netns", "exec", filepath.Base(nsPath), "busybox", "timeout", "5", "busybox", "nslookup", name, server).CombinedOutput()
+	return string(out), err
+}
+
+// TestAgentClusterDNS: pods on a primary UDN resolve cluster names through
+// the cluster DNS Service (its cluster IP, to its EndpointSlice's
+// endpoint on the cluster's network: a DNS server outside the UDN), from
+// either node; before the Service has endpoints nothing answers, which
+// shows the answer comes through them. DHCP then hands the Service's
+// cluster IP and the namespace's search list to the network's VMs.
+func TestAgentClusterDNS(t *testing.T) {
+	needsRoot(t)
+	// A cluster DNS of this test's own, so that other tests' DHCP keeps
+	// the lab's DNS server.
+	dnsName := types.NamespacedName{Namespace: "dns-test-sys", Name: "cluster-dns"}
+	l := newLabWith(t, env.Config, kubeconfig, func(cfg *simcluster.Config) { cfg.ClusterDNS = dnsName }, "n1", "n2")
+	nad := tenant(t, "dns-test", "10.9.0.0/24", false)
+	c1 := l.runPod(nad, "c1", "n1", nil)
+	c2 := l.runPod(nad, "c2", "n2", nil)
+	web := netip.MustParseAddr("10.96.77.7")
+	endpoint := netip.AddrPortFrom(simnet.ExternalIP, 5353)
+	serveDNS(t, l.Sim.External, endpoint.String(), map[string]netip.Addr{"web.dns-test.svc.cluster.local.": web})
+
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dnsName.Namespace}})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: dnsName.Name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
+	testenv.Create(t, c, svc)
+	server := svc.Spec.ClusterIP
+	const name = "web.dns-test.svc.cluster.local"
+	// Control: without endpoints the query gets no answer.
+	eventually(t, "c1's router knows the cluster DNS Service", func() error {
+		for _, s := range l.agent("n1").LastPlan().State.Services {
+			if s.VIP.Addr().String() == server && s.ViaNode {
+				return nil
+			}
+		}
+		return fmt.Errorf("services %v", l.agent("n1").LastPlan().State.Services)
+	})
+	if out, err := nslookup(c1.netns, server, name); err == nil && strings.Contains(out, web.String()) {
+		t.Fatalf("resolved before the cluster DNS had endpoints:\n%s", out)
+	}
+
+	testenv.Create(t, c, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: "cluster-dns-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: dnsName.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{endpoint.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
+	})
+	for _, p := range []*pod{c1, c2} {
+		eventually(t, p.name+" resolves "+name+" through "+server, func() error {
+			out, err := nslookup(p.netns, server, name)
+			if err != nil || !strings.Contains(out, web.String()) {
+				return fmt.Errorf("nslookup: %v\n%s", err, out)
+			}
+			return nil
+		})
+	}
+
+	// DHCP: the cluster DNS and the namespace's search list.
+	vm := l.runPod(nad, "vm", "n1", nil)
+	if err := inNS(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(tmpDir, "udhcpc-dns-"+vm.name)
+	script := out + ".sh"
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$1\" = bound ] || exit 0\nprintf 'dns=%s\\nsearch=%s\\n' \"$dns\" \"$search\" > "+out+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "DHCP lease", func() error {
+		return inNS(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-O", "search", "-s", script)
+	})
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("dns=%s\nsearch=dns-test.svc.cluster.local svc.cluster.local cluster.local\n", server); string(b) != want {
+		t.Errorf("lease:\n%s\nwant:\n%s", b, want)
+	}
+}
