@@ -32,6 +32,8 @@ func main() {
 	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP where the cluster DNS Service does not exist (default: the nameservers of /etc/resolv.conf)")
 	clusterDNS := flag.String("cluster-dns-service", node.DefaultClusterDNS.String(),
 		"namespace/name of the cluster DNS Service: pods on primary user-defined networks reach it, and DHCP hands its cluster IP to VMs there")
+	serviceCIDRs := flag.String("service-cidrs", "", "comma-separated Service ranges of the cluster beyond its ServiceCIDR objects (needed before Kubernetes 1.33): "+
+		"pods on primary user-defined networks reach no Service there but their own, the cluster DNS and the API server")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", node.DefaultClusterDomain, "the cluster's DNS domain, for the search list DHCP hands to VMs")
 	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
 		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
@@ -50,7 +52,7 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
-	if err := configure(&cfg, *underlayIP, *dns, *clusterDNS); err != nil {
+	if err := configure(&cfg, *underlayIP, *dns, *clusterDNS, *serviceCIDRs); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
 	}
@@ -80,7 +82,16 @@ func main() {
 }
 
 // configure fills the underlay and DNS settings from the flags.
-func configure(cfg *node.Config, underlayIP, dns, clusterDNS string) error {
+func configure(cfg *node.Config, underlayIP, dns, clusterDNS, serviceCIDRs string) error {
+	if serviceCIDRs != "" {
+		for _, s := range strings.Split(serviceCIDRs, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err != nil {
+				return fmt.Errorf("--service-cidrs %q: %v", s, err)
+			}
+			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, p.Masked())
+		}
+	}
 	ns, name, ok := strings.Cut(clusterDNS, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 		return fmt.Errorf("--cluster-dns-service %q: want namespace/name", clusterDNS)

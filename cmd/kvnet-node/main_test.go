@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestConfigureClusterDNS(t *testing.T) {
 	} {
 		cfg := node.Config{ClusterDomain: tt.domain}
 		cfg.Datapath.NetNS = "lab" // no underlay lookup
-		err := configure(&cfg, "", "192.0.2.53", tt.svc)
+		err := configure(&cfg, "", "192.0.2.53", tt.svc, "")
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("%q %q: %v", tt.svc, tt.domain, err)
@@ -31,5 +32,23 @@ func TestConfigureClusterDNS(t *testing.T) {
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%q %q: %v, want an error containing %q", tt.svc, tt.domain, err, tt.want)
 		}
+	}
+}
+
+// TestConfigureServiceCIDRs: --service-cidrs is parsed (masked), and a
+// bad entry is refused with the flag and value named.
+func TestConfigureServiceCIDRs(t *testing.T) {
+	cfg := node.Config{ClusterDomain: "cluster.local"}
+	cfg.Datapath.NetNS = "lab"
+	if err := configure(&cfg, "", "192.0.2.53", "kube-system/kube-dns", "10.96.0.1/12, fd00:96::/108"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.ServiceCIDRs); got != "[10.96.0.0/12 fd00:96::/108]" {
+		t.Errorf("service CIDRs %s", got)
+	}
+	cfg = node.Config{ClusterDomain: "cluster.local"}
+	cfg.Datapath.NetNS = "lab"
+	if err := configure(&cfg, "", "192.0.2.53", "kube-system/kube-dns", "10.96.0.0/12,10.300.0.0/16"); err == nil || !strings.Contains(err.Error(), `--service-cidrs "10.300.0.0/16"`) {
+		t.Errorf("bad CIDR: %v", err)
 	}
 }

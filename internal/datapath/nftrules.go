@@ -706,6 +706,15 @@ func routerRules(n Network, services []Service) []nftTable {
 	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
 	dnat, svcMaps, svcChains, refuse := serviceRules(services)
 	forward = append(forward, refuse...)
+	for _, p := range n.ServiceCIDRs {
+		b := newRule().iifname(routerGwIf).oifname(routerTransitIf).nfproto(p.Addr().Is6())
+		if p.Addr().Is6() {
+			b.ip6Daddr(p, false)
+		} else {
+			b.ipDaddr(p, false)
+		}
+		forward = append(forward, b.counter().rejectProhibited(fmt.Sprintf("network %s: no other Services of the cluster", n.Name)))
+	}
 	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
 		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
@@ -1054,6 +1063,13 @@ func (b *ruleBuilder) reject(protocol, comment string) nftRule {
 	} else {
 		b.add("reject with icmpx port-unreachable", &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
 	}
+	return b.done(comment)
+}
+
+// rejectProhibited refuses a packet with ICMP(v6) "administratively
+// prohibited", and ends the rule.
+func (b *ruleBuilder) rejectProhibited(comment string) nftRule {
+	b.add("reject with icmpx admin-prohibited", &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
 	return b.done(comment)
 }
 

@@ -95,6 +95,7 @@ func TestNodeServiceRulesGolden(t *testing.T) {
 func withServiceAddrs(s State) State {
 	s.Networks[1].ServiceAddrs = []netip.Prefix{netip.MustParsePrefix("100.88.0.2/16"), netip.MustParsePrefix("fd97::2/64")}
 	s.Networks[1].ServiceMAC = net.HardwareAddr{0x0a, 0x58, 0x64, 0x58, 0, 2}
+	s.Networks[1].ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	return s
 }
 

@@ -383,3 +383,43 @@ func TestServicesViaNode(t *testing.T) {
 		t.Errorf("tenant B, without the service, got an answer at %s: %q", vip, answer)
 	}
 }
+
+// TestServiceCIDRs: the node's default route leads to a Service range
+// (the external namespace answers at 10.96.0.99, as a node's service proxy
+// would lead to another tenant's Service). Tenant A, without the range in
+// its state, reaches it (the control); tenant B, with it, is refused at its
+// router, yet still reaches its own service through the node inside the
+// range and the internet outside it.
+func TestServiceCIDRs(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	leak := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.99"), 53)
+	c.must(withHandle(c.ext, func(h *nl.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return h.AddrAdd(lo, &vnetlink.Addr{IPNet: ipNet(hostPrefix(leak.Addr()))})
+	}))
+	startUDPAnswer(t, c.ext, leak.String(), "leaked")
+	ep := netip.AddrPortFrom(simnet.InternetIP, 5353)
+	startUDPAnswer(t, c.ext, ep.String(), "dns")
+	dns := netip.MustParseAddrPort("10.96.0.10:53")
+	nets[1].ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	c.applyServices(nets, []Service{{Network: "tenant-b_udn", Name: "kube-system/kube-dns:dns", Protocol: "UDP", VIP: dns,
+		ViaNode: true, Endpoints: []netip.AddrPort{ep}}})
+	if answer, err := queryDNS(pods["a1"].ns, leak.String()); err != nil || answer != "leaked" {
+		t.Fatalf("control: tenant A, without service CIDRs, to %s: %q, %v", leak, answer, err)
+	}
+	for _, p := range []string{"b1", "b2"} {
+		if answer, err := queryDNS(pods[p].ns, leak.String()); err == nil {
+			t.Errorf("%s reached %s in the service CIDR: %q", p, leak, answer)
+		}
+		if answer, err := queryDNS(pods[p].ns, dns.String()); err != nil || answer != "dns" {
+			t.Errorf("%s to its cluster DNS %s: %q, %v", p, dns, answer, err)
+		}
+		if err := ping(pods[p].ns, pods[p].ips[0].Addr(), internetIP, 2*time.Second, true); err != nil {
+			t.Errorf("%s to the internet: %v", p, err)
+		}
+	}
+}

@@ -59,6 +59,13 @@ type Network struct {
 	// so that endpoints on other nodes answer this router.
 	ServiceAddrs []netip.Prefix
 	ServiceMAC   net.HardwareAddr
+	// ServiceCIDRs, on a primary network, are the cluster's Service
+	// ranges: its router never sends a connection into them out through
+	// the node, so that of the cluster's Services only the network's own
+	// and those reached through the node (Service.ViaNode) can be reached
+	// from it; the node's own service proxy would lead to the rest, other
+	// tenants' included.
+	ServiceCIDRs []netip.Prefix
 	// Physical, when set, makes this a localnet network: its bridge is
 	// patched into the node's Linux bridge of that name (the bridge mapping
 	// of the network's physical network) instead of a VXLAN tunnel, so its
@@ -240,6 +247,15 @@ func (s *State) validate() (map[string]*Network, error) {
 		for _, r := range n.Remotes {
 			if !r.IsValid() || r.IsUnspecified() {
 				bad("network %q: remote %q is not a valid address", n.Name, r)
+			}
+		}
+		for _, p := range n.ServiceCIDRs {
+			if !n.Primary {
+				bad("network %q: service CIDRs on a secondary network", n.Name)
+				break
+			}
+			if !p.IsValid() || p.Addr().Zone() != "" || p != p.Masked() {
+				bad("network %q: service CIDR %q is not a network prefix", n.Name, p)
 			}
 		}
 		if len(n.ServiceAddrs) > 0 {

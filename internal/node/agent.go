@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
@@ -54,6 +55,10 @@ type Config struct {
 	// ClusterDomain is the cluster's DNS domain (default cluster.local).
 	ClusterDNS    types.NamespacedName
 	ClusterDomain string
+	// ServiceCIDRs are the cluster's Service ranges beyond those of its
+	// ServiceCIDR objects (which clusters before Kubernetes 1.33 may not
+	// have).
+	ServiceCIDRs []netip.Prefix
 	// AllowDefaultNetwork tells kvnet-cni (through the status file) to
 	// leave the cluster default network interface of primary-UDN pods
 	// open; by default it admits only the node and replies.
@@ -343,6 +348,9 @@ func (a *Agent) publishNode(ctx context.Context) error {
 // watch kicks the loop on every change of the objects Desired reads.
 func (a *Agent) watch(ctx context.Context) error {
 	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}}
+	if a.hasServiceCIDRs(ctx) {
+		objs = append(objs, &networkingv1.ServiceCIDR{})
+	}
 	// KubeVirt is optional: without its CRDs there are no VMIs to watch.
 	if _, err := a.mgr.GetRESTMapper().RESTMapping(kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance").GroupKind(), "v1"); err == nil {
 		objs = append(objs, &kubevirtv1.VirtualMachineInstance{})
@@ -493,6 +501,14 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	}
 	in.EndpointSlices = eps.Items
 	in.ClusterDNS, in.ClusterDomain = a.cfg.ClusterDNS, a.cfg.ClusterDomain
+	in.ServiceCIDRs = a.cfg.ServiceCIDRs
+	if a.hasServiceCIDRs(ctx) {
+		var cidrs networkingv1.ServiceCIDRList
+		if err := c.List(ctx, &cidrs); err != nil {
+			return in, err
+		}
+		in.ServiceCIDRs = append(slices.Clip(in.ServiceCIDRs), ServiceCIDRsOf(cidrs.Items)...)
+	}
 	var vmis kubevirtv1.VirtualMachineInstanceList
 	if err := c.List(ctx, &vmis); err == nil {
 		for _, vmi := range vmis.Items {
@@ -649,4 +665,14 @@ func clusterSliceSelector(dns types.NamespacedName) labels.Selector {
 		return labels.Nothing()
 	}
 	return labels.NewSelector().Add(*req)
+}
+
+// hasServiceCIDRs reports whether the API server serves ServiceCIDR
+// objects (networking.k8s.io/v1, Kubernetes 1.33 and later).
+func (a *Agent) hasServiceCIDRs(ctx context.Context) bool {
+	_, err := a.mgr.GetRESTMapper().RESTMapping(networkingv1.SchemeGroupVersion.WithKind("ServiceCIDR").GroupKind(), "v1")
+	if err != nil && !meta.IsNoMatchError(err) {
+		log.FromContext(ctx).Error(err, "cannot tell whether the API server has ServiceCIDRs")
+	}
+	return err == nil
 }

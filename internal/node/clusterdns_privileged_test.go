@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/sim/simcluster"
 	"kvnet.io/kvnet/internal/sim/simnet"
@@ -130,6 +131,12 @@ func TestAgentClusterDNS(t *testing.T) {
 			}
 			return nil
 		})
+	}
+
+	// The router keeps the cluster's Service range (the API server's
+	// ServiceCIDR object) for the network's own Services.
+	if nets := l.agent("n1").LastPlan().State.Networks; len(nets) != 1 || fmt.Sprint(nets[0].ServiceCIDRs) != "["+controlplane.ServiceCIDR+"]" {
+		t.Errorf("networks' service CIDRs: %+v, want [%s]", nets, controlplane.ServiceCIDR)
 	}
 
 	// DHCP: the cluster DNS and the namespace's search list.

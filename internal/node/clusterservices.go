@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"kvnet.io/kvnet/internal/datapath"
@@ -177,4 +178,33 @@ func clusterDNSServers(in Input) []netip.Addr {
 func clusterSearch(ns, domain string) []string {
 	domain = cmp.Or(domain, DefaultClusterDomain)
 	return []string{ns + ".svc." + domain, "svc." + domain, domain}
+}
+
+// familiesOf returns the prefixes of ps of a family subnets have, sorted,
+// without duplicates.
+func familiesOf(ps, subnets []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if slices.ContainsFunc(subnets, func(s netip.Prefix) bool { return s.Addr().Is4() == p.Addr().Is4() }) {
+			out = append(out, p.Masked())
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return slices.Compact(out)
+}
+
+// ServiceCIDRsOf returns the valid ranges of the cluster's ServiceCIDR
+// objects.
+func ServiceCIDRsOf(objs []networkingv1.ServiceCIDR) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objs {
+		for _, c := range o.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
 }

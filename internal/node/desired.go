@@ -69,6 +69,10 @@ type Input struct {
 	// list.
 	ClusterDNS    types.NamespacedName
 	ClusterDomain string
+	// ServiceCIDRs are the cluster's Service ranges: a primary network's
+	// router reaches only its own Services and the cluster DNS and API
+	// server there.
+	ServiceCIDRs []netip.Prefix
 	// EndpointSlices are those of the cluster DNS and API server Services
 	// (others are ignored): primary networks reach them through the node.
 	EndpointSlices []discoveryv1.EndpointSlice
@@ -347,6 +351,7 @@ func Desired(in Input) Plan {
 		dn := datapath.Network{Name: name, ID: n.id, Primary: n.conf.IsPrimary(), Subnets: n.subnets}
 		if dn.Primary {
 			dn.Gateways = n.gateways
+			dn.ServiceCIDRs = familiesOf(in.ServiceCIDRs, n.subnets)
 		}
 		switch {
 		case n.layer3 != nil:

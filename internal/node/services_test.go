@@ -239,10 +239,15 @@ func TestDesiredClusterServices(t *testing.T) {
 		},
 	}
 	in.Nodes[0].Annotations[nodeid.Annotation] = "1"
+	in.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:96::/108"), netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("10.96.0.0/12")}
 	plan := Desired(in)
 	var got []string
 	for _, s := range plan.State.Services {
 		got = append(got, fmt.Sprintf("%s %s %s %s via node %v %v", s.Network, s.Name, s.Protocol, s.VIP, s.ViaNode, s.Endpoints))
+	}
+	// The IPv4 network keeps the IPv4 range, once.
+	if n := plan.State.Networks; len(n) != 1 || fmt.Sprint(n[0].ServiceCIDRs) != "[10.96.0.0/12]" {
+		t.Errorf("service CIDRs of the network: %+v", n)
 	}
 	want := []string{
 		"a_udn kube-system/kube-dns:dns UDP 10.96.0.10:53 via node true [10.244.0.5:5353]",
