@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"kvnet.io/kvnet/internal/cli/lab"
+	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/sim/guest"
 )
 
@@ -24,8 +27,8 @@ const (
 // printVMService shows the VM's Service: a pod of the VM's UDN fetches the
 // guest's page through the cluster IP (the guest names its VM), and a pod
 // of another tenant, which reaches its own gateway (control), gets nothing
-// there.
-func printVMService(ctx context.Context, out io.Writer, c client.Client, pods map[string]labPod, pr prober, timeout time.Duration) error {
+// there; then the same through the node port (printNodePort).
+func printVMService(ctx context.Context, out io.Writer, c client.Client, labDir string, pods map[string]labPod, pr prober, timeout time.Duration) error {
 	var svc corev1.Service
 	if err := c.Get(ctx, client.ObjectKey{Namespace: demoVMNamespace, Name: demoService}, &svc); err != nil {
 		return fmt.Errorf("service %s/%s (examples/ creates it): %w", demoVMNamespace, demoService, err)
@@ -70,5 +73,55 @@ func printVMService(ctx context.Context, out io.Writer, c client.Client, pods ma
 		return fmt.Errorf("%s, of another tenant, fetched http://%s/: %q", outsider, addr, page)
 	}
 	fmt.Fprintf(out, "  blocked %s -> http://%s/ (another tenant; control: its gateway %s answered)\n", outsider, addr, gw)
+	return printNodePort(ctx, out, c, labDir, &svc, outsider)
+}
+
+// printNodePort shows the Service's node port: the first simulated node
+// fetches the guest's page at every node's address and that port, and the
+// other tenant's pod, which reached its gateway just before, gets nothing
+// there.
+func printNodePort(ctx context.Context, out io.Writer, c client.Client, labDir string, svc *corev1.Service, outsider labPod) error {
+	var port int32
+	for _, p := range svc.Spec.Ports {
+		if p.Port == guest.HTTPPort {
+			port = p.NodePort
+		}
+	}
+	if port == 0 {
+		return fmt.Errorf("service %s/%s has no node port for port %d (examples/ makes it type NodePort)", svc.Namespace, svc.Name, guest.HTTPPort)
+	}
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return err
+	}
+	var names []string
+	addrs := map[string]netip.Addr{}
+	for _, nd := range nodes.Items {
+		if a, err := netip.ParseAddr(nd.Annotations[node.VTEPAnnotation]); err == nil {
+			names = append(names, nd.Name)
+			addrs[nd.Name] = a
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no simulated node has an address (annotation %s)", node.VTEPAnnotation)
+	}
+	slices.Sort(names)
+	from := names[0]
+	netns := lab.NodeNetNS(labDir, from)
+	for _, to := range names {
+		at := netip.AddrPortFrom(addrs[to], uint16(port))
+		page, err := httpGet(ctx, netns, at)
+		if err != nil || !strings.Contains(page, demoVM) {
+			fmt.Fprintf(out, "  blocked node %s -> http://%s/ (node port of %s)   <-- WRONG\n", from, at, to)
+			return fmt.Errorf("node %s cannot fetch http://%s/ (node port %d of Service %s): %q, %v", from, at, port, svc.Name, page, err)
+		}
+		fmt.Fprintf(out, "  reached node %s -> http://%s/ (node port of %s): the guest answered %q\n", from, at, to, strings.TrimSpace(page))
+	}
+	at := netip.AddrPortFrom(addrs[from], uint16(port))
+	if page, err := httpGet(ctx, outsider.netns, at); err == nil {
+		fmt.Fprintf(out, "  reached %s -> http://%s/   <-- WRONG: another tenant\n", outsider, at)
+		return fmt.Errorf("%s, of another tenant, fetched http://%s/: %q", outsider, at, page)
+	}
+	fmt.Fprintf(out, "  blocked %s -> http://%s/ (another tenant, through the node port)\n", outsider, at)
 	return nil
 }

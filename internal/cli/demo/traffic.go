@@ -292,7 +292,7 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	if err := printMasqueradeVM(ctx, out, c, labDir, byName, timeout); err != nil {
 		return err
 	}
-	return printVMService(ctx, out, c, byName, pr, timeout)
+	return printVMService(ctx, out, c, labDir, byName, pr, timeout)
 }
 
 // waitPods waits until every pod bound to a node runs and has its

@@ -18,6 +18,7 @@ import (
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/sim/guest"
 	"kvnet.io/kvnet/internal/sim/simcluster"
@@ -55,6 +56,12 @@ func clusterConfig(dir string, n int) simcluster.Config {
 		StateDir:  abs,
 		CNIBinDir: filepath.Join(abs, "cni", "bin"),
 	}
+}
+
+// NodeNetNS is the network namespace (its path) of simulated node
+// nodeName of the lab in dir.
+func NodeNetNS(dir, nodeName string) string {
+	return nl.NSPath(netnsPrefix(dir) + "-" + nodeName)
 }
 
 // KubeletConfig is the simulated kubelet configuration of node nodeName in
