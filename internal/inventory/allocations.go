@@ -8,6 +8,7 @@ import (
 
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/netconf"
 )
 
 // Allocation is one holding of addresses on a network: an attachment of a
@@ -73,13 +74,19 @@ type Pool struct {
 // by network name. They are computed as kvnet-controller's start-up
 // rebuild does: an allocator per network from its NAD, then the IPs of
 // every claim, then those of every pod attachment not backed by a claim.
-// Networks without subnets (MACs only) have no pool.
+// Networks without subnets (MACs only) have no pool. A Layer3 network's
+// pool is the sum of its nodes' host subnets (one allocator each, as
+// kvnet-controller has), so it grows with the nodes.
 func (inv *Inventory) Pools() map[string]Pool {
 	if inv.pools != nil {
 		return inv.pools
 	}
-	nets := map[string]*allocator.Network{}
+	nets := map[string][]*allocator.Network{}
 	for name, nad := range inv.served {
+		if c := nad.Served.Conf; c != nil && c.Topology == netconf.TopologyLayer3 {
+			nets[name] = inv.hostSubnetAllocators(nad.Served)
+			continue
+		}
 		cfg, err := ipam.NetworkConfig(nad.Served)
 		if err != nil || len(cfg.Subnets) == 0 {
 			continue
@@ -88,11 +95,19 @@ func (inv *Inventory) Pools() map[string]Pool {
 		if err != nil {
 			continue
 		}
-		nets[name] = n
+		nets[name] = []*allocator.Network{n}
+	}
+	// reserve takes ips in the allocator of network holding them.
+	reserve := func(network, owner string, ips []netip.Prefix) {
+		for _, n := range nets[network] {
+			if _, err := n.Reserve(owner, addrs(ips), nil); err == nil || len(nets[network]) == 1 {
+				return
+			}
+		}
 	}
 	for _, c := range inv.Claims {
-		if n, ok := nets[c.Network]; ok && len(c.IPs) > 0 {
-			_, _ = n.Reserve("claim/"+c.Key(), addrs(c.IPs), nil)
+		if len(c.IPs) > 0 {
+			reserve(c.Network, "claim/"+c.Key(), c.IPs)
 		}
 	}
 	for _, p := range inv.Pods {
@@ -100,17 +115,40 @@ func (inv *Inventory) Pools() map[string]Pool {
 			continue
 		}
 		for _, a := range p.Attachments {
-			if n, ok := nets[a.Network]; ok && a.Claim == "" && len(a.IPs) > 0 {
-				_, _ = n.Reserve("pod/"+p.Key(), addrs(a.IPs), nil)
+			if a.Claim == "" && len(a.IPs) > 0 {
+				reserve(a.Network, "pod/"+p.Key(), a.IPs)
 			}
 		}
 	}
 	inv.pools = map[string]Pool{}
-	for name, n := range nets {
-		size, used := n.Stats()
-		inv.pools[name] = Pool{Used: used, Size: size}
+	for name, ns := range nets {
+		var pool Pool
+		for _, n := range ns {
+			size, used := n.Stats()
+			pool.Size += size
+			pool.Used += used
+		}
+		inv.pools[name] = pool
 	}
 	return inv.pools
+}
+
+// hostSubnetAllocators returns an allocator per host subnet of Layer3
+// network s that a node holds.
+func (inv *Inventory) hostSubnetAllocators(s *netconf.Served) []*allocator.Network {
+	var out []*allocator.Network
+	hs := slices.Clone(inv.hostNets[s.Name])
+	slices.SortFunc(hs, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	for _, p := range slices.Compact(hs) {
+		cfg, err := ipam.HostSubnetConfig(s, []netip.Prefix{p})
+		if err != nil {
+			continue
+		}
+		if n, err := allocator.NewNetwork(cfg); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func addrs(ps []netip.Prefix) []netip.Addr {

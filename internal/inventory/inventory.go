@@ -27,6 +27,7 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/macpool"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/netconf"
@@ -47,6 +48,9 @@ type Objects struct {
 	// MACRange is the MAC pool's range ConfigMap; nil when it does not
 	// exist (the pool then uses its default range).
 	MACRange *corev1.ConfigMap
+	// Nodes carry the host subnets of Layer3 networks (annotation
+	// kvnet.io/node-subnets), which make up their pools.
+	Nodes []corev1.Node
 }
 
 // Inventory is the typed model. Slices are sorted by namespace and name;
@@ -69,7 +73,8 @@ type Inventory struct {
 	vmis   map[string]*VMI   // "<ns>/<name>"
 	// claimPods maps a claim key to the live pods referencing it.
 	claimPods map[string][]*Pod
-	pools     map[string]Pool // computed by Pools
+	pools     map[string]Pool           // computed by Pools
+	hostNets  map[string][]netip.Prefix // host subnets per Layer3 network, over all nodes
 	// served maps a network name to the NAD whose configuration builds its
 	// allocator (the first by namespace and name, as kvnet-controller's
 	// rebuild is indifferent to which one it meets first: they must agree).
@@ -318,6 +323,18 @@ func Build(o *Objects) *Inventory {
 		vmis:       map[string]*VMI{},
 		served:     map[string]*NAD{},
 		claimPods:  map[string][]*Pod{},
+	}
+	for _, nd := range o.Nodes {
+		subs, err := hostsubnet.Parse(nd.Annotations[hostsubnet.Annotation])
+		if err != nil {
+			continue
+		}
+		if inv.hostNets == nil {
+			inv.hostNets = map[string][]netip.Prefix{}
+		}
+		for network, ps := range subs {
+			inv.hostNets[network] = append(inv.hostNets[network], ps...)
+		}
 	}
 	for i := range o.NADs {
 		n := buildNAD(&o.NADs[i])

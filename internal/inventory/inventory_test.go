@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/inventory"
 	"kvnet.io/kvnet/internal/inventory/invtest"
 )
@@ -129,5 +132,34 @@ func TestBuildTolerates(t *testing.T) {
 	}
 	if cu := inv.CUDNs[0]; cu.SelectorError == "" || len(cu.Namespaces) != 0 {
 		t.Errorf("CUDN with a bad selector: %+v", cu)
+	}
+}
+
+// TestLayer3Pools: a Layer3 network's pool is the sum of its nodes' host
+// subnets (less the network, broadcast, router and reserved addresses of
+// each), with the pods of each counted in their own; a node without host
+// subnets adds nothing, and without nodes the pool is empty.
+func TestLayer3Pools(t *testing.T) {
+	o := &inventory.Objects{
+		Namespaces: []corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "l3"}}},
+		NADs: []nadv1.NetworkAttachmentDefinition{{ObjectMeta: metav1.ObjectMeta{Namespace: "l3", Name: "udn"},
+			Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"l3_udn","netAttachDefName":"l3/udn","topology":"layer3","role":"primary","subnets":"10.100.0.0/16/24"}`}}},
+		Nodes: []corev1.Node{
+			{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{hostsubnet.Annotation: `{"l3_udn":["10.100.0.0/24"]}`}}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "n2", Annotations: map[string]string{hostsubnet.Annotation: `{"l3_udn":["10.100.1.0/24"],"other":["10.9.0.0/24"]}`}}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "n3"}},
+		},
+		Pods: []corev1.Pod{
+			invtest.Pod("l3", "a", "n1", invtest.Attachment{NAD: "l3/udn", Network: "l3_udn", Role: "primary", IPs: []string{"10.100.0.3/24"}, MAC: "0a:58:0a:64:00:03"}),
+			invtest.Pod("l3", "b", "n1", invtest.Attachment{NAD: "l3/udn", Network: "l3_udn", Role: "primary", IPs: []string{"10.100.0.4/24"}, MAC: "0a:58:0a:64:00:04"}),
+			invtest.Pod("l3", "c", "n2", invtest.Attachment{NAD: "l3/udn", Network: "l3_udn", Role: "primary", IPs: []string{"10.100.1.3/24"}, MAC: "0a:58:0a:64:01:03"}),
+		},
+	}
+	if got, want := inventory.Build(o).Pools()["l3_udn"], (inventory.Pool{Used: 3, Size: 2 * 252}); got != want {
+		t.Errorf("pool with two host subnets: %+v, want %+v", got, want)
+	}
+	o.Nodes = nil
+	if got := inventory.Build(o).Pools()["l3_udn"]; got != (inventory.Pool{}) {
+		t.Errorf("pool without nodes: %+v, want empty", got)
 	}
 }
