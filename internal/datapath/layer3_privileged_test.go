@@ -36,9 +36,10 @@ func layer3Net(name string, id, i int, vteps []netip.Addr, peers []int) Network 
 // two nodes, each node with its own host subnet and the pods of both
 // tenants holding the same addresses: pods reach their own tenant's pods
 // on the other node by routing (no VXLAN port on the bridges), never the
-// other tenant's; they egress through their node; a peer dropped from the
-// state is unreachable and its route gone, and comes back when listed
-// again.
+// other tenant's; they egress through their node; a Service reaches
+// endpoints on both nodes at its cluster IP and node port; a peer dropped
+// from the state is unreachable and its route gone, and comes back when
+// listed again.
 func TestLayer3(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
@@ -135,7 +136,7 @@ func TestLayer3(t *testing.T) {
 	for i := range c.nodes {
 		s := State{Networks: netsOf(i, 1-i)}
 		setServicePort(&s.Networks[0], [2]byte{100, 65}, i) // the join subnet: the overlay holds the transit one
-		s.Services = []Service{{Network: "l3-a", Name: "a/web:echo", Protocol: "TCP", VIP: vip,
+		s.Services = []Service{{Network: "l3-a", Name: "a/web:echo", Protocol: "TCP", VIP: vip, NodePort: 30090,
 			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.100.0.5:7"), netip.MustParseAddrPort("10.100.1.5:7")}}}
 		apply(i, s)
 	}
@@ -154,6 +155,22 @@ func TestLayer3(t *testing.T) {
 	}
 	if token, err := echoSessionTo(pods["b1"], vip, 1); err == nil {
 		t.Errorf("tenant B reached tenant A's Layer3 service: answered by %q", token)
+	}
+	// Its node port, from outside the cluster, on either node: the
+	// endpoint on the other node answers over the overlay too.
+	for _, nd := range c.nodes {
+		at := netip.AddrPortFrom(nd.ip, 30090)
+		seen := map[string]int{}
+		for range 16 {
+			token, err := echoFrom(c.ext, "outside", at, 1)
+			if err != nil {
+				t.Fatalf("outside to the node port %s: %v", at, err)
+			}
+			seen[token]++
+		}
+		if seen["a1"] == 0 || seen["a2"] == 0 || len(seen) != 2 {
+			t.Errorf("connections to the node port %s were answered by %v, want a1 and a2 only", at, seen)
+		}
 	}
 
 	// Node 2 leaves node 1's state: its subnet is no longer routed there.

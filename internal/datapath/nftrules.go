@@ -727,9 +727,14 @@ func routerRules(n Network, services []Service) []nftTable {
 		forward = append(forward, newRule().iifname(routerGwIf).oifname(routerSvcIf).accept(
 			fmt.Sprintf("network %s: service connections, and replies to other nodes' routers", n.Name)))
 	}
-	if slices.ContainsFunc(services, func(sv Service) bool { return sv.NodePort != 0 }) {
+	nodePorts := slices.ContainsFunc(services, func(sv Service) bool { return sv.NodePort != 0 })
+	if nodePorts {
 		forward = append(forward, newRule().iifname(routerTransitIf).oifname(routerSvcIf).ctStatusDNAT().accept(
 			fmt.Sprintf("network %s: node port and load balancer connections", n.Name)))
+		if n.Layer3 != nil {
+			forward = append(forward, newRule().iifname(routerTransitIf).oifname(routerOverlayIf).ctStatusDNAT().accept(
+				fmt.Sprintf("network %s: node port and load balancer connections to other nodes' pods", n.Name)))
+		}
 	}
 	forward = append(forward, newRule().counter().drop(fmt.Sprintf("network %s: nothing else is forwarded", n.Name)))
 	postrouting := []nftRule{newRule().oifname(routerTransitIf).masquerade(fmt.Sprintf("network %s: the node sees the transit address only", n.Name))}
@@ -744,6 +749,12 @@ func routerRules(n Network, services []Service) []nftTable {
 		chains = append(chains, svcChains...)
 		postrouting = append(postrouting, newRule().ctStatusDNAT().oifname(routerSvcIf).masquerade(
 			fmt.Sprintf("network %s: service connections come back to this router", n.Name)))
+		if nodePorts && n.Layer3 != nil {
+			// Other nodes' pods answer a client outside the network
+			// through this router's overlay address.
+			postrouting = append(postrouting, newRule().ctStatusDNAT().iifname(routerTransitIf).oifname(routerOverlayIf).masquerade(
+				fmt.Sprintf("network %s: node port connections come back to this router", n.Name)))
+		}
 	}
 	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})

@@ -339,13 +339,24 @@ func Desired(in Input) Plan {
 		}
 	}
 
+	nodePortNets := nodePortNetworks(nets, primaryNS, in.Services)
 	var nodeSubnets map[string]hostsubnet.Subnets // node -> its host subnets, once a Layer3 network needs them
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
 		n, hs := nets[name], holders[name]
 		activeHolders(hs, in.VMINodes)
 		markMigrating(hs, in.Migrating)
 		local := slices.ContainsFunc(hs, func(h *holder) bool { return h.node == in.Node })
-		if !local {
+		// The nodes that hold the network besides this one: those with
+		// its pods, or every node if it has node ports (they are open on
+		// every node).
+		members := remoteNodes(hs, in.Node)
+		if nodePortNets[name] {
+			for nodeName := range vteps {
+				if nodeName != in.Node {
+					members[nodeName] = true
+				}
+			}
+		} else if !local {
 			continue // the network has no pod here: nothing of it on this node
 		}
 		dn := datapath.Network{Name: name, ID: n.id, Primary: n.conf.IsPrimary(), Subnets: n.subnets}
@@ -364,7 +375,7 @@ func Desired(in Input) Plan {
 					nodeSubnets[in.Nodes[i].Name] = nodeHostSubnets(&in.Nodes[i], func(string, ...any) {})
 				}
 			}
-			if dn.Layer3, err = layer3Of(n, hs, in, self, vteps, nodeSubnets); err != nil {
+			if dn.Layer3, err = layer3Of(n, members, in, self, vteps, nodeSubnets); err != nil {
 				problem("network %s: %v", name, err)
 				continue
 			}
@@ -373,9 +384,9 @@ func Desired(in Input) Plan {
 			dn.Physical, dn.VLAN, dn.MTU = n.physical, n.conf.VLANID, cmp.Or(n.conf.MTU, udn.LocalnetDefaultMTU)
 		default:
 			remotes := map[netip.Addr]bool{}
-			for _, h := range hs {
-				if h.node != in.Node {
-					remotes[vteps[h.node]] = true
+			for nodeName := range members {
+				if v, ok := vteps[nodeName]; ok {
+					remotes[v] = true
 				}
 			}
 			dn.Remotes = slices.SortedFunc(maps.Keys(remotes), netip.Addr.Compare)
@@ -428,7 +439,7 @@ func Desired(in Input) Plan {
 		if len(services) > 0 && n.layer3 == nil {
 			// The other nodes' routers on this network, which endpoints
 			// here answer: their service MACs, pinned to their VTEPs.
-			for _, nodeName := range slices.Sorted(maps.Keys(remoteNodes(hs, in.Node))) {
+			for _, nodeName := range slices.Sorted(maps.Keys(members)) {
 				other := nodeNamed(in.Nodes, nodeName)
 				oid, ok := nodeID(other)
 				if !ok || !vteps[nodeName].IsValid() {
@@ -654,7 +665,7 @@ func nodeHostSubnets(node *corev1.Node, problem func(string, ...any)) hostsubnet
 // layer3Of returns what the router of Layer3 network n on this node needs:
 // its overlay address and MAC (from the node ID, in the network's transit
 // subnet) and the routers of the other nodes with pods of it.
-func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[string]netip.Addr, nodeSubnets map[string]hostsubnet.Subnets) (*datapath.Layer3, error) {
+func layer3Of(n *network, members map[string]bool, in Input, self *corev1.Node, vteps map[string]netip.Addr, nodeSubnets map[string]hostsubnet.Subnets) (*datapath.Layer3, error) {
 	id, ok := nodeID(self)
 	if !ok {
 		return nil, fmt.Errorf("this node has no node ID yet (annotation %s, which kvnet-controller writes)", nodeid.Annotation)
@@ -667,7 +678,7 @@ func layer3Of(n *network, hs []*holder, in Input, self *corev1.Node, vteps map[s
 	if l3.Addrs, l3.MAC, err = serviceAddrs(n.conf.TransitSubnet, id); err != nil {
 		return nil, err
 	}
-	for _, nodeName := range slices.Sorted(maps.Keys(remoteNodes(hs, in.Node))) {
+	for _, nodeName := range slices.Sorted(maps.Keys(members)) {
 		other := nodeNamed(in.Nodes, nodeName)
 		oid, ok := nodeID(other)
 		vtep, hasVTEP := vteps[nodeName]

@@ -274,3 +274,30 @@ func nodeID(node *corev1.Node) (int, bool) {
 	}
 	return nodeid.Parse(node)
 }
+
+// nodePortNetworks returns the primary networks among nets that have
+// Services with node ports or external addresses in their namespaces
+// (primaryNS: network -> namespaces): these are on every node, since
+// their node ports are.
+func nodePortNetworks(nets map[string]*network, primaryNS map[string]map[string]bool, services []corev1.Service) map[string]bool {
+	byNS := map[string]string{} // namespace -> primary network
+	for name, nss := range primaryNS {
+		if n := nets[name]; n != nil && n.conf.IsPrimary() {
+			for ns := range nss {
+				byNS[ns] = name
+			}
+		}
+	}
+	out := map[string]bool{}
+	for i := range services {
+		svc := &services[i]
+		name, ok := byNS[svc.Namespace]
+		if !ok || len(svc.Spec.Selector) == 0 {
+			continue
+		}
+		if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0 {
+			out[name] = true
+		}
+	}
+	return out
+}

@@ -192,6 +192,33 @@ func TestDesiredNodePorts(t *testing.T) {
 	if err := datapath.Validate(plan.State); err != nil {
 		t.Error(err)
 	}
+
+	// A node without pods of a network holds it all the same when the
+	// network has node ports (they are open on every node), reaching the
+	// endpoints on the other node; a network with cluster IPs only is not
+	// there.
+	in.Node = "n2"
+	in.Nodes = append(in.Nodes, kvnode("n2", "192.168.100.2"))
+	in.Nodes[1].Annotations[nodeid.Annotation] = "2"
+	in.Services = []corev1.Service{in.Services[0], svc("b", "cip", "10.96.0.6", corev1.ServiceTypeClusterIP, 0)}
+	in.Links = nil
+	plan = Desired(in)
+	if len(plan.State.Networks) != 1 || plan.State.Networks[0].Name != "a_udn" || fmt.Sprint(plan.State.Networks[0].Remotes) != "[192.168.100.1]" {
+		t.Fatalf("node without pods: networks %+v, want a_udn only, with node 1 as remote", plan.State.Networks)
+	}
+	if len(plan.State.Services) != 1 || plan.State.Services[0].NodePort != 30080 || fmt.Sprint(plan.State.Services[0].Endpoints) != "[10.1.1.2:80]" {
+		t.Errorf("node without pods: services %+v", plan.State.Services)
+	}
+	macs := map[string]string{}
+	for _, m := range plan.State.RemoteMACs {
+		macs[m.MAC.String()] = m.VTEP.String()
+	}
+	if macs["0a:58:0a:01:01:02"] != "192.168.100.1" || macs["0a:58:64:58:00:01"] != "192.168.100.1" {
+		t.Errorf("node without pods: remote MACs %v lack e1's and node 1's service MAC at node 1", macs)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
 }
 
 // TestDesiredClusterServices: a primary network's router gets the cluster
