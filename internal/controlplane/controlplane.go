@@ -187,8 +187,10 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 	cmd := exec.Command(filepath.Join(binDir, "kube-controller-manager"),
 		"--kubeconfig="+kubeconfig,
 		// The garbage collector makes owner references behave as in a
-		// cluster; the namespace controller makes namespace deletion finish.
-		"--controllers=garbagecollector,namespace",
+		// cluster; the namespace controller makes namespace deletion
+		// finish; the EndpointSlice controller lists Services' pods, as
+		// kvnet's mirror controller expects.
+		"--controllers=garbagecollector,namespace,endpointslice",
 		"--secure-port=0",
 		"--leader-elect=false",
 		"--concurrent-gc-syncs=10",

@@ -92,6 +92,10 @@ var demoTrafficChecks = []string{
 	`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
 	`kept its open TCP connection from udn-demo/web-1`,
 	`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
+	// The VM's Service: cluster IP, and node ports on every node.
+	`reached udn-demo/web-1 \(node-\d\) -> http://10\.96\.\d+\.\d+:80/: the guest answered "vm-a"`,
+	`reached node node-1 -> http://192\.168\.100\.3:\d+/ \(node port of node-3\): the guest answered "vm-a"`,
+	`blocked tenant-b/db-1 -> http://192\.168\.100\.1:\d+/ \(another tenant, through the node port\)`,
 	// The masquerade VM: the forwarded port through the pod address.
 	`the guest answered "vm-m"`,
 	`guest DHCP lease eth0 10\.0\.2\.2/24 router 10\.0\.2\.1`,

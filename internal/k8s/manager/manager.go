@@ -29,6 +29,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/certs"
+	"kvnet.io/kvnet/internal/k8s/controllers/epmirror"
 	"kvnet.io/kvnet/internal/k8s/controllers/hostsubnets"
 	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	macpoolcontroller "kvnet.io/kvnet/internal/k8s/controllers/macpool"
@@ -185,6 +186,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := hostsubnets.Setup(mgr, hostsubnets.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up host subnet controller: %w", err)
+	}
+	if err := epmirror.Setup(mgr, epmirror.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+		return nil, fmt.Errorf("set up EndpointSlice mirror controller: %w", err)
 	}
 	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
 	if err != nil {
