@@ -10,10 +10,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/cli/lab"
+	"kvnet.io/kvnet/internal/k8s/controllers/epmirror"
 	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/sim/guest"
 )
 
@@ -61,6 +64,9 @@ func printVMService(ctx context.Context, out io.Writer, c client.Client, labDir 
 		return fmt.Errorf("%s cannot fetch http://%s/ (Service %s): %q, %v", peer, addr, demoService, page, err)
 	}
 	fmt.Fprintf(out, "  reached %s (%s) -> http://%s/: the guest answered %q\n", peer, peer.pod.Spec.NodeName, addr, strings.TrimSpace(page))
+	if err := printMirror(ctx, out, c, &svc, timeout); err != nil {
+		return err
+	}
 	gw := gatewayFor(outsider.a, outsider.ip())
 	if gw == "" {
 		return fmt.Errorf("pod %s has no gateway to prove it can send (control)", outsider)
@@ -124,4 +130,47 @@ func printNodePort(ctx context.Context, out io.Writer, c client.Client, labDir s
 	}
 	fmt.Fprintf(out, "  blocked %s -> http://%s/ (another tenant, through the node port)\n", outsider, at)
 	return nil
+}
+
+// printMirror shows the Service's EndpointSlice mirror: it lists the VM's
+// UDN address (its launcher pod's primary attachment), where the default
+// controller's slice has the pod's cluster default network address.
+func printMirror(ctx context.Context, out io.Writer, c client.Client, svc *corev1.Service, timeout time.Duration) error {
+	_, launcher, err := runningVMI(ctx, c, demoVM, timeout)
+	if err != nil {
+		return err
+	}
+	nets, err := podnetworks.Parse(launcher.Annotations[podnetworks.Annotation])
+	if err != nil {
+		return fmt.Errorf("launcher pod %s: %w", launcher.Name, err)
+	}
+	var vmAddrs []string
+	for _, a := range nets {
+		if a.Role == podnetworks.RolePrimary {
+			for _, ip := range a.IPAddresses {
+				vmAddrs = append(vmAddrs, strings.Split(ip, "/")[0])
+			}
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var list discoveryv1.EndpointSliceList
+		if err := c.List(ctx, &list, client.InNamespace(svc.Namespace),
+			client.MatchingLabels{discoveryv1.LabelManagedBy: epmirror.MirrorController, epmirror.ServiceNameLabel: svc.Name}); err != nil {
+			return err
+		}
+		for _, m := range list.Items {
+			for _, e := range m.Endpoints {
+				if slices.ContainsFunc(e.Addresses, func(a string) bool { return slices.Contains(vmAddrs, a) }) {
+					fmt.Fprintf(out, "  EndpointSlice %s (network %s) lists %s, VM %s's UDN address\n",
+						m.Name, m.Annotations[epmirror.NetworkAnnotation], strings.Join(e.Addresses, ","), demoVM)
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no EndpointSlice mirror of Service %s lists VM %s's UDN address %v (%d mirrors)", svc.Name, demoVM, vmAddrs, len(list.Items))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
