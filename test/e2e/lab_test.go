@@ -94,7 +94,7 @@ var demoTrafficChecks = []string{
 	`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
 	// The VM's Service: cluster IP, and node ports on every node.
 	`reached udn-demo/web-1 \(node-\d\) -> http://10\.96\.\d+\.\d+:80/: the guest answered "vm-a"`,
-	`EndpointSlice kvnet-vm-a-web-\w+ \(network udn-demo_udn\) lists 10\.0\.0\.\d+, VM vm-a's UDN address`,
+	`EndpointSlice kvnet-vm-a-web-\w+ \(network udn-demo_udn-l2-net\) lists 10\.0\.0\.\d+, VM vm-a's UDN address`,
 	`reached node node-1 -> http://192\.168\.100\.3:\d+/ \(node port of node-3\): the guest answered "vm-a"`,
 	`blocked tenant-b/db-1 -> http://192\.168\.100\.1:\d+/ \(another tenant, through the node port\)`,
 	// The masquerade VM: the forwarded port through the pod address.
