@@ -91,6 +91,9 @@ func viaNodeServices(name string, subnets []netip.Prefix, namespaces map[string]
 				ds := datapath.Service{Network: name, Protocol: string(proto), VIP: netip.AddrPortFrom(vip, uint16(port.Port)), ViaNode: true,
 					Name: fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port)))}
 				for _, ep := range sliceEndpoints(svc, port, vip.Is4(), slices_) {
+					if !ep.Addr().IsGlobalUnicast() {
+						continue // loopback (an API server on a lab's host): not reachable from a router
+					}
 					if sub, inside := subnetOf(subnets, ep.Addr()); inside {
 						problem("Service %s: endpoint %s is inside network %s's subnet %s: unreachable from it", ds.Name, ep, name, sub)
 						continue
