@@ -95,6 +95,7 @@ var demoTrafficChecks = []string{
 	// The VM's Service: cluster IP, and node ports on every node.
 	`reached udn-demo/web-1 \(node-\d\) -> http://10\.96\.\d+\.\d+:80/: the guest answered "vm-a"`,
 	`EndpointSlice kvnet-vm-a-web-\w+ \(network udn-demo_udn-l2-net\) lists 10\.0\.0\.\d+, VM vm-a's UDN address`,
+	`guest vm-a resolved vm-a-web\.udn-demo\.svc\.cluster\.local to 10\.96\.\d+\.\d+ through the cluster DNS 10\.96\.0\.10 \(from DHCP, search udn-demo\.svc\.cluster\.local svc\.cluster\.local cluster\.local\)`,
 	`reached node node-1 -> http://192\.168\.100\.3:\d+/ \(node port of node-3\): the guest answered "vm-a"`,
 	`blocked tenant-b/db-1 -> http://192\.168\.100\.1:\d+/ \(another tenant, through the node port\)`,
 	// The masquerade VM: the forwarded port through the pod address.

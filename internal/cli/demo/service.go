@@ -67,6 +67,9 @@ func printVMService(ctx context.Context, out io.Writer, c client.Client, labDir 
 	if err := printMirror(ctx, out, c, &svc, timeout); err != nil {
 		return err
 	}
+	if err := printGuestDNS(ctx, out, c, &svc, peer, timeout); err != nil {
+		return err
+	}
 	gw := gatewayFor(outsider.a, outsider.ip())
 	if gw == "" {
 		return fmt.Errorf("pod %s has no gateway to prove it can send (control)", outsider)
@@ -140,17 +143,9 @@ func printMirror(ctx context.Context, out io.Writer, c client.Client, svc *corev
 	if err != nil {
 		return err
 	}
-	nets, err := podnetworks.Parse(launcher.Annotations[podnetworks.Annotation])
-	if err != nil {
-		return fmt.Errorf("launcher pod %s: %w", launcher.Name, err)
-	}
 	var vmAddrs []string
-	for _, a := range nets {
-		if a.Role == podnetworks.RolePrimary {
-			for _, ip := range a.IPAddresses {
-				vmAddrs = append(vmAddrs, strings.Split(ip, "/")[0])
-			}
-		}
+	for _, ip := range primaryOf(launcher).IPAddresses {
+		vmAddrs = append(vmAddrs, strings.Split(ip, "/")[0])
 	}
 	deadline := time.Now().Add(timeout)
 	for {
@@ -173,4 +168,61 @@ func printMirror(ctx context.Context, out io.Writer, c client.Client, svc *corev
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// printGuestDNS shows the guest resolving its Service's name: DHCP gave it
+// the cluster DNS Service's address and the namespace's search list, and
+// the answer (the Service's cluster IP, which the guest knows from nowhere
+// else) comes through the cluster DNS, reached by the UDN's router.
+func printGuestDNS(ctx context.Context, out io.Writer, c client.Client, svc *corev1.Service, peer labPod, timeout time.Duration) error {
+	var dns corev1.Service
+	if err := c.Get(ctx, client.ObjectKey{Namespace: node.DefaultClusterDNS.Namespace, Name: node.DefaultClusterDNS.Name}, &dns); err != nil {
+		return fmt.Errorf("the lab's cluster DNS Service %s: %w", node.DefaultClusterDNS, err)
+	}
+	_, launcher, err := runningVMI(ctx, c, demoVM, timeout)
+	if err != nil {
+		return err
+	}
+	vmIP, err := netip.ParseAddr(firstAddr(primaryOf(launcher)))
+	if err != nil {
+		return fmt.Errorf("launcher pod %s has no primary address: %w", launcher.Name, err)
+	}
+	name := fmt.Sprintf("%s.%s.svc.cluster.local", svc.Name, svc.Namespace)
+	wantNS := "nameserver " + dns.Spec.ClusterIP
+	var got string
+	deadline := time.Now().Add(timeout)
+	for {
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err = guest.Exec(ectx, peer.netns, vmIP, "cat /etc/resolv.conf; echo ---; nslookup "+name+"; true")
+		cancel()
+		resolv, answer, _ := strings.Cut(got, "---")
+		_, answer, _ = strings.Cut(answer, name) // the answer section, after the server's lines
+		if err == nil && strings.Contains(resolv, wantNS) && strings.Contains(answer, svc.Spec.ClusterIP) {
+			search := ""
+			for _, l := range strings.Split(resolv, "\n") {
+				if s, ok := strings.CutPrefix(l, "search "); ok {
+					search = s
+				}
+			}
+			fmt.Fprintf(out, "  guest %s resolved %s to %s through the cluster DNS %s (from DHCP, search %s)\n",
+				demoVM, name, svc.Spec.ClusterIP, dns.Spec.ClusterIP, search)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(out, "  guest %s could not resolve %s through the cluster DNS   <-- WRONG\n", demoVM, name)
+			return fmt.Errorf("guest %s: %s through %s: %v\n%s", demoVM, name, dns.Spec.ClusterIP, err, got)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// primaryOf returns pod's primary attachment, or the zero one.
+func primaryOf(pod *corev1.Pod) podnetworks.Attachment {
+	nets, _ := podnetworks.Parse(pod.Annotations[podnetworks.Annotation])
+	for _, a := range nets {
+		if a.Role == podnetworks.RolePrimary {
+			return a
+		}
+	}
+	return podnetworks.Attachment{}
 }

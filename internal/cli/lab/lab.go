@@ -304,6 +304,12 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 				fmt.Println("kvnet lab: simulated nodes:", err)
 			}
 		}()
+		dns, err := startClusterDNS(ctx, c, cl.Sim.External)
+		if err != nil {
+			return fmt.Errorf("cluster DNS: %w", err)
+		}
+		defer dns.Close()
+		fmt.Printf("cluster DNS: Service %s %s, answered by the lab's stand-in at %s\n", clusterDNSName(), clusterDNSIP, dns.Addr())
 		nodeFailed = cl.Failed()
 		nodeErr = cl.Err
 		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each); VM consoles in %s\n",
