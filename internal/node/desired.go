@@ -351,8 +351,10 @@ func Desired(in Input) Plan {
 		// every node).
 		members := remoteNodes(hs, in.Node)
 		if nodePortNets[name] {
-			for nodeName := range vteps {
-				if nodeName != in.Node {
+			for nodeName, v := range vteps {
+				// A node with this node's VTEP is this machine under an
+				// old name: never a peer.
+				if nodeName != in.Node && v != vteps[in.Node] {
 					members[nodeName] = true
 				}
 			}
