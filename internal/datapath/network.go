@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -55,7 +56,10 @@ func (d *Datapath) ensureNetwork(n Network, remotes []RemoteMAC) error {
 			macs = append(macs, m)
 		}
 	}
-	if err := d.syncVXLANFDB(vx, n.Remotes, macs); err != nil {
+	// This node never floods to itself, even if a stale peer holds its
+	// address.
+	peers := slices.DeleteFunc(slices.Clone(n.Remotes), func(a netip.Addr) bool { return a == d.cfg.UnderlayIP })
+	if err := d.syncVXLANFDB(vx, peers, macs); err != nil {
 		return fmt.Errorf("network %q: %w", n.Name, err)
 	}
 	return nil
