@@ -69,6 +69,5 @@ func ensureClusterDNSObjects(ctx context.Context, c client.Client) error {
 	return nil
 }
 
-
 // clusterDNSName is the cluster DNS Service's namespace/name.
 func clusterDNSName() string { return node.DefaultClusterDNS.String() }
