@@ -237,7 +237,7 @@ func Mirror(src *discoveryv1.EndpointSlice, network string, pod func(name string
 				SourceVersionLabel:         src.ResourceVersion,
 			},
 			Annotations:     map[string]string{NetworkAnnotation: network, SourceAnnotation: src.Name},
-			OwnerReferences: slices.Clone(src.OwnerReferences),
+			OwnerReferences: ownedLike(src.OwnerReferences),
 		},
 		AddressType: src.AddressType,
 		Ports:       slices.Clone(src.Ports),
@@ -285,6 +285,19 @@ func networkAddrs(pod *corev1.Pod, network string, v4 bool) []string {
 				out = append(out, p.Addr().String())
 			}
 		}
+	}
+	return out
+}
+
+// ownedLike returns refs (the source slice's owner, its Service) without
+// blockOwnerDeletion: setting it needs the right to update the owner's
+// finalizers where the OwnerReferencesPermissionEnforcement admission
+// plugin runs (OpenShift), and the mirror blocks nothing.
+func ownedLike(refs []metav1.OwnerReference) []metav1.OwnerReference {
+	out := make([]metav1.OwnerReference, 0, len(refs))
+	for _, r := range refs {
+		r.BlockOwnerDeletion = nil
+		out = append(out, r)
 	}
 	return out
 }
