@@ -28,7 +28,7 @@ const (
 )
 
 // startClusterDNS runs the lab's cluster DNS in the namespace at extNS
-// until ctx ends, and makes sure its Service and EndpointSlice exist.
+// until ctx ends.
 func startClusterDNS(ctx context.Context, c client.Client, extNS string) (*simdns.Server, error) {
 	addr := fmt.Sprintf("%s:%d", simnet.ExternalIP, dnsPort)
 	s, err := simdns.Listen(extNS, addr, c, clusterDomain)
@@ -36,15 +36,13 @@ func startClusterDNS(ctx context.Context, c client.Client, extNS string) (*simdn
 		return nil, err
 	}
 	go func() { _ = s.Serve(ctx) }()
-	if err := ensureClusterDNSObjects(ctx, c); err != nil {
-		s.Close()
-		return nil, err
-	}
 	return s, nil
 }
 
 // ensureClusterDNSObjects creates the cluster DNS Service and its
 // EndpointSlice unless they exist (the lab keeps its etcd across runs).
+// The Service asks for the usual address first, before anything else can
+// take it; should it be taken all the same, it gets another.
 func ensureClusterDNSObjects(ctx context.Context, c client.Client) error {
 	dns := node.DefaultClusterDNS
 	svc := &corev1.Service{
@@ -52,7 +50,12 @@ func ensureClusterDNSObjects(ctx context.Context, c client.Client) error {
 		Spec: corev1.ServiceSpec{ClusterIP: clusterDNSIP, ClusterIPs: []string{clusterDNSIP},
 			Ports: []corev1.ServicePort{{Name: "dns", Port: dnsPort, Protocol: corev1.ProtocolUDP}}},
 	}
-	if err := c.Create(ctx, svc); err != nil && !apierrors.IsAlreadyExists(err) {
+	err := c.Create(ctx, svc)
+	if apierrors.IsInvalid(err) { // the address is taken
+		svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "", nil
+		err = c.Create(ctx, svc)
+	}
+	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create Service %s: %w", dns, err)
 	}
 	slice := &discoveryv1.EndpointSlice{

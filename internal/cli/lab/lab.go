@@ -245,6 +245,9 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	if err := controlplane.InstallRBAC(ctx, c); err != nil {
 		return fmt.Errorf("install RBAC: %w", err)
 	}
+	if err := ensureClusterDNSObjects(ctx, c); err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
 	if err := controlplane.InstallWebhooks(ctx, c, controlplane.KvnetNamespace, webhookPort, flags.multus); err != nil {
 		return fmt.Errorf("install webhooks: %w", err)
 	}
@@ -309,7 +312,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 			return fmt.Errorf("cluster DNS: %w", err)
 		}
 		defer dns.Close()
-		fmt.Printf("cluster DNS: Service %s %s, answered by the lab's stand-in at %s\n", clusterDNSName(), clusterDNSIP, dns.Addr())
+		fmt.Printf("cluster DNS: Service %s, answered by the lab's stand-in at %s\n", clusterDNSName(), dns.Addr())
 		nodeFailed = cl.Failed()
 		nodeErr = cl.Err
 		fmt.Printf("%d simulated nodes up in %s (kvnet-node and a simulated kubelet each); VM consoles in %s\n",
