@@ -170,6 +170,9 @@ type servicesBenchParams struct {
 	// topology returns network i's topology, a key of benchTopologies;
 	// nil: every network is layer2.
 	topology func(network int) string
+	// nodePorts makes every Service a NodePort one: its network is then on
+	// every node, with every node as its peer.
+	nodePorts bool
 }
 
 // benchTopology is how servicesBenchInput lays out a primary network of
@@ -264,13 +267,17 @@ func servicesBenchInput(tb testing.TB, p servicesBenchParams) Input {
 	}
 	for i := range perNet * p.networks {
 		network, s := i%p.networks, i/p.networks
-		in.Services = append(in.Services, corev1.Service{
+		svc := corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("t%d", network), Name: fmt.Sprintf("svc%d", s)},
 			Spec: corev1.ServiceSpec{
 				ClusterIP: fmt.Sprintf("10.96.%d.%d", (i+1)>>8, (i+1)&0xff), Selector: map[string]string{"app": fmt.Sprintf("s%d", s)},
 				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
 			},
-		})
+		}
+		if p.nodePorts {
+			svc.Spec.Type, svc.Spec.Ports[0].NodePort = corev1.ServiceTypeNodePort, int32(30000+i)
+		}
+		in.Services = append(in.Services, svc)
 	}
 	in.Gateways = (&Agent{}).gateways
 	in.Annotations = &AnnotationCache{}
@@ -292,18 +299,20 @@ func BenchmarkDesiredServices(b *testing.B) {
 		return netconf.TopologyLayer2
 	}
 	for _, bc := range []struct {
-		name     string
-		eps      int
-		topology func(int) string
+		name      string
+		eps       int
+		topology  func(int) string
+		nodePorts bool
 	}{
-		{"layer2/endpoints=3", 3, nil},
-		{"layer2/endpoints=20", 20, nil},
-		{"mixed/endpoints=3", 3, mixed},
-		{"mixed/endpoints=20", 20, mixed},
+		{"layer2/endpoints=3", 3, nil, false},
+		{"layer2/endpoints=20", 20, nil, false},
+		{"mixed/endpoints=3", 3, mixed, false},
+		{"mixed/endpoints=20", 20, mixed, false},
+		{"mixed/nodeports/endpoints=3", 3, mixed, true},
 	} {
 		eps := bc.eps
 		b.Run(bc.name, func(b *testing.B) {
-			p := servicesBenchParams{nodes: 100, networks: 50, pods: 10000, services: 500, endpoints: eps, topology: bc.topology}
+			p := servicesBenchParams{nodes: 100, networks: 50, pods: 10000, services: 500, endpoints: eps, topology: bc.topology, nodePorts: bc.nodePorts}
 			in := servicesBenchInput(b, p)
 			plan := Desired(in)
 			if len(plan.Problems) > 0 {
@@ -313,8 +322,8 @@ func BenchmarkDesiredServices(b *testing.B) {
 				b.Fatalf("plan has %d services, want %d", len(plan.State.Services), p.services)
 			}
 			for _, s := range plan.State.Services {
-				if len(s.Endpoints) != eps {
-					b.Fatalf("service %s has endpoints %v, want %d", s.Name, s.Endpoints, eps)
+				if len(s.Endpoints) != eps || (s.NodePort != 0) != bc.nodePorts {
+					b.Fatalf("service %s has endpoints %v and node port %d, want %d endpoints (node ports: %v)", s.Name, s.Endpoints, s.NodePort, eps, bc.nodePorts)
 				}
 			}
 			b.ReportAllocs()
