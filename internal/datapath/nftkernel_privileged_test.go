@@ -535,7 +535,6 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "forward", `iifname "gw" oifname "transit" ip daddr 10.96.0.0/16 counter reject with icmpx admin-prohibited`},
 			// The cluster DNS, on the default network: no service mark.
 			{"inet", "svc-vonyfya4-kube-system/kube-dns_dns", `numgen random mod 2 0 dnat ip to 10.244.0.5:53`},
-			{"inet", "forward", `iifname "transit" meta nfproto ipv4 udp dport 30053 counter reject with icmpx port-unreachable`},
 			{"inet", "forward", `iifname "transit" oifname "svc" ct status dnat accept`},
 		},
 		chains: map[string]string{

@@ -778,10 +778,9 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 	var v4, v6, np4, np6 nftVMap
 	for _, sv := range services {
 		if len(sv.Endpoints) == 0 {
+			// A node port without endpoints needs no rule: nothing
+			// translates it, so the router's own stack refuses it.
 			refuse = append(refuse, serviceMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: no endpoints", sv.Name)))
-			if sv.NodePort != 0 {
-				refuse = append(refuse, nodePortMatch(sv).counter().reject(sv.Protocol, fmt.Sprintf("service %s: node port: no endpoints", sv.Name)))
-			}
 			continue
 		}
 		name := serviceChainName(sv)
@@ -868,15 +867,6 @@ func nodePortElem(sv Service, chain string) nftVMapElem {
 	proto := serviceProto(sv)
 	return nftVMapElem{key: portKey(proto, sv.NodePort), chain: chain, comment: cutComment("service " + sv.Name),
 		text: fmt.Sprintf("%s . %d", protoNames[proto], sv.NodePort)}
-}
-
-// nodePortMatch starts a rule matching connections the node sent to
-// service sv's node port at the router.
-func nodePortMatch(sv Service) *ruleBuilder {
-	proto := serviceProto(sv)
-	return newRule().iifname(routerTransitIf).nfproto(sv.VIP.Addr().Is6()).l4proto(proto).
-		match(fmt.Sprintf("%s dport %d", protoNames[proto], sv.NodePort),
-			expr.PayloadBaseTransportHeader, 2, binary.BigEndian.AppendUint16(nil, sv.NodePort), nil, false)
 }
 
 // portLookup looks the packet's layer 4 protocol and destination port up

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -494,6 +495,11 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	if err := c.List(ctx, &services); err != nil {
 		return in, err
 	}
+	// Oldest first: a node port or external address two Services claim
+	// goes to the older, whatever order the cache lists them in.
+	slices.SortStableFunc(services.Items, func(a, b corev1.Service) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	in.Services = services.Items
 	var eps discoveryv1.EndpointSliceList
 	if err := c.List(ctx, &eps); err != nil {

@@ -53,6 +53,8 @@ type Input struct {
 	Links map[string]string
 	// Services are the cluster's Services: those of a primary network's
 	// namespaces are load-balanced by the network's router to its pods.
+	// Of two Services claiming one external address, the first wins (the
+	// Agent lists the oldest first).
 	Services []corev1.Service
 	// Bridges holds the names of the node's Linux bridges, which a
 	// localnet network's bridge mapping must name; nil: not known, not
@@ -429,10 +431,11 @@ func Desired(in Input) Plan {
 			}
 		}
 		services = append(services, viaNode...)
-		claims.admit(services, problem)
+		undo := claims.admit(services, problem)
 		// One network the datapath would refuse must not stop the others:
 		// Apply refuses a whole state with an invalid network in it.
 		if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Services: services}); err != nil {
+			undo() // its claims go to others
 			problem("network %s: %v", name, err)
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -177,8 +178,18 @@ func newNodeAddrClaims() *nodeAddrClaims {
 	return &nodeAddrClaims{nodePorts: map[string]string{}, external: map[string]string{}}
 }
 
-// admit takes services' claims, removing those already taken.
-func (c *nodeAddrClaims) admit(services []datapath.Service, problem func(string, ...any)) {
+// admit takes services' claims, removing those already taken, and
+// returns a function that gives back the claims it took.
+func (c *nodeAddrClaims) admit(services []datapath.Service, problem func(string, ...any)) (undo func()) {
+	var tookPorts, tookExternal []string
+	undo = func() {
+		for _, k := range tookPorts {
+			delete(c.nodePorts, k)
+		}
+		for _, k := range tookExternal {
+			delete(c.external, k)
+		}
+	}
 	for i := range services {
 		sv := &services[i]
 		if sv.NodePort != 0 {
@@ -187,6 +198,9 @@ func (c *nodeAddrClaims) admit(services []datapath.Service, problem func(string,
 				problem("Service %s: node port %s %d is already network %s's", sv.Name, sv.Protocol, sv.NodePort, owner)
 				sv.NodePort, sv.External = 0, nil
 				continue
+			}
+			if _, had := c.nodePorts[key]; !had {
+				tookPorts = append(tookPorts, key)
 			}
 			c.nodePorts[key] = sv.Network
 		}
@@ -199,27 +213,29 @@ func (c *nodeAddrClaims) admit(services []datapath.Service, problem func(string,
 				continue
 			}
 			c.external[key] = sv.Name
+			tookExternal = append(tookExternal, key)
 			kept = append(kept, a)
 		}
 		sv.External = kept
 	}
+	return undo
 }
 
 // externalAddrs returns the addresses of svc's family (v4 or not) at which
-// it is reached from outside the cluster: spec.externalIPs, and for a
-// LoadBalancer the ingress IPs of its status that a load balancer
-// implementation delivers to the nodes (ipMode VIP, the default; ipMode
-// Proxy: the load balancer connects to the node ports itself), sorted,
-// without duplicates.
+// it is reached from outside the cluster: for a LoadBalancer, the ingress
+// IPs of its status that a load balancer implementation delivers to the
+// nodes (ipMode VIP, the default; ipMode Proxy: the load balancer connects
+// to the node ports itself), sorted, without duplicates. spec.externalIPs
+// are not served: any tenant who may create a Service could take any
+// address with them, the node's own or its DNS server's, from the node and
+// from every pod (CVE-2020-8554); a load balancer's status is written by
+// its controller only.
 func externalAddrs(svc *corev1.Service, v4 bool) []netip.Addr {
 	var out []netip.Addr
 	add := func(s string) {
 		if a, err := netip.ParseAddr(s); err == nil && a.Unmap().Is4() == v4 && a.IsGlobalUnicast() && a.Zone() == "" {
 			out = append(out, a.Unmap())
 		}
-	}
-	for _, s := range svc.Spec.ExternalIPs {
-		add(s)
 	}
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
@@ -280,11 +296,13 @@ func nodeID(node *corev1.Node) (int, bool) {
 // (primaryNS: network -> namespaces): these are on every node, since
 // their node ports are.
 func nodePortNetworks(nets map[string]*network, primaryNS map[string]map[string]bool, services []corev1.Service) map[string]bool {
-	byNS := map[string]string{} // namespace -> primary network
-	for name, nss := range primaryNS {
+	byNS := map[string]string{} // namespace -> primary network (the first by name)
+	for _, name := range slices.Sorted(maps.Keys(primaryNS)) {
 		if n := nets[name]; n != nil && n.conf.IsPrimary() {
-			for ns := range nss {
-				byNS[ns] = name
+			for ns := range primaryNS[name] {
+				if _, ok := byNS[ns]; !ok {
+					byNS[ns] = name
+				}
 			}
 		}
 	}
@@ -295,7 +313,7 @@ func nodePortNetworks(nets map[string]*network, primaryNS map[string]map[string]
 		if !ok || len(svc.Spec.Selector) == 0 {
 			continue
 		}
-		if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0 {
+		if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 			out[name] = true
 		}
 	}

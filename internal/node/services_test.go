@@ -133,11 +133,11 @@ func TestDesiredServices(t *testing.T) {
 }
 
 // TestDesiredNodePorts: NodePort and LoadBalancer Services get their node
-// ports; a LoadBalancer's ingress IPs (ipMode VIP, not Proxy) and any
-// Service's externalIPs of the cluster IP's family become its external
-// addresses; without a node port those are a problem and left out; an
-// external address and port another Service holds already is a problem
-// for the second, whose node port stays; the plan stays valid.
+// ports; a LoadBalancer's ingress IPs (ipMode VIP, not Proxy) of the
+// cluster IP's family become its external addresses, spec.externalIPs
+// never (CVE-2020-8554); without a node port those are a problem and left
+// out; an external address and port another Service holds already is a
+// problem for the second, whose node port stays; the plan stays valid.
 func TestDesiredNodePorts(t *testing.T) {
 	e1 := pod("a", "e1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
 	e1.Labels, e1.Status.Phase = map[string]string{"app": "web"}, corev1.PodRunning
@@ -151,6 +151,8 @@ func TestDesiredNodePorts(t *testing.T) {
 	}
 	lb := svc("a", "lb", "10.96.0.2", corev1.ServiceTypeLoadBalancer, 30081, "198.51.100.7", "fe80::1", "garbage", "127.0.0.1")
 	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.5"}, {IP: "203.0.113.6", IPMode: &proxy}, {Hostname: "lb.example.com"}}
+	steal := svc("b", "steal", "10.96.0.5", corev1.ServiceTypeLoadBalancer, 30090)
+	steal.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.5"}}
 	noNodePort := svc("a", "nonp", "10.96.0.3", corev1.ServiceTypeLoadBalancer, 0)
 	noNodePort.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.9"}}
 	in := Input{
@@ -163,7 +165,7 @@ func TestDesiredNodePorts(t *testing.T) {
 			svc("a", "np", "10.96.0.1", corev1.ServiceTypeNodePort, 30080),
 			lb, noNodePort,
 			svc("a", "cip", "10.96.0.4", corev1.ServiceTypeClusterIP, 0),
-			svc("b", "steal", "10.96.0.5", corev1.ServiceTypeNodePort, 30090, "198.51.100.7"),
+			steal,
 		},
 	}
 	in.Nodes[0].Annotations[nodeid.Annotation] = "1"
@@ -174,7 +176,7 @@ func TestDesiredNodePorts(t *testing.T) {
 	}
 	want := []string{
 		"a_udn a/np:80 node port 30080 external []",
-		"a_udn a/lb:80 node port 30081 external [198.51.100.7 203.0.113.5]",
+		"a_udn a/lb:80 node port 30081 external [203.0.113.5]",
 		"a_udn a/nonp:80 node port 0 external []",
 		"a_udn a/cip:80 node port 0 external []",
 		"b_udn b/steal:80 node port 30090 external []",
@@ -184,7 +186,7 @@ func TestDesiredNodePorts(t *testing.T) {
 	}
 	wantProblems := []string{
 		"Service a/nonp port 80: external addresses [203.0.113.9] need a node port (allocateLoadBalancerNodePorts: false is not supported on user-defined networks)",
-		"Service b/steal:80: external address TCP 198.51.100.7:80 is already Service a/lb:80's",
+		"Service b/steal:80: external address TCP 203.0.113.5:80 is already Service a/lb:80's",
 	}
 	if strings.Join(plan.Problems, "\n") != strings.Join(wantProblems, "\n") {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(plan.Problems, "\n"), strings.Join(wantProblems, "\n"))
@@ -315,5 +317,30 @@ func TestDesiredClusterServices(t *testing.T) {
 				t.Errorf("with another cluster DNS: lease DNS %v search %v", l.DNS, l.Search)
 			}
 		}
+	}
+}
+
+// TestNodeAddrClaimsUndo: claims given back (their network was refused)
+// go to the next Service that makes them.
+func TestNodeAddrClaimsUndo(t *testing.T) {
+	lb := netip.MustParseAddr("203.0.113.5")
+	mk := func(network, name string) []datapath.Service {
+		return []datapath.Service{{Network: network, Name: name, Protocol: "TCP", VIP: netip.MustParseAddrPort("10.96.0.1:80"),
+			NodePort: 30080, External: []netip.Addr{lb}}}
+	}
+	var problems []string
+	problem := func(f string, a ...any) { problems = append(problems, fmt.Sprintf(f, a...)) }
+	c := newNodeAddrClaims()
+	undo := c.admit(mk("a", "a/lb:80"), problem)
+	undo()
+	b := mk("b", "b/lb:80")
+	c.admit(b, problem)
+	if len(problems) != 0 || b[0].NodePort != 30080 || len(b[0].External) != 1 {
+		t.Errorf("after the first network's claims went back: %+v, problems %v", b[0], problems)
+	}
+	again := mk("a", "a/lb:80")
+	c.admit(again, problem)
+	if len(problems) != 1 || again[0].NodePort != 0 || again[0].External != nil {
+		t.Errorf("a second claim of b's node port: %+v, problems %v", again[0], problems)
 	}
 }
