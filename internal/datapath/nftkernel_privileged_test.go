@@ -495,6 +495,9 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "router-1", `meta nfproto ipv6 dnat ip6 to fd69::b`},
 			{"inet", "ext-ej2lefnw-a/web_http", `dnat ip to 169.254.0.11:30080`},
 			{"inet", "forward", `oifname "kvtr*" ct status dnat accept`},
+			{"inet", "forward", `iifname "kvtr*" ip daddr . meta l4proto vmap @node-addrs4`},
+			{"inet", "to-node", `meta l4proto . th dport vmap @tenant-node-ports`},
+			{"inet", "refuse-node-port", `counter reject with icmpx admin-prohibited`},
 		},
 		chains: map[string]string{
 			"inet node-ports-in":    "type nat hook prerouting priority -110; policy accept;",
@@ -506,6 +509,11 @@ func TestNftRulesInKernel(t *testing.T) {
 				`udp . 30053 comment "service a/dns:dns" : jump router-1`},
 			"inet external-ips6": {"type ipv6_addr . inet_proto . inet_service : verdict",
 				`2001:db8::10 . tcp . 80 comment "service a/web6:http" : jump ext-onz2lysf-a/web6_http`},
+			"inet node-addrs4": {"type ipv4_addr . inet_proto : verdict",
+				`192.168.100.1 . tcp comment "a node's address" : jump to-node`,
+				`192.168.100.1 . udp comment "a node's address" : jump to-node`,
+				`192.168.100.2 . tcp comment "a node's address" : jump to-node`,
+				`192.168.100.2 . udp comment "a node's address" : jump to-node`},
 		},
 	}, {
 		role:   "router",

@@ -365,7 +365,7 @@ func nodeRules(s State) []nftTable {
 		filterChain("forward", nftables.ChainHookForward, bridgePriorityFilter, nftables.ChainPolicyAccept, fwd),
 	}, portChains...)}
 
-	np := nodePortRules(nets, s.Services)
+	np := nodePortRules(nets, s.Services, s.NodeAddrs)
 	var input []nftRule
 	for _, n := range nets {
 		if !n.Primary {
@@ -459,7 +459,7 @@ type nodePortTables struct {
 // and `external-ips6` (address . protocol . port) jump to one chain per
 // external address and port. The same lookups run for connections the
 // node opens itself (output), loopback addresses excepted.
-func nodePortRules(nets []Network, services []Service) nodePortTables {
+func nodePortRules(nets []Network, services []Service, nodeAddrs []netip.Addr) nodePortTables {
 	var np nodePortTables
 	byName := map[string]Network{}
 	for _, n := range nets {
@@ -537,8 +537,82 @@ func nodePortRules(nets []Network, services []Service) nodePortTables {
 		{name: "node-ports-local", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookOutput,
 			priority: *nodePortPriority, policy: nftables.ChainPolicyAccept}, rules: out},
 	}, np.chains...)
-	np.forward = []nftRule{newRule().oifname(transitPrefix + "*").ctStatusDNAT().accept("node port and load balancer connections to tenant routers")}
+	np.forward = append(tenantNodePortRules(&np, ports, nodeAddrs),
+		newRule().oifname(transitPrefix+"*").ctStatusDNAT().accept("node port and load balancer connections to tenant routers"))
 	return np
+}
+
+// tenantNodePortRules keeps tenants off node ports at other nodes'
+// addresses (at this node's, the forward chain's rule against forwarding
+// between routers does): maps `node-addrs4`/`node-addrs6` (address .
+// protocol, for every node address and the protocols of ports) jump to
+// chain `to-node`, which looks the port up in `tenant-node-ports` (the
+// keys of ports) and jumps to `refuse-node-port`. It returns the forward
+// rules and adds maps and chains to np.
+func tenantNodePortRules(np *nodePortTables, ports nftVMap, nodeAddrs []netip.Addr) []nftRule {
+	if len(nodeAddrs) == 0 {
+		return nil
+	}
+	protos := map[byte]bool{}
+	refuse := nftVMap{name: "tenant-node-ports", keyType: nodePortKeyType}
+	for _, e := range ports.elems {
+		protos[e.key[0]] = true
+		refuse.elems = append(refuse.elems, nftVMapElem{key: e.key, text: e.text, comment: e.comment, chain: "refuse-node-port"})
+	}
+	addrs := [2]nftVMap{{name: "node-addrs4", keyType: addrProtoKeyType(false)}, {name: "node-addrs6", keyType: addrProtoKeyType(true)}}
+	sorted := slices.Clone(nodeAddrs)
+	slices.SortFunc(sorted, netip.Addr.Compare)
+	for _, a := range slices.Compact(sorted) {
+		a = a.Unmap()
+		m := &addrs[0]
+		if a.Is6() {
+			m = &addrs[1]
+		}
+		for _, p := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			if protos[p] {
+				m.elems = append(m.elems, nftVMapElem{key: slices.Concat(a.AsSlice(), []byte{p, 0, 0, 0}), chain: "to-node",
+					text: fmt.Sprintf("%s . %s", a, protoNames[p]), comment: "a node's address"})
+			}
+		}
+	}
+	var rules []nftRule
+	for i, m := range addrs {
+		if len(m.elems) == 0 {
+			continue
+		}
+		v6 := i == 1
+		np.maps = append(np.maps, m)
+		rules = append(rules, newRule().iifname(transitPrefix+"*").nfproto(v6).addrProtoLookup(v6, m.name).
+			done(fmt.Sprintf("%s: tenants to a node's address", familyName(v6))))
+	}
+	np.maps = append(np.maps, refuse)
+	np.chains = append(np.chains,
+		nftChain{name: "to-node", rules: []nftRule{newRule().portLookup(refuse.name).done("node ports of UDN services")}},
+		nftChain{name: "refuse-node-port", rules: []nftRule{newRule().counter().rejectProhibited("node ports of UDN services: never from a tenant")}})
+	return rules
+}
+
+// addrProtoKeyType is the key type of node-addrs4/6: address . protocol.
+func addrProtoKeyType(v6 bool) nftables.SetDatatype {
+	addr := nftables.TypeIPAddr
+	if v6 {
+		addr = nftables.TypeIP6Addr
+	}
+	return nftables.MustConcatSetType(addr, nftables.TypeInetProto)
+}
+
+// addrProtoLookup looks the packet's destination address and layer 4
+// protocol up in verdict map name (`ip daddr . meta l4proto vmap @name`).
+func (b *ruleBuilder) addrProtoLookup(v6 bool, name string) *ruleBuilder {
+	addr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOff, Len: 4}
+	text := "ip daddr"
+	if v6 {
+		addr.Offset, addr.Len, text = 24, 16, "ip6 daddr"
+	}
+	return b.add(fmt.Sprintf("%s . meta l4proto vmap @%s", text, name),
+		addr,
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32(addr.Len / 4)},
+		&expr.Lookup{SourceRegister: 1, SetName: name, DestRegister: 0, IsDestRegSet: true})
 }
 
 // loopback4 is IPv4's loopback network.

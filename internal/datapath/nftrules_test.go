@@ -83,6 +83,7 @@ func goldenServices() []Service {
 func goldenServiceState() State {
 	s := withServiceAddrs(goldenState())
 	s.Services = goldenServices()
+	s.NodeAddrs = []netip.Addr{netip.MustParseAddr("192.168.100.2"), netip.MustParseAddr("192.168.100.1"), netip.MustParseAddr("fd00:100::1")}
 	return s
 }
 

@@ -97,6 +97,9 @@ func (c *cluster) applyServices(nets []Network, svcs []Service) {
 		for j := range s.Networks {
 			setServicePort(&s.Networks[j], transit16, i)
 		}
+		for _, other := range c.nodes {
+			s.NodeAddrs = append(s.NodeAddrs, other.ip)
+		}
 		s.Services = svcs
 		if err := nd.dp.Apply(context.Background(), s); err != nil {
 			c.tb.Fatalf("apply %d services on %s: %v", len(svcs), nd.name, err)
@@ -279,7 +282,8 @@ func keySet[V any](m map[string]V) map[string]bool {
 // load balancer implementation announces it), each time answered by both
 // endpoints; a node port without endpoints refuses; tenant B's node port
 // leads to tenant B's pod only; neither tenant's pods reach the other's
-// service through a node port; a node port taken away is closed.
+// service through a node port, at any node's address; a node port taken
+// away is closed.
 func TestNodePorts(t *testing.T) {
 	t.Parallel()
 	c, pods, nets := twoTenants(t)
@@ -328,13 +332,15 @@ func TestNodePorts(t *testing.T) {
 	if token, err := echoFrom(n1.ns, "node 1", netip.AddrPortFrom(n1.ip, 30082), 1); err != nil || token != "b2" {
 		t.Errorf("node 1 to tenant B's node port: %q, %v; want b2", token, err)
 	}
-	// Pods never cross to the other tenant through a node port.
+	// Pods never cross to the other tenant through a node port, at their
+	// own node's address or another's.
 	for _, x := range []struct {
 		pod  string
+		at   netip.Addr
 		port uint16
-	}{{"b1", 30080}, {"a1", 30082}} {
-		if token, err := echoSessionTo(pods[x.pod], netip.AddrPortFrom(n1.ip, x.port), 1); err == nil {
-			t.Errorf("%s reached the other tenant's node port %d: answered by %q", x.pod, x.port, token)
+	}{{"b1", n1.ip, 30080}, {"a1", n1.ip, 30082}, {"b1", n2.ip, 30080}, {"a1", n3.ip, 30082}, {"b3", n1.ip, 30080}} {
+		if token, err := echoSessionTo(pods[x.pod], netip.AddrPortFrom(x.at, x.port), 1); err == nil {
+			t.Errorf("%s reached the other tenant's node port %s:%d: answered by %q", x.pod, x.at, x.port, token)
 		}
 	}
 	// The node port and address go: closed.

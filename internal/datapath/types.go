@@ -185,6 +185,10 @@ type State struct {
 	Ports      []Port
 	RemoteMACs []RemoteMAC
 	Services   []Service
+	// NodeAddrs are the addresses of every node of the cluster: tenants
+	// never reach a node port of Services (of any network) at any of
+	// them, their own node's included.
+	NodeAddrs []netip.Addr
 }
 
 // Route is a route in a pod: to Dst via Via; an invalid Via makes Dst
@@ -337,6 +341,11 @@ func (s *State) validate() (map[string]*Network, error) {
 		}
 		if !m.VTEP.IsValid() || m.VTEP.IsUnspecified() {
 			bad("remote MAC %q: VTEP %q is not a valid address", m.MAC, m.VTEP)
+		}
+	}
+	for i, a := range s.NodeAddrs {
+		if !a.IsValid() || a.IsUnspecified() || a.Zone() != "" {
+			bad("nodeAddrs[%d]: %q is not a node address", i, a)
 		}
 	}
 	vips := map[string]string{}         // network + protocol + VIP -> service

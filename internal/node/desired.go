@@ -342,6 +342,9 @@ func Desired(in Input) Plan {
 	}
 
 	nodePortNets := nodePortNetworks(nets, primaryNS, in.Services)
+	if len(nodePortNets) > 0 {
+		plan.State.NodeAddrs = allNodeAddrs(in.Nodes, vteps)
+	}
 	var nodeSubnets map[string]hostsubnet.Subnets // node -> its host subnets, once a Layer3 network needs them
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
 		n, hs := nets[name], holders[name]

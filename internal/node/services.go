@@ -319,3 +319,25 @@ func nodePortNetworks(nets map[string]*network, primaryNS map[string]map[string]
 	}
 	return out
 }
+
+// allNodeAddrs returns every node's addresses (its VTEP, its InternalIP and
+// ExternalIP addresses), at which node ports are open, sorted, without
+// duplicates.
+func allNodeAddrs(nodes []corev1.Node, vteps map[string]netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, v := range vteps {
+		out = append(out, v)
+	}
+	for i := range nodes {
+		for _, a := range nodes[i].Status.Addresses {
+			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil && !ip.IsUnspecified() && ip.Zone() == "" {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}

@@ -202,6 +202,8 @@ func TestDesiredNodePorts(t *testing.T) {
 	in.Node = "n2"
 	in.Nodes = append(in.Nodes, kvnode("n2", "192.168.100.2"))
 	in.Nodes[1].Annotations[nodeid.Annotation] = "2"
+	in.Nodes[1].Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.2"},
+		{Type: corev1.NodeExternalIP, Address: "203.0.113.77"}, {Type: corev1.NodeHostName, Address: "n2"}}
 	in.Services = []corev1.Service{in.Services[0], svc("b", "cip", "10.96.0.6", corev1.ServiceTypeClusterIP, 0)}
 	in.Links = nil
 	plan = Desired(in)
@@ -210,6 +212,10 @@ func TestDesiredNodePorts(t *testing.T) {
 	}
 	if len(plan.State.Services) != 1 || plan.State.Services[0].NodePort != 30080 || fmt.Sprint(plan.State.Services[0].Endpoints) != "[10.1.1.2:80]" {
 		t.Errorf("node without pods: services %+v", plan.State.Services)
+	}
+	// Tenants are kept off node ports at every node's address.
+	if got := fmt.Sprint(plan.State.NodeAddrs); got != "[192.168.100.1 192.168.100.2 203.0.113.77]" {
+		t.Errorf("node addresses %s, want both VTEPs and node 2's external IP", got)
 	}
 	macs := map[string]string{}
 	for _, m := range plan.State.RemoteMACs {

@@ -26,7 +26,9 @@ func trimNode(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Node{TypeMeta: node.TypeMeta, ObjectMeta: trimMeta(node.ObjectMeta)}, nil
+	// Addresses: tenants are kept off node ports at every node's.
+	return &corev1.Node{TypeMeta: node.TypeMeta, ObjectMeta: trimMeta(node.ObjectMeta),
+		Status: corev1.NodeStatus{Addresses: node.Status.Addresses}}, nil
 }
 
 func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
