@@ -87,7 +87,16 @@ func TestDefaultNetworkRestriction(t *testing.T) {
 	}
 	paths := []path{{"node", nd.ns, a}, {"c", cp.ns, a}, {"b", b.ns, a}, {"a", a.ns, b}, {"node", nd.ns, b}, {"a", a.ns, cp}}
 	for _, p := range paths {
-		if err := reach(p.fromNS, p.to); err != nil {
+		// A fresh bridge and its ports may take a moment (ARP, port
+		// state) on a busy machine: the control waits for the path.
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if err = reach(p.fromNS, p.to); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
 			out, _ := exec.Command("sh", "-c", "ip netns exec "+filepath.Base(nd.ns)+" sh -c 'ip -br link; ip -br addr; ip route; nft list ruleset | head -50; sysctl net.bridge.bridge-nf-call-iptables'; ip netns exec "+filepath.Base(a.ns)+" sh -c 'ip -br link; ip -br addr; ip route'").CombinedOutput()
 			t.Fatalf("control, before the restriction: %s -> %s over eth0: %v\n%s", p.from, p.to.name, err, out)
 		}
