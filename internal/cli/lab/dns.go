@@ -35,7 +35,11 @@ func startClusterDNS(ctx context.Context, c client.Client, extNS string) (*simdn
 	if err != nil {
 		return nil, err
 	}
-	go func() { _ = s.Serve(ctx) }()
+	go func() {
+		if err := s.Serve(ctx); err != nil {
+			fmt.Println("kvnet lab: cluster DNS stopped:", err)
+		}
+	}()
 	return s, nil
 }
 
