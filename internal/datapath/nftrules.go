@@ -594,21 +594,13 @@ func tenantNodePortRules(np *nodePortTables, ports nftVMap, nodeAddrs []netip.Ad
 
 // addrProtoKeyType is the key type of node-addrs4/6: address . protocol.
 func addrProtoKeyType(v6 bool) nftables.SetDatatype {
-	addr := nftables.TypeIPAddr
-	if v6 {
-		addr = nftables.TypeIP6Addr
-	}
-	return nftables.MustConcatSetType(addr, nftables.TypeInetProto)
+	return nftables.MustConcatSetType(addrType(v6), nftables.TypeInetProto)
 }
 
 // addrProtoLookup looks the packet's destination address and layer 4
 // protocol up in verdict map name (`ip daddr . meta l4proto vmap @name`).
 func (b *ruleBuilder) addrProtoLookup(v6 bool, name string) *ruleBuilder {
-	addr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOff, Len: 4}
-	text := "ip daddr"
-	if v6 {
-		addr.Offset, addr.Len, text = 24, 16, "ip6 daddr"
-	}
+	addr, text := daddrToReg1(v6)
 	return b.add(fmt.Sprintf("%s . meta l4proto vmap @%s", text, name),
 		addr,
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32(addr.Len / 4)},
@@ -971,11 +963,7 @@ func serviceMapName(v6 bool) string {
 
 // serviceKeyType is the key type of serviceMapName(v6).
 func serviceKeyType(v6 bool) nftables.SetDatatype {
-	addr := nftables.TypeIPAddr
-	if v6 {
-		addr = nftables.TypeIP6Addr
-	}
-	return nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+	return nftables.MustConcatSetType(addrType(v6), nftables.TypeInetProto, nftables.TypeInetService)
 }
 
 // serviceElem returns sv's element of its family's service map: its
@@ -993,17 +981,30 @@ func serviceElem(sv Service, chain string) nftVMapElem {
 // `ip daddr . meta l4proto . th dport` does: each field in the next free
 // 32-bit register from register 1 on (NFT_REG_1 is NFT_REG32_00..03).
 func (b *ruleBuilder) serviceLookup(v6 bool, name string) *ruleBuilder {
-	addr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOff, Len: 4}
-	text := "ip daddr"
-	if v6 {
-		addr.Offset, addr.Len, text = 24, 16, "ip6 daddr"
-	}
+	addr, text := daddrToReg1(v6)
 	next := reg32(addr.Len / 4) // the register after the address
 	return b.add(fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", text, name),
 		addr,
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
 		&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Lookup{SourceRegister: 1, SetName: name, DestRegister: 0, IsDestRegSet: true})
+}
+
+// daddrToReg1 loads the destination address (IPv4, or IPv6 if v6) into
+// register 1, the first field of a concatenated lookup key, and names it.
+func daddrToReg1(v6 bool) (*expr.Payload, string) {
+	if v6 {
+		return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16}, "ip6 daddr"
+	}
+	return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOff, Len: 4}, "ip daddr"
+}
+
+// addrType is the address data type of a family.
+func addrType(v6 bool) nftables.SetDatatype {
+	if v6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
 }
 
 // reg32 returns the number of the i-th 32-bit register (NFT_REG32_00 + i).

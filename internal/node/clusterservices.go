@@ -2,7 +2,6 @@ package node
 
 import (
 	"cmp"
-	"fmt"
 	"net/netip"
 	"slices"
 
@@ -68,29 +67,21 @@ func clusterServices(in Input) []*corev1.Service {
 // Endpoints inside the network's subnets cannot be reached from it: they
 // are left out, as a problem.
 func viaNodeServices(name string, subnets []netip.Prefix, namespaces map[string]bool, svcs []*corev1.Service,
-	slices_ []discoveryv1.EndpointSlice, problem func(string, ...any)) []datapath.Service {
+	eps []discoveryv1.EndpointSlice, problem func(string, ...any)) []datapath.Service {
 	var out []datapath.Service
 	for _, svc := range svcs {
 		if namespaces[svc.Namespace] {
 			continue // the network's own: servicesOf has it
 		}
-		ips := svc.Spec.ClusterIPs
-		if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-			ips = []string{svc.Spec.ClusterIP}
-		}
-		for _, ipText := range ips {
-			vip, err := netip.ParseAddr(ipText)
-			if err != nil {
-				continue
-			}
+		for _, vip := range clusterIPs(svc) {
 			for _, port := range svc.Spec.Ports {
-				proto := cmp.Or(port.Protocol, corev1.ProtocolTCP)
-				if proto != corev1.ProtocolTCP && proto != corev1.ProtocolUDP {
+				proto, ok := balancedProtocol(port)
+				if !ok {
 					continue
 				}
-				ds := datapath.Service{Network: name, Protocol: string(proto), VIP: netip.AddrPortFrom(vip, uint16(port.Port)), ViaNode: true,
-					Name: fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port)))}
-				for _, ep := range sliceEndpoints(svc, port, vip.Is4(), slices_) {
+				ds := datapath.Service{Network: name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)), ViaNode: true,
+					Name: portName(svc, port)}
+				for _, ep := range sliceEndpoints(svc, port, vip.Is4(), eps) {
 					if !ep.Addr().IsGlobalUnicast() {
 						continue // loopback (an API server on a lab's host): not reachable from a router
 					}
@@ -153,22 +144,17 @@ func ptrOr[T any](p *T, def T) T {
 	return *p
 }
 
-// clusterDNSServers returns the cluster DNS Service's IPv4 cluster IPs,
-// which DHCP hands to guests on primary networks, if it exists.
-func clusterDNSServers(in Input) []netip.Addr {
-	dns := clusterDNSOf(in)
+// clusterDNSServers returns the IPv4 cluster IPs of the cluster DNS
+// Service dns among svcs (clusterServices' result), which DHCP hands to
+// guests on primary networks, if it exists.
+func clusterDNSServers(svcs []*corev1.Service, dns types.NamespacedName) []netip.Addr {
 	var out []netip.Addr
-	for i := range in.Services {
-		s := &in.Services[i]
+	for _, s := range svcs {
 		if s.Namespace != dns.Namespace || s.Name != dns.Name {
 			continue
 		}
-		ips := s.Spec.ClusterIPs
-		if len(ips) == 0 && s.Spec.ClusterIP != "" {
-			ips = []string{s.Spec.ClusterIP}
-		}
-		for _, t := range ips {
-			if a, err := netip.ParseAddr(t); err == nil && a.Is4() {
+		for _, a := range clusterIPs(s) {
+			if a.Is4() {
 				out = append(out, a)
 			}
 		}

@@ -190,7 +190,7 @@ func Desired(in Input) Plan {
 	hostSubnets := nodeHostSubnets(self, problem)
 	claims := newNodeAddrClaims()
 	clusterSvcs := clusterServices(in)
-	dnsServers := clusterDNSServers(in)
+	dnsServers := clusterDNSServers(clusterSvcs, clusterDNSOf(in))
 	unserved := func(name, format string, args ...any) {
 		if plan.Unserved == nil {
 			plan.Unserved = map[string]string{}

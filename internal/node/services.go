@@ -108,15 +108,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 				picked = append(picked, h)
 			}
 		}
-		ips := svc.Spec.ClusterIPs
-		if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-			ips = []string{svc.Spec.ClusterIP}
-		}
-		for _, ipText := range ips {
-			vip, err := netip.ParseAddr(ipText)
-			if err != nil { // "None" (headless) or garbage
-				continue
-			}
+		for _, vip := range clusterIPs(svc) {
 			if sub, inside := subnetOf(n.subnets, vip); inside {
 				// Pods would reach it on-link, never through the router.
 				n.problem("Service %s/%s: cluster IP %s is inside network %s's subnet %s: the cluster's service CIDR must not overlap UDN subnets", svc.Namespace, svc.Name, vip, n.name, sub)
@@ -124,14 +116,11 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 			}
 			external := externalAddrs(svc, vip.Is4())
 			for _, port := range svc.Spec.Ports {
-				proto := string(cmp.Or(port.Protocol, corev1.ProtocolTCP))
-				if proto != "TCP" && proto != "UDP" {
+				proto, ok := balancedProtocol(port)
+				if !ok {
 					continue
 				}
-				ds := datapath.Service{
-					Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)),
-					Name: fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port))),
-				}
+				ds := datapath.Service{Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)), Name: portName(svc, port)}
 				if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) &&
 					port.NodePort > 0 && port.NodePort < 65536 {
 					ds.NodePort = uint16(port.NodePort)
@@ -139,7 +128,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 				if len(external) > 0 {
 					if ds.NodePort == 0 {
 						n.problem("Service %s/%s port %s: external addresses %v need a node port (allocateLoadBalancerNodePorts: false is not supported on user-defined networks)",
-							svc.Namespace, svc.Name, cmp.Or(port.Name, fmt.Sprint(port.Port)), external)
+							svc.Namespace, svc.Name, portLabel(port), external)
 					} else {
 						ds.External = external
 					}
@@ -246,6 +235,38 @@ func externalAddrs(svc *corev1.Service, v4 bool) []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
+}
+
+// clusterIPs returns svc's cluster IPs (spec.clusterIPs, or the older
+// spec.clusterIP), without "None" (headless) and anything unparsable.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, t := range ips {
+		if a, err := netip.ParseAddr(t); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// balancedProtocol returns port's protocol if routers balance it: TCP
+// (also when unset) or UDP.
+func balancedProtocol(port corev1.ServicePort) (string, bool) {
+	proto := cmp.Or(port.Protocol, corev1.ProtocolTCP)
+	return string(proto), proto == corev1.ProtocolTCP || proto == corev1.ProtocolUDP
+}
+
+// portLabel names a Service port: its name, else its number.
+func portLabel(port corev1.ServicePort) string { return cmp.Or(port.Name, fmt.Sprint(port.Port)) }
+
+// portName names one port of svc in plans and rule comments:
+// "<namespace>/<name>:<port>".
+func portName(svc *corev1.Service, port corev1.ServicePort) string {
+	return fmt.Sprintf("%s/%s:%s", svc.Namespace, svc.Name, portLabel(port))
 }
 
 // servesTraffic reports whether pod may be a service endpoint: running,
