@@ -20,6 +20,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -41,13 +43,15 @@ type PodSource interface {
 // in IPAM-only mode).
 type Options struct {
 	// Kubeconfig of the node's kvnet-cni identity. Default: $KVNET_KUBECONFIG,
-	// else /etc/cni/net.d/kvnet.d/kvnet.kubeconfig.
+	// else /etc/cni/net.d/kvnet.d/kvnet.kubeconfig, else the same under
+	// /host (thick Multus; see ThickMultusHostDir).
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// AnnotationTimeout bounds ADD's wait for the allocation ("30s").
 	AnnotationTimeout string `json:"annotationTimeout,omitempty"`
 	// StatusFile is written by kvnet-node: {"ready": bool,
-	// "exhaustedNetworks": [..], "podMTU": n}. Default: $KVNET_STATUS_FILE,
-	// else /run/kvnet/cni-status.json.
+	// "exhaustedNetworks": [..], "podMTU": n, ...} (see Status). Default: $KVNET_STATUS_FILE,
+	// else /run/kvnet/cni-status.json, else the same under /host (thick
+	// Multus; see ThickMultusHostDir).
 	StatusFile string `json:"statusFile,omitempty"`
 	// DefaultMTU when the network sets none (the node's pod MTU).
 	DefaultMTU int `json:"defaultMTU,omitempty"`
@@ -60,7 +64,80 @@ const (
 	defaultTimeout    = 30 * time.Second
 	defaultMTU        = 1400
 	hostIfPrefix      = "kvp" // host ends of pod veths: "kvp" + 10 hex
+
+	// ThickMultusHostDir is where thick Multus's daemon container (the
+	// stock deployments/multus-daemonset-thick.yml) mounts the host's
+	// /etc/cni/net.d and /run. The daemon executes delegate plugins such
+	// as kvnet-cni itself: chrooted to the host when its "chrootDir" is
+	// set (the stock manifest sets it), else inside that container, where
+	// kvnet-node's files are found under this directory.
+	ThickMultusHostDir = "/host"
 )
+
+// hostFile is a file kvnet-node keeps on the node for kvnet-cni.
+type hostFile struct {
+	what     string // in errors
+	env      string // the environment variable that overrides the default
+	standard string // the default: the path on the host
+}
+
+var (
+	// hostRoot is the directory kvnet-node's files are looked up under:
+	// "" (the filesystem's root) but in tests.
+	hostRoot = ""
+
+	kubeconfigFile = hostFile{what: "kvnet-cni kubeconfig", env: "KVNET_KUBECONFIG", standard: DefaultKubeconfig}
+	statusFile     = hostFile{what: "kvnet-node status file", env: "KVNET_STATUS_FILE", standard: DefaultStatusFile}
+)
+
+// candidates are the paths to try, in order: an explicit path (the NAD's
+// option, else the environment variable) alone, as given; else the path
+// on the host, then the same under ThickMultusHostDir.
+func (f hostFile) candidates(option string, getenv func(string) string) []string {
+	if option != "" {
+		return []string{option}
+	}
+	if env := getenv(f.env); env != "" {
+		return []string{env}
+	}
+	return []string{f.standard, filepath.Join(ThickMultusHostDir, f.standard)}
+}
+
+// find returns the first candidate that exists under root (hostRoot),
+// joined to root. When none exists, the error names every path tried and
+// why it was not used; it wraps each stat error (errors.Is(err,
+// fs.ErrNotExist) holds when all were missing).
+func (f hostFile) find(root, option string, getenv func(string) string) (string, error) {
+	var tried []error
+	for _, p := range f.candidates(option, getenv) {
+		full := p
+		if root != "" {
+			full = filepath.Join(root, p)
+		}
+		_, err := os.Stat(full)
+		if err == nil {
+			return full, nil
+		}
+		tried = append(tried, err)
+	}
+	return "", &notFoundError{what: f.what, tried: tried}
+}
+
+// notFoundError is hostFile.find's error: every path tried, with why.
+type notFoundError struct {
+	what  string
+	tried []error
+}
+
+func (e *notFoundError) Error() string {
+	msgs := make([]string, len(e.tried))
+	for i, err := range e.tried {
+		msgs[i] = err.Error()
+	}
+	return "find " + e.what + ": " + strings.Join(msgs, "; ")
+}
+
+func (e *notFoundError) Unwrap() []error { return e.tried }
 
 // Plugin implements the CNI verbs.
 type Plugin struct {
@@ -172,12 +249,10 @@ func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, 
 	if err != nil {
 		return podnetworks.Attachment{}, err
 	}
-	kubeconfig := r.opts.Kubeconfig
-	if kubeconfig == "" {
-		kubeconfig = os.Getenv("KVNET_KUBECONFIG")
-	}
-	if kubeconfig == "" {
-		kubeconfig = DefaultKubeconfig
+	kubeconfig, err := kubeconfigFile.find(hostRoot, r.opts.Kubeconfig, os.Getenv)
+	if err != nil {
+		// kvnet-node writes it once it runs on the node.
+		return podnetworks.Attachment{}, types.NewError(types.ErrTryAgainLater, "kvnet-cni kubeconfig not found", err.Error())
 	}
 	src, err := p.NewSource(kubeconfig)
 	if err != nil {
@@ -304,7 +379,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if mtu == 0 {
 		mtu = r.opts.DefaultMTU
 	}
-	st, stErr := readStatus(statusPath(r))
+	st, stErr := r.status()
 	// Refused before anything is made: a pod must not run with an
 	// interface nothing connects.
 	if stErr == nil {
@@ -437,15 +512,18 @@ type Status struct {
 	AllowDefaultNetwork bool `json:"allowDefaultNetwork,omitempty"`
 }
 
-// statusPath is the status file of a request.
-func statusPath(r *request) string {
-	if r.opts.StatusFile != "" {
-		return r.opts.StatusFile
+// statusPath finds the status file of a request (see statusFile).
+func (r *request) statusPath() (string, error) {
+	return statusFile.find(hostRoot, r.opts.StatusFile, os.Getenv)
+}
+
+// status finds and reads the status file of a request.
+func (r *request) status() (Status, error) {
+	path, err := r.statusPath()
+	if err != nil {
+		return Status{}, err
 	}
-	if env := os.Getenv("KVNET_STATUS_FILE"); env != "" {
-		return env
-	}
-	return DefaultStatusFile
+	return readStatus(path)
 }
 
 // readStatus reads kvnet-node's status file.
@@ -469,7 +547,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	path := statusPath(r)
+	path, err := r.statusPath()
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", err.Error())
+	}
 	st, err := readStatus(path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
 		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready", fmt.Sprintf("read %s: %v", path, err))
@@ -519,7 +600,7 @@ func nadKeyOf(r *request, a podnetworks.Attachment) string {
 // primary network attached the OVN-Kubernetes way) has nothing to
 // restrict. An unreadable status file restricts: the safe default.
 func restrictDefaultNetwork(r *request, netnsPath string) error {
-	if st, err := readStatus(statusPath(r)); err == nil && st.AllowDefaultNetwork {
+	if st, err := r.status(); err == nil && st.AllowDefaultNetwork {
 		return nil
 	}
 	addrs, err := datapath.HostAddresses()

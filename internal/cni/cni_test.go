@@ -162,8 +162,10 @@ func FuzzParse(f *testing.F) {
 		} else if d <= 0 {
 			t.Fatalf("annotationTimeout %v", d)
 		}
-		if p := statusPath(r); p == "" {
-			t.Fatal("empty status path")
+		noEnv := func(string) string { return "" }
+		if p := statusFile.candidates(r.opts.StatusFile, noEnv); len(p) == 0 || p[0] == "" ||
+			(r.opts.StatusFile != "" && (len(p) != 1 || p[0] != r.opts.StatusFile)) {
+			t.Fatalf("status file candidates %q for option %q", p, r.opts.StatusFile)
 		}
 	})
 }
