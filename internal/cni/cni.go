@@ -414,8 +414,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
 		return types.NewError(types.ErrInternal, "set up pod interface", err.Error())
 	}
-	if r.served.IsPrimary() && args.IfName != datapath.DefaultNetworkIfName {
-		if err := restrictDefaultNetwork(r, args.Netns); err != nil {
+	if r.served.IsPrimary() && args.IfName != datapath.DefaultNetworkIfName && restrictsDefaultNetwork(st, stErr) {
+		if err := restrictDefaultNetwork(args.Netns); err != nil {
 			return types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
 		}
 	}
@@ -594,15 +594,20 @@ func nadKeyOf(r *request, a podnetworks.Attachment) string {
 	return a.Network
 }
 
+// restrictsDefaultNetwork reports whether ADD restricts a primary-UDN
+// pod's cluster default network interface, given kvnet-node's status and
+// the error reading it: unless kvnet-node says --allow-default-network.
+// An unreadable status file restricts: the safe default.
+func restrictsDefaultNetwork(st Status, stErr error) bool {
+	return stErr != nil || !st.AllowDefaultNetwork
+}
+
 // restrictDefaultNetwork keeps the pod's cluster-default-network interface
 // (eth0, attached by Multus before the primary network) for the kubelet:
 // only the node's addresses and replies get in. A pod without eth0 (the
 // primary network attached the OVN-Kubernetes way) has nothing to
-// restrict. An unreadable status file restricts: the safe default.
-func restrictDefaultNetwork(r *request, netnsPath string) error {
-	if st, err := r.status(); err == nil && st.AllowDefaultNetwork {
-		return nil
-	}
+// restrict.
+func restrictDefaultNetwork(netnsPath string) error {
 	addrs, err := datapath.HostAddresses()
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,33 @@ func TestGCKeep(t *testing.T) {
 	}
 	if _, err := gcKeep([]byte(`{"cni.dev/valid-attachments":[{"containerID":"c1"}]}`)); err == nil || !strings.Contains(err.Error(), `"ifname" ""`) {
 		t.Fatalf("attachment without ifname: %v", err)
+	}
+}
+
+// TestRestrictsDefaultNetwork: the status file's allowDefaultNetwork
+// (kvnet-node --allow-default-network) turns the eth0 restriction off;
+// without it, or without a readable status, ADD restricts.
+func TestRestrictsDefaultNetwork(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name, content string // content "": no file
+		restricts     bool
+	}{
+		{"opted out", `{"ready":true,"exhaustedNetworks":[],"allowDefaultNetwork":true}`, false},
+		{"default", `{"ready":true,"exhaustedNetworks":[]}`, true},
+		{"explicitly not opted out", `{"ready":true,"allowDefaultNetwork":false}`, true},
+		{"unreadable", `{"ready":true,"allowDefaultNetwork":"yes"}`, true},
+		{"missing", "", true},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-")+".json")
+		if tt.content != "" {
+			write(t, path, tt.content)
+		}
+		r := &request{opts: Options{StatusFile: path}}
+		st, err := r.status()
+		if got := restrictsDefaultNetwork(st, err); got != tt.restricts {
+			t.Errorf("%s: restricts %v (status %+v, %v), want %v", tt.name, got, st, err, tt.restricts)
+		}
 	}
 }
 

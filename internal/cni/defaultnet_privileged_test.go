@@ -1,0 +1,224 @@
+package cni_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/nl"
+)
+
+// TestDefaultNetworkOptOut: a pod on a primary UDN also has eth0 on the
+// cluster default network (a bridge cni0 in a stand-in node namespace,
+// 10.87.0.0/24, as Multus attaches it before ovn-udn1), and a pod of the
+// default network only sits on the same bridge. kvnet-cni's ADD of
+// ovn-udn1 restricts eth0 by default: an "inet kvnet" table in the pod's
+// namespace, and the default-network pod's connections over eth0 are
+// dropped. With kvnet-node's --allow-default-network in the status file,
+// the same ADD programs no table and the default-network pod connects.
+// Either way the primary-UDN pod's own connections over eth0 work (the
+// control: the bridge and eth0 carry traffic).
+func TestDefaultNetworkOptOut(t *testing.T) {
+	needsRoot(t)
+	ctx := context.Background()
+	const ns = "cni-defnet"
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	create(t, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.86.0.0/24"}}},
+	})
+	var nad nadv1.NetworkAttachmentDefinition
+	eventually(t, "NAD", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
+	})
+	statusFile := filepath.Join(t.TempDir(), "status.json")
+	var conf map[string]any
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf["role"] != "primary" {
+		t.Fatalf("NAD role %v, want primary", conf["role"])
+	}
+	conf["statusFile"] = statusFile
+	config, _ := json.Marshal(conf)
+	list := confList(t, string(config))
+
+	// The cluster default network.
+	node := netnsFor(t)
+	h, err := nl.NewHandle(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cni0"}}
+	if err := h.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(br, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 87, 0, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	// eth0 attaches the pod at nsPath to cni0 with ip, as the default
+	// network's plugin would.
+	eth0 := func(nsPath, host, ip string, mac byte) {
+		t.Helper()
+		if err := nl.Do(node, func() error {
+			return datapath.SetupPodInterface(nsPath, datapath.DefaultNetworkIfName, host, net.HardwareAddr{2, 0x87, 0, 0, 0, mac},
+				[]netip.Prefix{netip.MustParsePrefix(ip + "/24")}, nil, 1500)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := h.LinkByName(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetMaster(l, br); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const defIP = "10.87.0.12"
+	def := netnsFor(t)
+	eth0(def, "vddef", defIP, 12)
+	serveName(t, def, defIP, "def")
+
+	for i, tt := range []struct {
+		name, status string
+		open         bool // the default-network pod reaches the primary-UDN pod over eth0
+	}{
+		{"restricted by default", `{"ready":true,"exhaustedNetworks":[]}`, false},
+		{"allowDefaultNetwork", `{"ready":true,"exhaustedNetworks":[],"allowDefaultNetwork":true}`, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pod, ip := fmt.Sprintf("p%d", i), fmt.Sprintf("10.87.0.%d", 20+i)
+			annotatedPod(t, ns, pod, "net@ovn-udn1")
+			nsPath := netnsFor(t)
+			eth0(nsPath, "vd"+pod, ip, byte(20+i))
+			serveName(t, nsPath, ip, pod)
+			if err := os.WriteFile(statusFile, []byte(tt.status), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := rt(ns, pod, nsPath, "ctr-defnet-"+pod, "ovn-udn1")
+			if _, err := cniCfg.AddNetworkList(ctx, list, r); err != nil {
+				t.Fatalf("ADD ovn-udn1: %v", err)
+			}
+			t.Cleanup(func() { _ = cniCfg.DelNetworkList(ctx, list, r) })
+
+			if got := hasKvnetTable(t, nsPath); got == tt.open {
+				t.Errorf("inet kvnet table in the pod's namespace: %v, want %v", got, !tt.open)
+			}
+			// The control: the pod's own connection over eth0 (its
+			// replies are accepted either way).
+			if err := reachName(nsPath, defIP, "def", 5*time.Second); err != nil {
+				t.Fatalf("control: primary-UDN pod -> default-network pod over eth0: %v", err)
+			}
+			if tt.open {
+				if err := reachName(def, ip, pod, 5*time.Second); err != nil {
+					t.Errorf("default-network pod -> primary-UDN pod over eth0 with allowDefaultNetwork: %v, want it to connect", err)
+				}
+			} else if err := reachName(def, ip, pod, 0); err == nil {
+				t.Error("default-network pod -> primary-UDN pod over eth0 connected; by default only the node may")
+			}
+		})
+	}
+}
+
+// serveName answers every TCP connection to ip:8080 in the namespace at
+// nsPath with name and a newline, until the test ends.
+func serveName(t *testing.T, nsPath, ip, name string) {
+	t.Helper()
+	var ln net.Listener
+	if err := nl.Do(nsPath, func() (err error) {
+		ln, err = net.Listen("tcp4", ip+":8080")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(conn, name)
+			conn.Close()
+		}
+	}()
+}
+
+// reachName connects from the namespace at nsPath to ip:8080 and expects
+// name back; it tries again until wait has passed (0: once). A fresh
+// bridge and its ports may take a moment on a busy machine.
+func reachName(nsPath, ip, name string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := nl.Do(nsPath, func() error {
+			conn, err := net.DialTimeout("tcp4", ip+":8080", time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 64)
+			n, err := conn.Read(buf)
+			if err != nil {
+				return err
+			}
+			if got := string(buf[:n]); got != name+"\n" {
+				return fmt.Errorf("answered by %q, not %s", got, name)
+			}
+			return nil
+		})
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// hasKvnetTable reports whether the namespace at nsPath has an inet table
+// named "kvnet" (the eth0 restriction).
+func hasKvnetTable(t *testing.T, nsPath string) bool {
+	t.Helper()
+	nsh, err := nl.OpenNS(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(nsh)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		if tb.Name == "kvnet" {
+			return true
+		}
+	}
+	return false
+}
