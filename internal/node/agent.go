@@ -252,6 +252,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	defer resync.Stop()
 	var retry <-chan time.Time
 	backoff := 250 * time.Millisecond
+	waitPoll := waitingPollFirst
 	a.kick()
 	for {
 		select {
@@ -262,9 +263,20 @@ func (a *Agent) Start(ctx context.Context) error {
 		case <-retry:
 		}
 		retry = nil
-		switch err := a.reconcile(ctx); {
+		waiting, err := a.reconcile(ctx)
+		switch {
 		case err == nil:
 			backoff = 250 * time.Millisecond
+			// A port whose host end has no alias yet: kvnet-cni labels it
+			// while it is down, which the kernel announces to no one (a
+			// down link's alias change sends no RTM_NEWLINK), so look
+			// again soon instead of at the next unrelated event.
+			if waiting > 0 {
+				retry = time.After(waitPoll)
+				waitPoll = min(2*waitPoll, waitingPollMax)
+			} else {
+				waitPoll = waitingPollFirst
+			}
 		case ctx.Err() != nil:
 			return nil
 		default:
@@ -279,6 +291,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		}
 	}
 }
+
+// How soon the loop looks again while local attachments wait for their
+// host interface (Plan.Waiting): first, then doubling up to the longest
+// (variables for tests).
+var (
+	waitingPollFirst = 50 * time.Millisecond
+	waitingPollMax   = 5 * time.Second
+)
 
 // kick asks the loop for a reconcile; events arriving during one coalesce
 // into the next.
@@ -452,11 +472,11 @@ func (a *Agent) followLinks(ctx context.Context, updates <-chan netlink.LinkUpda
 
 // reconcile computes the plan from the caches and the node's links and
 // applies it.
-func (a *Agent) reconcile(ctx context.Context) error {
+func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	start := time.Now()
 	in, err := a.input(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
@@ -467,7 +487,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)
 	applySeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
 	a.report(ctx, plan, ok)
-	return applyErr
+	return plan.Waiting, applyErr
 }
 
 // input gathers Desired's input.
