@@ -54,8 +54,12 @@ chaos: deps tools build ## Chaos run: 10,000 operations while killing kvnet-cont
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
 	hack/lint.sh
 
+# The system packages and the guest image serve only the privileged tests:
+# as any other user make test runs the unit tests without them.
+PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image)
+
 .PHONY: test
-test: deps tools guest-image ## Run the whole test suite (real apiserver; datapath tests need root)
+test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab and QEMU tests)
 	GO=$(GO) hack/test.sh -race -count=1 -timeout 40m
 
 .PHONY: bench

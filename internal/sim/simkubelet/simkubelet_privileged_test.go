@@ -50,11 +50,13 @@ var (
 	privileged bool   // running as root, with the control plane up
 )
 
-// needRoot skips a test that needs root and the control plane.
+// needRoot skips a test that needs root and the control plane (or fails
+// it where KVNET_REQUIRE_PRIVILEGED=1 forbids skipping).
 func needRoot(t *testing.T) {
 	t.Helper()
+	testenv.NeedsRoot(t)
 	if !privileged {
-		t.Skip("needs root (network namespaces, ip netns exec)")
+		t.Fatal("running as root, but TestMain did not set up the control plane")
 	}
 }
 

@@ -195,8 +195,9 @@ func registerL2Bridge(t *testing.T) {
 }
 
 func TestVMLifecycle(t *testing.T) {
+	testenv.NeedsRoot(t)
 	if env == nil {
-		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
+		t.Fatal("running as root, but TestMain did not set up the simulated cluster")
 	}
 	l := newLab(t, "n1", "n2", "n3")
 	n1, n2, n3 := l.NodeName("n1"), l.NodeName("n2"), l.NodeName("n3")
@@ -374,8 +375,9 @@ func TestVMLifecycle(t *testing.T) {
 // launcher pod; a VM (Always) of one keeps its failed VMI instead of
 // starting VMIs in a loop.
 func TestUnsupportedBindings(t *testing.T) {
+	testenv.NeedsRoot(t)
 	if env == nil {
-		t.Skip("needs root: network namespaces, nftables (CI runs it as root)")
+		t.Fatal("running as root, but TestMain did not set up the simulated cluster")
 	}
 	newLab(t, "n1")
 	registerL2Bridge(t)
