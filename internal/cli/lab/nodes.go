@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -175,6 +177,9 @@ func VMsDir(dir string) string { return filepath.Join(dir, "vms") }
 func newLauncher(ctx context.Context, dir string, cp *controlplane.ControlPlane) (*simlauncher.Launcher, error) {
 	if err := guest.CheckQEMU(); err != nil {
 		return nil, fmt.Errorf("the lab runs VMs as QEMU guests: %w", err)
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, errors.New("nft not found: install the Debian package nftables (hack/install-deps.sh does); the lab's masquerade binding writes KubeVirt's NAT rules in the launcher pod with it")
 	}
 	root, err := controlplane.RepoRoot()
 	if err != nil {
