@@ -3,7 +3,9 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"strings"
 
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,7 +23,8 @@ func main() {
 	primaryAttachment := flag.String("primary-network-attachment", manager.PrimaryByMultus,
 		"how pods get their namespace's primary network: multus (kvnet's webhook selects it in k8s.v1.cni.cncf.io/networks as ovn-udn1; "+
 			"the cluster default network stays eth0) or default-network (the cluster's default network plugin attaches it)")
-	defaultNAD := flag.String("default-network-nad", "ovn-kubernetes/default", "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element (default-network mode only)")
+	defaultNAD := flag.String("default-network-nad", "", "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
+		"required in default-network mode (OVN-Kubernetes: ovn-kubernetes/default), unused with multus")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
@@ -29,6 +32,10 @@ func main() {
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if err := checkDefaultNetworkNAD(*primaryAttachment, *defaultNAD); err != nil {
+		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
+		os.Exit(2)
+	}
 	if *webhookPort != 0 {
 		opts.Webhook = &manager.WebhookOptions{Port: *webhookPort, Namespace: os.Getenv("POD_NAMESPACE"),
 			PrimaryAttachment: *primaryAttachment, DefaultNetworkNAD: *defaultNAD}
@@ -38,4 +45,21 @@ func main() {
 		ctrl.Log.Error(err, "kvnet-controller failed")
 		os.Exit(1)
 	}
+}
+
+// checkDefaultNetworkNAD: in default-network mode the cluster default
+// network's NAD is the user's to name (kvnet cannot tell which it is);
+// it must be <namespace>/<name>.
+func checkDefaultNetworkNAD(mode, nad string) error {
+	if mode != manager.PrimaryByDefaultNetwork {
+		return nil
+	}
+	if nad == "" {
+		return fmt.Errorf("--default-network-nad is required with --primary-network-attachment=%s: the <namespace>/<name> of the cluster default network's NAD (OVN-Kubernetes: ovn-kubernetes/default)", mode)
+	}
+	ns, name, ok := strings.Cut(nad, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("--default-network-nad %q: want <namespace>/<name>", nad)
+	}
+	return nil
 }
