@@ -2,8 +2,9 @@
 # Builds the kvnet lab guest image from Debian packages: a kernel
 # (Debian's cloud kernel, the one linux-image-cloud-amd64 points at) and a
 # busybox initramfs whose /init (hack/guest/rootfs) loads the virtio drivers,
-# runs DHCP on every NIC and serves TCP echo (7), HTTP (80) and, lab only,
-# a one-line exec service (2323). See hack/guest/README.md.
+# runs DHCP on every NIC (busybox udhcpc; dhcpcd, with glibc, for router
+# advertisements and DHCPv6) and serves TCP echo (7), HTTP (80) and, lab
+# only, a one-line exec service (2323). See hack/guest/README.md.
 #
 # Usage: hack/guest/build.sh [outdir]     (default: <repo>/.cache/guest)
 # Writes <outdir>/vmlinuz and <outdir>/initramfs.cpio.gz. Cached: a stamp of
@@ -57,33 +58,47 @@ candidates() {
     awk '/^[^ ]/ { p = $1; sub(/:$/, "", p) } $1 == "Candidate:" && $2 != "(none)" { print p, $2 }'
 }
 
+# The userland beside busybox: Debian's busybox has no DHCPv6 client
+# (udhcpc6), so dhcpcd (dhcpcd-base) does IPv6, with glibc (libc6), the
+# only library it links.
+userland=(busybox-static dhcpcd-base libc6)
+
 # Package lists: apt-get update once if they do not know our packages.
 kpkg=$(kernel_package)
-if [ -z "$kpkg" ] || [ -z "$(candidates busybox-static)" ]; then
+if [ -z "$kpkg" ] || [ "$(candidates "${userland[@]}" | wc -l)" != "${#userland[@]}" ]; then
   if [ "$(id -u)" = 0 ]; then
-    log "apt-get update (the package lists do not know $meta or busybox-static)"
+    log "apt-get update (the package lists do not know $meta or one of ${userland[*]})"
     apt-get update -q >&2
   else
-    die "the package lists do not know $meta or busybox-static: run 'sudo apt-get update'"
+    die "the package lists do not know $meta or one of ${userland[*]}: run 'sudo apt-get update'"
   fi
   kpkg=$(kernel_package)
 fi
 [ -n "$kpkg" ] || die "cannot tell which kernel package $meta depends on (apt-cache depends $meta)"
-versions=$(candidates "$kpkg" busybox-static)
-kver=$(awk -v p="$kpkg" '$1 == p { print $2 }' <<<"$versions")
-bver=$(awk '$1 == "busybox-static" { print $2 }' <<<"$versions")
-[ -n "$kver" ] || die "no installable version of $kpkg"
-[ -n "$bver" ] || die "no installable version of busybox-static"
+versions=$(candidates "$kpkg" "${userland[@]}")
+# version PKG: the candidate version of PKG (from $versions).
+version() {
+  local v
+  v=$(awk -v p="$1" '$1 == p { print $2 }' <<<"$versions")
+  [ -n "$v" ] || die "no installable version of $1"
+  echo "$v"
+}
+kver=$(version "$kpkg")
+bver=$(version busybox-static)
+dver=$(version dhcpcd-base)
+lver=$(version libc6)
 
 stamp=$({
   echo "$kpkg=$kver"
   echo "busybox-static=$bver"
+  echo "dhcpcd-base=$dver"
+  echo "libc6=$lver"
   sha256sum <"${BASH_SOURCE[0]}"
   (cd "$here/rootfs" && find . -type f | LC_ALL=C sort | xargs sha256sum)
 } | sha256sum | cut -d' ' -f1)
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] &&
   [ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.cpio.gz" ]; then
-  log "up to date: $out ($kpkg $kver, busybox-static $bver)"
+  log "up to date: $out ($kpkg $kver, busybox-static $bver, dhcpcd-base $dver)"
   exit 0
 fi
 
@@ -113,10 +128,14 @@ fetch() {
 }
 kdeb=$(fetch "$kpkg" "$kver")
 bdeb=$(fetch busybox-static "$bver")
+ddeb=$(fetch dhcpcd-base "$dver")
+ldeb=$(fetch libc6 "$lver")
 
-log "extracting $(basename "$kdeb") and $(basename "$bdeb")"
+log "extracting $(basename "$kdeb"), $(basename "$bdeb"), $(basename "$ddeb") and $(basename "$ldeb")"
 dpkg-deb -x "$kdeb" "$work/kernel"
 dpkg-deb -x "$bdeb" "$work/busybox"
+dpkg-deb -x "$ddeb" "$work/dhcpcd"
+dpkg-deb -x "$ldeb" "$work/libc"
 bb="$work/busybox/bin/busybox"
 [ -x "$bb" ] || die "busybox-static has no bin/busybox"
 "$bb" --list | grep -qx cpio || die "busybox-static's busybox has no cpio applet"
@@ -132,6 +151,25 @@ mkdir -p "$root"/{bin,dev,proc,sys,etc,lib/modules,tmp,run,www}
 cp "$bb" "$root/bin/busybox"
 ln -s busybox "$root/bin/sh"
 cp -R "$here/rootfs/." "$root/"
+
+# dhcpcd and the part of glibc it needs: the dynamic loader at the path
+# the binary names (PT_INTERP) and libc.so.6 in a directory the loader
+# searches by default. Nothing else: no udev plugin, no hooks (the
+# guest's /etc/dhcpcd.conf names its own script).
+[ -x "$work/dhcpcd/usr/sbin/dhcpcd" ] || die "dhcpcd-base has no usr/sbin/dhcpcd"
+cp "$work/dhcpcd/usr/sbin/dhcpcd" "$root/bin/dhcpcd"
+libdir=lib/x86_64-linux-gnu
+for f in "$libdir/ld-linux-x86-64.so.2" "$libdir/libc.so.6"; do
+  src=$(readlink -f "$work/libc/$f")
+  [ -f "$src" ] || die "libc6 has no $f"
+  mkdir -p "$root/$(dirname "$f")"
+  cp "$src" "$root/$f"
+done
+mkdir -p "$root/lib64"
+ln -s "../$libdir/ld-linux-x86-64.so.2" "$root/lib64/ld-linux-x86-64.so.2"
+# It runs with just these (here, with the image's loader and libc).
+"$root/lib64/ld-linux-x86-64.so.2" --library-path "$root/$libdir" "$root/bin/dhcpcd" --version >/dev/null ||
+  die "dhcpcd does not run with the image's glibc (libc6 $lver)"
 
 # The modules: each wanted one after its dependencies (the "depends=" of
 # its .modinfo), each once, decompressed into /lib/modules/<name>.ko and
@@ -173,7 +211,7 @@ addmod() {
 }
 for m in "${want_modules[@]}"; do addmod "$m"; done
 [ -s "$root/lib/modules/load.list" ] || die "no virtio modules found in $kpkg"
-chmod 0755 "$root/init" "$root/etc/rcS" "$root/etc/udhcpc.script" "$root"/bin/kvnet-*
+chmod 0755 "$root/init" "$root/etc/rcS" "$root/etc/udhcpc.script" "$root/etc/dhcpcd.script" "$root"/bin/kvnet-*
 
 (cd "$root" && find . | LC_ALL=C sort | "$bb" cpio -o -H newc 2>/dev/null) | gzip -9n >"$work/initramfs.cpio.gz"
 
@@ -184,6 +222,7 @@ mv "$work/initramfs.cpio.gz" "$out/initramfs.cpio.gz"
 {
   echo "kernel=$kpkg $kver ($uname_r)"
   echo "busybox=busybox-static $bver"
+  echo "dhcpcd=dhcpcd-base $dver, libc6 $lver"
   echo "modules=$(tr '\n' ' ' <"$root/lib/modules/load.list")"
 } >"$out/manifest"
 echo "$stamp" >"$out/stamp"

@@ -13,19 +13,24 @@ import (
 
 // The prefixes of the guest's console lines (see the package doc).
 const (
-	LeasePrefix = "KVNET-LEASE"
-	ReadyPrefix = "KVNET-READY"
-	ErrorPrefix = "KVNET-ERROR"
+	LeasePrefix  = "KVNET-LEASE"
+	Lease6Prefix = "KVNET-LEASE6"
+	ReadyPrefix  = "KVNET-READY"
+	ErrorPrefix  = "KVNET-ERROR"
 )
 
-// Lease is a DHCP lease the guest reported on its console.
+// Lease is a DHCP lease the guest reported on its console: a DHCPv4 lease
+// (KVNET-LEASE) or a DHCPv6 one (KVNET-LEASE6).
 type Lease struct {
-	Iface  string           // guest NIC, e.g. eth0
-	MAC    net.HardwareAddr // its MAC address
-	Addr   netip.Prefix     // address and prefix length, e.g. 10.0.0.5/24
-	Router netip.Addr       // default gateway; invalid when none was sent
-	DNS    []netip.Addr     // DNS servers, possibly none
-	MTU    int              // the NIC's MTU after the lease was applied
+	Iface string           // guest NIC, e.g. eth0
+	MAC   net.HardwareAddr // its MAC address
+	Addr  netip.Prefix     // address and prefix length, e.g. 10.0.0.5/24
+	// Router is the default gateway (IPv6: the router whose advertisement
+	// the default route came from, a link-local address); invalid when
+	// there is none.
+	Router netip.Addr
+	DNS    []netip.Addr // DNS servers, possibly none
+	MTU    int          // the NIC's MTU after the lease was applied
 }
 
 // IP is the leased address.
@@ -38,10 +43,30 @@ func (l Lease) IP() netip.Addr { return l.Addr.Addr() }
 // Keys may come in any order; unknown keys are ignored; router and dns may
 // be empty. iface, mac, ip and mtu are required.
 func ParseLease(line string) (Lease, error) {
+	return parseLease(LeasePrefix, line)
+}
+
+// ParseLease6 parses a console line reporting a DHCPv6 lease, with the keys
+// of ParseLease and an IPv6 ip:
+//
+//	KVNET-LEASE6 iface=eth0 mac=52:54:00:77:00:10 ip=fd10:0:2::2/128 router=fe80::ff:fe00:0 dns=fd00:10:96::a mtu=1400
+func ParseLease6(line string) (Lease, error) {
+	l, err := parseLease(Lease6Prefix, line)
+	if err != nil {
+		return Lease{}, err
+	}
+	if a := l.Addr.Addr(); !a.Is6() || a.Is4In6() {
+		return Lease{}, fmt.Errorf("lease line %q: ip: %s is not an IPv6 address", strings.TrimRight(line, "\r\n"), l.Addr)
+	}
+	return l, nil
+}
+
+// parseLease parses a lease line starting with prefix.
+func parseLease(prefix, line string) (Lease, error) {
 	line = strings.TrimRight(line, "\r\n")
 	fields := strings.Fields(line)
-	if len(fields) == 0 || fields[0] != LeasePrefix {
-		return Lease{}, fmt.Errorf("not a %s line: %q", LeasePrefix, line)
+	if len(fields) == 0 || fields[0] != prefix {
+		return Lease{}, fmt.Errorf("not a %s line: %q", prefix, line)
 	}
 	var l Lease
 	seen := map[string]bool{}
@@ -99,7 +124,8 @@ type console struct {
 	path    string
 	off     int64
 	partial []byte
-	leases  map[string]Lease
+	leases  map[string]Lease // DHCPv4, by guest NIC
+	leases6 map[string]Lease // DHCPv6, by guest NIC
 	ready   bool
 	errors  []string
 	tail    []string // the last lines, for error messages
@@ -108,7 +134,7 @@ type console struct {
 const consoleTailLines = 20
 
 func newConsole(path string, off int64) *console {
-	return &console{path: path, off: off, leases: map[string]Lease{}}
+	return &console{path: path, off: off, leases: map[string]Lease{}, leases6: map[string]Lease{}}
 }
 
 // poll reads what the guest printed since the last poll.
@@ -150,6 +176,10 @@ func (c *console) line(s string) {
 	// A line may carry garbage before our prefix (a kernel message cut by
 	// ours); the prefix is what counts.
 	switch {
+	case strings.Contains(s, Lease6Prefix+" "):
+		if l, err := ParseLease6(s[strings.Index(s, Lease6Prefix+" "):]); err == nil {
+			c.leases6[l.Iface] = l
+		}
 	case strings.Contains(s, LeasePrefix+" "):
 		if l, err := ParseLease(s[strings.Index(s, LeasePrefix+" "):]); err == nil {
 			c.leases[l.Iface] = l

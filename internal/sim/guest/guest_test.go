@@ -82,6 +82,33 @@ func TestParseLease(t *testing.T) {
 	}
 }
 
+func TestParseLease6(t *testing.T) {
+	l, err := ParseLease6("KVNET-LEASE6 iface=eth0 mac=02:6b:36:a8:32:04 ip=fd10:0:2::2/128 router=fe80::ff:fe00:0 dns=fd00:96::a mtu=1400\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Iface != "eth0" || l.MAC.String() != "02:6b:36:a8:32:04" || l.Addr != netip.MustParsePrefix("fd10:0:2::2/128") ||
+		l.Router != netip.MustParseAddr("fe80::ff:fe00:0") || l.MTU != 1400 ||
+		!slices.Equal(l.DNS, []netip.Addr{netip.MustParseAddr("fd00:96::a")}) {
+		t.Fatalf("ParseLease6 = %+v", l)
+	}
+	for _, bad := range []string{
+		// An IPv4 lease line is not an IPv6 one, and the other way round.
+		"KVNET-LEASE iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128 router= dns= mtu=1500",
+		"KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=10.0.2.2/24 router= dns= mtu=1500",
+		"KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=::ffff:10.0.2.2/128 router= dns= mtu=1500",
+		"KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2 mtu=1500",
+		"KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128",
+	} {
+		if _, err := ParseLease6(bad); err == nil {
+			t.Errorf("ParseLease6(%q): no error", bad)
+		}
+	}
+	if _, err := ParseLease("KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128 router= dns= mtu=1500"); err == nil {
+		t.Error("ParseLease took a KVNET-LEASE6 line")
+	}
+}
+
 func TestConsoleFollowsTheLog(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "console.log")
 	old := "KVNET-LEASE iface=eth0 mac=52:54:00:00:00:01 ip=10.0.0.9/24 router= dns= mtu=1500\r\nKVNET-READY name=old\r\n"
@@ -118,6 +145,14 @@ func TestConsoleFollowsTheLog(t *testing.T) {
 	}
 	if !c.ready || len(c.errors) != 1 || c.errors[0] != "KVNET-ERROR insmod virtio_net" {
 		t.Fatalf("ready=%v errors=%q", c.ready, c.errors)
+	}
+	// A DHCPv6 lease is kept apart: the IPv4 one of the NIC stays.
+	appendLog("KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128 router=fe80::1 dns= mtu=1400\r\n")
+	if l := c.leases6["eth0"]; l.IP() != netip.MustParseAddr("fd10:0:2::2") {
+		t.Fatalf("DHCPv6 lease eth0 = %+v, want fd10:0:2::2", l)
+	}
+	if l := c.leases["eth0"]; l.IP() != netip.MustParseAddr("10.0.0.6") {
+		t.Fatalf("after a DHCPv6 lease, lease eth0 = %+v, want 10.0.0.6 still", l)
 	}
 }
 

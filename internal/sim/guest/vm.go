@@ -24,9 +24,10 @@ import (
 )
 
 // DefaultMemoryMB is the guest memory when Config.MemoryMB is 0. The guest
-// (Debian's 6.1 cloud kernel) panics at boot below 72 MiB; at 72 it has
-// 14 MiB available after boot, at 96 about 40 MiB, room for its services
-// and many connections. See hack/guest/README.md.
+// (Debian's 6.1 cloud kernel, an initramfs with dhcpcd and glibc) panics
+// at boot below 76 MiB; at 76 it has 15 MiB available after boot, at 96
+// about 36 MiB, room for its services and many connections. See
+// hack/guest/README.md.
 const DefaultMemoryMB = 96
 
 // The guest's service ports.
@@ -426,13 +427,38 @@ func (v *VM) WaitLease(ctx context.Context, iface string) (Lease, error) {
 	return l, err
 }
 
-// Leases returns the newest lease per guest NIC reported since Start.
+// WaitLease6 returns the newest DHCPv6 lease (KVNET-LEASE6) the guest
+// reported for its NIC iface since Start, waiting for one until ctx ends or
+// QEMU exits. The guest asks for one where a router advertisement has the
+// Managed flag; it may come after KVNET-READY.
+func (v *VM) WaitLease6(ctx context.Context, iface string) (Lease, error) {
+	var l Lease
+	err := v.waitConsole(ctx, "a DHCPv6 lease on "+iface, func(c *console) bool {
+		var ok bool
+		l, ok = c.leases6[iface]
+		return ok
+	})
+	return l, err
+}
+
+// Leases returns the newest (DHCPv4) lease per guest NIC reported since
+// Start.
 func (v *VM) Leases() map[string]Lease {
+	return v.leaseMap(func(c *console) map[string]Lease { return c.leases })
+}
+
+// Leases6 returns the newest DHCPv6 lease per guest NIC reported since
+// Start.
+func (v *VM) Leases6() map[string]Lease {
+	return v.leaseMap(func(c *console) map[string]Lease { return c.leases6 })
+}
+
+func (v *VM) leaseMap(of func(*console) map[string]Lease) map[string]Lease {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	_ = v.console.poll() // best effort: the tail only annotates an error
-	m := make(map[string]Lease, len(v.console.leases))
-	for k, l := range v.console.leases {
+	m := make(map[string]Lease, len(of(v.console)))
+	for k, l := range of(v.console) {
 		m[k] = l
 	}
 	return m
