@@ -34,7 +34,9 @@ type Config struct {
 	// MemoryMB is each guest's memory; 0 is guest.DefaultMemoryMB.
 	MemoryMB int
 	// DNS is what the launcher's own DHCP server (bridge binding with a
-	// pod IP, masquerade) offers; empty offers none.
+	// pod IP, masquerade) offers, and its IPv6 addresses what its DHCPv6
+	// server (masquerade, where the pod has IPv6) offers; empty offers
+	// none.
 	DNS []netip.Addr
 	// PodNetNS returns the network namespace of a pod on a simulated node:
 	// with a dedicated migration network, the stream goes between the

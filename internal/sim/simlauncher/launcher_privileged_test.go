@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -298,33 +299,46 @@ func listenIn(ns, addr string) (net.Listener, error) {
 	return ln, err
 }
 
-// masquerade with IPv6 on the pod: NAT66 to fd10:0:2::2 behind
-// fd10:0:2::1, for forwarded ports too. The lab's guest has no DHCPv6
-// client, so the test sets the guest's address as KubeVirt's DHCPv6 would.
+// masquerade with IPv6 on the pod: the launcher's router advertisements
+// (Managed flag) and DHCPv6 server give the guest fd10:0:2::2 and its
+// default route by themselves; NAT66 behind fd10:0:2::1 forwards the pod's
+// forwarded ports to it, and its own traffic leaves as the pod's address.
 func TestMasqueradeIPv6(t *testing.T) {
 	pod, peer := pair(t, false)
 	for _, c := range [][]string{
 		{"-n", nsName(pod), "-6", "addr", "add", "fd00:50::5/64", "dev", podLink, "nodad"},
+		{"-n", nsName(pod), "-6", "route", "add", "default", "via", "fd00:50::9"},
 		{"-n", nsName(peer), "-6", "addr", "add", "fd00:50::9/64", "dev", "peer0", "nodad"},
 	} {
 		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", c, err, out)
 		}
 	}
+	dns := netip.MustParseAddr("fd00:96::a")
 	ifc := Iface{Name: "default", PodIface: podLink, Binding: BindingMasquerade,
-		Ports: []Port{{Port: int32(guest.HTTPPort)}, {Port: guest.ExecPort}}}
+		Ports: []Port{{Port: int32(guest.HTTPPort)}, {Port: guest.ExecPort}},
+		DNS:   []netip.Addr{netip.MustParseAddr("10.96.0.10"), dns}}
 	p, err := Plumb(context.Background(), pod, ifc, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	boot(t, "vm-masq6", pod, p)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"),
-		"echo 0 >/proc/sys/net/ipv6/conf/eth0/accept_dad; ip -6 addr add fd10:0:2::2/120 dev eth0 && ip -6 route add default via fd10:0:2::1"); err != nil {
-		t.Fatalf("configure the guest's IPv6: %v: %s", err, out)
+	if p.GuestIPv6 != netip.MustParsePrefix("fd10:0:2::2/120") {
+		t.Fatalf("plumbed guest IPv6 %s, want fd10:0:2::2/120", p.GuestIPv6)
 	}
+	vm, _ := boot(t, "vm-masq6", pod, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lease, err := vm.WaitLease6(ctx, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The router is the bridge's link-local address (from its MAC).
+	if lease.IP() != netip.MustParseAddr("fd10:0:2::2") || lease.MAC.String() != p.GuestMAC ||
+		lease.Router != netip.MustParseAddr("fe80::ff:fe00:0") || !slices.Equal(lease.DNS, []netip.Addr{dns}) {
+		t.Fatalf("guest DHCPv6 lease %+v, want fd10:0:2::2 for %s via fe80::ff:fe00:0, DNS %s", lease, p.GuestMAC, dns)
+	}
+	// A forwarded port through the pod's IPv6 address.
 	testenv.Eventually(t, 30*time.Second, "HTTP through the pod's IPv6 address", func() error {
 		conn, err := guest.DialContext(ctx, peer, "tcp", "[fd00:50::5]:80")
 		if err != nil {
@@ -339,7 +353,36 @@ func TestMasqueradeIPv6(t *testing.T) {
 		}
 		return nil
 	})
+	// Port 7 is not forwarded; the guest does serve it over IPv6 (control:
+	// from the pod, straight to the guest's address).
+	if err := echoFrom(pod, netip.MustParseAddrPort("[fd10:0:2::2]:7")); err != nil {
+		t.Fatalf("control: pod -> guest [fd10:0:2::2]:7: %v", err)
+	}
 	if err := echoFrom(peer, netip.MustParseAddrPort("[fd00:50::5]:7")); err == nil {
 		t.Fatal("port 7 reached the guest over IPv6 though it is not forwarded")
+	}
+	// The guest's own connection leaves, by its default route from the
+	// advertisement, as the pod's address.
+	ln, err := listenIn(peer, "[fd00:50::9]:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	from := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			from <- err.Error()
+			return
+		}
+		from <- c.RemoteAddr().String()
+		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
+		c.Close()
+	}()
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -qO- http://[fd00:50::9]:8080/"); err != nil {
+		t.Fatalf("guest -> peer over IPv6: %v: %s", err, out)
+	}
+	if got := <-from; !strings.HasPrefix(got, "[fd00:50::5]:") {
+		t.Fatalf("the peer saw the guest's IPv6 connection from %s, want the pod address fd00:50::5", got)
 	}
 }

@@ -58,7 +58,8 @@ type Iface struct {
 	Index int
 	// Ports are what a masquerade interface forwards; none forwards all.
 	Ports []Port
-	// DNS is what the launcher's DHCP server offers.
+	// DNS is what the launcher's DHCP server offers (its IPv6 addresses:
+	// its DHCPv6 server).
 	DNS []netip.Addr
 }
 
@@ -118,20 +119,37 @@ type Plumbed struct {
 	// GuestIPv4 is what the launcher's DHCP server hands the guest;
 	// invalid when it serves none (managedTap, a bridge without an IP).
 	GuestIPv4 netip.Prefix
+	// GuestIPv6 is the guest's IPv6 network and address (fd10:0:2::2/120):
+	// the launcher's DHCPv6 server hands out the address (a masquerade
+	// interface whose pod has IPv6); invalid when it serves none.
+	GuestIPv6 netip.Prefix
 
 	srv      *dhcp.Server
 	lease    dhcp.Lease // what the launcher's DHCP server hands out
 	serverIP netip.Addr // its address on bridge; invalid: no server
 	bridge   string
 	anyMAC   bool // serve every MAC (masquerade)
+
+	srv6   *dhcp6Server // DHCPv6 and router advertisements on bridge
+	ra     *raSender
+	lease6 dhcp6Lease
+	mtu    int // of the pod interface, advertised
 }
 
-// Close stops the interface's DHCP server, if any.
+// Close stops the interface's DHCP servers and router advertisements, if
+// any.
 func (p *Plumbed) Close() error {
+	var errs []error
 	if p.srv != nil {
-		return p.srv.Close()
+		errs = append(errs, p.srv.Close())
 	}
-	return nil
+	if p.srv6 != nil {
+		errs = append(errs, p.srv6.Close())
+	}
+	if p.ra != nil {
+		errs = append(errs, p.ra.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // saved is what plumbing takes from the pod interface, kept as the
@@ -145,7 +163,9 @@ type saved struct {
 
 // Plumb prepares ifc in the network namespace nsPath as virt-launcher
 // does for its binding and starts the launcher's DHCP server where the
-// binding has one (it runs until Close or ctx ends). It is idempotent: a
+// binding has one, and for a masquerade interface whose pod has IPv6 its
+// DHCPv6 server and router advertisements (they run until Close or ctx
+// ends). It is idempotent: a
 // pod plumbed by an earlier run (of a restarted lab) is found as it was
 // left and gives the same result.
 func Plumb(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) (*Plumbed, error) {
@@ -165,6 +185,10 @@ func Plumb(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) (*Plu
 	}
 	if err := p.serveDHCP(ctx, nsPath, ifc, log); err != nil {
 		return nil, fmt.Errorf("interface %q (pod interface %s, binding %s): DHCP: %w", ifc.Name, ifc.PodIface, ifc.Binding, err)
+	}
+	if err := p.serveDHCP6(ctx, nsPath, ifc, log); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("interface %q (pod interface %s, binding %s): DHCPv6: %w", ifc.Name, ifc.PodIface, ifc.Binding, err)
 	}
 	return p, nil
 }
@@ -275,11 +299,16 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 	}
 	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv4/conf/" + br + "/route_localnet", "1"}}
 	script := masqueradeRules("ip", ifc.PodIface, br, masqGuest.Addr(), masqGateway.Addr(), ifc.Ports)
-	if hasGlobalIPv6(l) {
+	v6 := hasGlobalIPv6(l)
+	if v6 {
 		// As KubeVirt: the bridge gets fd10:0:2::1/120 and NAT66 forwards to
-		// fd10:0:2::2. KubeVirt hands that address out by DHCPv6; the lab's
-		// guest (busybox-static) has no DHCPv6 client, so it must be set in
-		// the guest.
+		// fd10:0:2::2, which the launcher's DHCPv6 server hands out; its
+		// router advertisements (from the bridge's link-local address,
+		// without DAD so that it is usable as soon as the tap has a
+		// carrier) give the guest its default route.
+		if err := nl.SetSysctl(nsPath, "net/ipv6/conf/"+br+"/accept_dad", "0"); err != nil {
+			return nil, err
+		}
 		if err := ipCmds(ns, []string{"-6", "addr", "replace", masqGateway6.String(), "dev", br, "nodad"}); err != nil {
 			return nil, err
 		}
@@ -300,6 +329,19 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 	}
 	p.lease = dhcp.Lease{IP: masqGuest, Router: masqGateway.Addr(), MTU: l.MTU, DNS: ifc.DNS}
 	p.serverIP, p.bridge, p.anyMAC = masqGateway.Addr(), br, true
+	if v6 {
+		brMAC, err := net.ParseMAC(masqBridgeMAC)
+		if err != nil {
+			return nil, err
+		}
+		p.GuestIPv6, p.mtu = masqGuest6, l.MTU
+		p.lease6 = dhcp6Lease{Addr: masqGuest6.Addr(), ServerID: serverDUID(brMAC)}
+		for _, d := range ifc.DNS {
+			if d.Is6() && !d.Is4In6() {
+				p.lease6.DNS = append(p.lease6.DNS, d)
+			}
+		}
+	}
 	return p, nil
 }
 
@@ -451,6 +493,33 @@ func nft(ns, script string) error {
 type anyLease struct{ l dhcp.Lease }
 
 func (a anyLease) Lookup(net.HardwareAddr) (dhcp.Lease, bool) { return a.l, true }
+
+// serveDHCP6 starts the launcher's DHCPv6 server and router
+// advertisements, when the interface has them (masquerade with IPv6).
+func (p *Plumbed) serveDHCP6(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) error {
+	p.srv6, p.ra = nil, nil
+	if !p.GuestIPv6.IsValid() {
+		return nil
+	}
+	srv, err := newDHCP6Server(nsPath, p.bridge, p.lease6, log)
+	if err != nil {
+		return err
+	}
+	ra, err := newRASender(nsPath, p.bridge, p.mtu, log)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	p.srv6, p.ra = srv, ra
+	for what, serve := range map[string]func(context.Context) error{"DHCPv6 server": srv.Serve, "router advertisements": ra.Serve} {
+		go func() {
+			if err := serve(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				log.V(1).Info("launcher "+what+" stopped", "interface", ifc.Name, "error", err.Error())
+			}
+		}()
+	}
+	return nil
+}
 
 // serveDHCP starts the launcher's DHCP server, when the binding has one.
 func (p *Plumbed) serveDHCP(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) error {
