@@ -99,10 +99,22 @@ func pair(t *testing.T, noIP bool) (pod, peer string) {
 // lease on eth0.
 func boot(t *testing.T, name, pod string, p *Plumbed) (*guest.VM, guest.Lease) {
 	t.Helper()
+	return bootNICs(t, name, pod, p)
+}
+
+// bootNICs starts a guest with a NIC on each p's tap (eth0, eth1, ...) in
+// the pod namespace and waits for its lease on eth0 and for KVNET-READY
+// (its services listen; the first DHCP round of every NIC is over).
+func bootNICs(t *testing.T, name, pod string, ps ...*Plumbed) (*guest.VM, guest.Lease) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var nics []guest.NIC
+	for _, p := range ps {
+		nics = append(nics, guest.NIC{Tap: p.Tap, MAC: p.GuestMAC})
+	}
 	vm, err := guest.Start(ctx, guest.Config{Name: name, Image: testImage(t), NetNS: pod,
-		NICs: []guest.NIC{{Tap: p.Tap, MAC: p.GuestMAC}}, ConsoleLog: t.TempDir() + "/console.log"})
+		NICs: nics, ConsoleLog: t.TempDir() + "/console.log"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +181,85 @@ func TestBridgeBinding(t *testing.T) {
 	}
 	if err := echoFrom(peer, netip.MustParseAddrPort("192.168.50.5:7")); err != nil {
 		t.Fatalf("peer -> guest echo: %v", err)
+	}
+}
+
+// bridge binding on a pod interface without an IP (a secondary network
+// without IPAM): the launcher plumbs bridge, tap and renamed NIC as for any
+// bridge interface but serves no DHCP, so the guest gets no lease on that
+// NIC, while its other NIC, a bridge interface whose pod interface has an
+// IP, does (the control). The NIC carries the guest's traffic all the
+// same: given an address by hand, it reaches the network's peer with the
+// pod interface's MAC.
+func TestBridgeBindingWithoutIP(t *testing.T) {
+	pod, peer := pair(t, false)
+	const (
+		secLink = "pod16477688c0e"
+		secMAC  = "0a:58:c0:a8:3c:05"
+	)
+	for _, c := range [][]string{
+		{"-n", nsName(pod), "link", "add", secLink, "address", secMAC, "type", "veth", "peer", "name", "peer1", "netns", nsName(peer)},
+		{"-n", nsName(pod), "link", "set", secLink, "up"},
+		{"-n", nsName(peer), "addr", "add", "192.168.60.9/24", "dev", "peer1"},
+		{"-n", nsName(peer), "link", "set", "peer1", "up"},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", c, err, out)
+		}
+	}
+	withIP, err := Plumb(context.Background(), pod, Iface{Name: "default", PodIface: podLink, Binding: BindingBridge}, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { withIP.Close() })
+	sec := Iface{Name: "blue", PodIface: secLink, Binding: BindingBridge, Index: 1}
+	p, err := Plumb(context.Background(), pod, sec, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if p.GuestMAC != secMAC || p.GuestIPv4.IsValid() || p.GuestIPv6.IsValid() || p.Tap != "tap16477688c0e" {
+		t.Fatalf("plumbed %+v, want guest MAC %s, no IP, tap16477688c0e", p, secMAC)
+	}
+	if p.srv != nil || p.srv6 != nil || p.ra != nil {
+		t.Fatalf("plumbed %+v: the launcher serves DHCP or router advertisements for a pod interface without an IP", p)
+	}
+	// Bridge, tap and renamed NIC: the NIC and the tap are ports of the
+	// bridge, which has no address (no DHCP server's).
+	for _, port := range []string{nicName(sec), p.Tap} {
+		out, err := ipOut(nsName(pod), "-j", "link", "show", "dev", port)
+		if err != nil || !strings.Contains(string(out), `"master":"`+bridgeName(sec)+`"`) {
+			t.Fatalf("%s is not a port of %s: %v %s", port, bridgeName(sec), err, out)
+		}
+	}
+	if mac, addrs, err := linkAddrs(pod, bridgeName(sec)); err != nil || len(addrs) != 0 {
+		t.Fatalf("%s (MAC %s): IPv4 addresses %v (%v), want none", bridgeName(sec), mac, addrs, err)
+	}
+	if mac, addrs, err := linkAddrs(pod, nicName(sec)); err != nil || len(addrs) != 0 || mac == secMAC {
+		t.Fatalf("%s: MAC %s addresses %v (%v); want another MAC than %s and no address", nicName(sec), mac, addrs, err, secMAC)
+	}
+
+	// eth0 (the control) gets its lease; KVNET-READY comes after the first
+	// DHCP round of every NIC, when eth1 would have had one too.
+	vm, lease := bootNICs(t, "vm-noip", pod, withIP, p)
+	if lease.Addr != netip.MustParsePrefix(podIP) {
+		t.Fatalf("control: eth0 lease %+v, want %s", lease, podIP)
+	}
+	if l, ok := vm.Leases()["eth1"]; ok {
+		t.Fatalf("the guest got a lease on eth1, whose pod interface has no IP: %+v", l)
+	}
+	if l, ok := vm.Leases6()["eth1"]; ok {
+		t.Fatalf("the guest got a DHCPv6 lease on eth1, whose pod interface has no IP: %+v", l)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"),
+		"ip addr add 192.168.60.5/24 dev eth1 && ping -c 1 -W 3 192.168.60.9"); err != nil {
+		t.Fatalf("guest eth1 -> peer 192.168.60.9 with an address set by hand: %v: %s", err, out)
+	}
+	out, err := ipOut(nsName(peer), "neigh", "show", "192.168.60.5", "dev", "peer1")
+	if err != nil || !strings.Contains(string(out), secMAC) {
+		t.Fatalf("the peer sees 192.168.60.5 at %q (%v), want the pod interface's MAC %s", out, err, secMAC)
 	}
 }
 
