@@ -622,6 +622,12 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 		})
 		// The VM's address now answers from the target pod, not the source.
 		eventually(t, "the peer reaches the target pod", func() error { return answeredBy(peer, dst.ip(), dst.name) })
+		// And only the target: no connection goes back to the source.
+		for i := range 5 {
+			if err := answeredBy(peer, dst.ip(), dst.name); err != nil {
+				t.Fatalf("connection %d after the switch-over: %v", i+1, err)
+			}
+		}
 		if err := inNS(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
