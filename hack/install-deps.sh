@@ -16,6 +16,12 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 # make images writes.
 command -v skopeo >/dev/null || need+=(skopeo)
 if [ ${#need[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    # Not Debian or Ubuntu: name what is missing, in Debian's package
+    # names, and stop before anything fails for want of it.
+    echo "install-deps: missing ${need[*]} (Debian package names), and this host has no apt-get: install them with its package manager" >&2
+    exit 1
+  fi
   sudo=""
   if [ "$(id -u)" != 0 ]; then
     if ! command -v sudo >/dev/null; then
