@@ -254,7 +254,7 @@ func TestBridgeBindingWithoutIP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"),
-		"ip addr add 192.168.60.5/24 dev eth1 && ping -c 1 -W 3 192.168.60.9"); err != nil {
+		"ip addr add 192.168.60.5/24 dev eth1 && ping -c 1 -W 10 192.168.60.9"); err != nil {
 		t.Fatalf("guest eth1 -> peer 192.168.60.9 with an address set by hand: %v: %s", err, out)
 	}
 	out, err := ipOut(nsName(peer), "neigh", "show", "192.168.60.5", "dev", "peer1")
@@ -422,7 +422,11 @@ func TestMasqueradeIPv6(t *testing.T) {
 	defer cancel()
 	lease, err := vm.WaitLease6(ctx, "eth0")
 	if err != nil {
-		t.Fatal(err)
+		// What the guest's dhcpcd saw (router advertisements, DHCPv6).
+		dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer dcancel()
+		log, lerr := guest.Exec(dctx, peer, netip.MustParseAddr("192.168.50.5"), "cat /run/dhcpcd.log")
+		t.Fatalf("%v\nthe guest's /run/dhcpcd.log (%v):\n%s", err, lerr, log)
 	}
 	// The router is the bridge's link-local address (from its MAC).
 	if lease.IP() != netip.MustParseAddr("fd10:0:2::2") || lease.MAC.String() != p.GuestMAC ||
@@ -470,7 +474,7 @@ func TestMasqueradeIPv6(t *testing.T) {
 		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
 		c.Close()
 	}()
-	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -qO- http://[fd00:50::9]:8080/"); err != nil {
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -T 20 -qO- http://[fd00:50::9]:8080/"); err != nil {
 		t.Fatalf("guest -> peer over IPv6: %v: %s", err, out)
 	}
 	if got := <-from; !strings.HasPrefix(got, "[fd00:50::5]:") {
