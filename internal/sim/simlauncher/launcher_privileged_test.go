@@ -474,7 +474,7 @@ func TestMasqueradeIPv6(t *testing.T) {
 		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
 		c.Close()
 	}()
-	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -T 20 -qO- http://[fd00:50::9]:8080/"); err != nil {
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "timeout 20 wget -qO- http://[fd00:50::9]:8080/"); err != nil {
 		t.Fatalf("guest -> peer over IPv6: %v: %s", err, out)
 	}
 	if got := <-from; !strings.HasPrefix(got, "[fd00:50::5]:") {
