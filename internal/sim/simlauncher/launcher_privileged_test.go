@@ -330,28 +330,7 @@ func TestMasqueradeBinding(t *testing.T) {
 		t.Fatal("port 7 reached the guest though only 80 and 2323 are forwarded")
 	}
 	// The guest's own connection leaves as the pod's address.
-	ln, err := listenIn(peer, "192.168.50.9:8080")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	from := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			from <- err.Error()
-			return
-		}
-		from <- c.RemoteAddr().String()
-		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
-		c.Close()
-	}()
-	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "wget -qO- http://192.168.50.9:8080/"); err != nil {
-		t.Fatalf("guest -> peer: %v: %s", err, out)
-	}
-	if got := <-from; !strings.HasPrefix(got, "192.168.50.5:") {
-		t.Fatalf("the peer saw the guest's connection from %s, want the pod address 192.168.50.5", got)
-	}
+	guestConnectsAs(t, ctx, peer, "192.168.50.9:8080", "wget -qO- http://192.168.50.9:8080/", "192.168.50.5:")
 }
 
 func mustMAC(s string) net.HardwareAddr {
@@ -458,7 +437,16 @@ func TestMasqueradeIPv6(t *testing.T) {
 	}
 	// The guest's own connection leaves, by its default route from the
 	// advertisement, as the pod's address.
-	ln, err := listenIn(peer, "[fd00:50::9]:8080")
+	guestConnectsAs(t, ctx, peer, "[fd00:50::9]:8080", "timeout 20 wget -qO- http://[fd00:50::9]:8080/", "[fd00:50::5]:")
+}
+
+// guestConnectsAs runs command (a wget to listen) in the guest behind
+// pod address 192.168.50.5 and fails unless the peer, listening on listen
+// in namespace peer, sees the connection come from an address starting
+// with want (the pod's: masquerade).
+func guestConnectsAs(t *testing.T, ctx context.Context, peer, listen, command, want string) {
+	t.Helper()
+	ln, err := listenIn(peer, listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,10 +462,10 @@ func TestMasqueradeIPv6(t *testing.T) {
 		c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nok\n"))
 		c.Close()
 	}()
-	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), "timeout 20 wget -qO- http://[fd00:50::9]:8080/"); err != nil {
-		t.Fatalf("guest -> peer over IPv6: %v: %s", err, out)
+	if out, err := guest.Exec(ctx, peer, netip.MustParseAddr("192.168.50.5"), command); err != nil {
+		t.Fatalf("guest -> %s: %v: %s", listen, err, out)
 	}
-	if got := <-from; !strings.HasPrefix(got, "[fd00:50::5]:") {
-		t.Fatalf("the peer saw the guest's IPv6 connection from %s, want the pod address fd00:50::5", got)
+	if got := <-from; !strings.HasPrefix(got, want) {
+		t.Fatalf("the peer saw the guest's connection from %s, want the pod address %s*", got, want)
 	}
 }
