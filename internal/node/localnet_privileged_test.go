@@ -114,10 +114,17 @@ func TestAgentLocalnet(t *testing.T) {
 	}
 
 	// Control: a tunnelled network's pod with an address of the same
-	// subnet does not reach the physical network.
+	// subnet does not reach the physical network. Its own gateway has the
+	// datacenter host's address (.1) and answers pings (the positive
+	// control: the pod is attached), but the host's server never does.
 	other := tenant(t, "ln-other", simnet.DatacenterSubnet.String(), false)
 	o := l.runPod(other, "lnother", "n1", nil)
-	mustNotReach(t, o, host)
+	mustReach(t, o, host)
+	for range 3 {
+		if got, err := tokenAt(o, net.JoinHostPort(host, fmt.Sprint(port))); err == nil {
+			t.Fatalf("%s reached the datacenter host's server, which saw %s", o.name, got)
+		}
+	}
 
 	// VLAN 100 on a kernel without 8021q.
 	supported, err := datapath.ProbeVLAN(l.node("n1").NS)
