@@ -101,6 +101,8 @@ var labOnly = []string{
 	"kvnet.io/kvnet/internal/testenv",
 	"kvnet.io/kvnet/internal/cli/lab",
 	"kvnet.io/kvnet/internal/cli/demo",
+	// controller-runtime's test harness (it starts etcd and an API server).
+	"sigs.k8s.io/controller-runtime/pkg/envtest",
 }
 
 // controllerCode is what only kvnet-controller may link.
