@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -53,9 +54,8 @@ func TestTwoLabsAtOnce(t *testing.T) {
 	for i, dir := range dirs {
 		c := labClient(t, dir)
 		var other corev1.Namespace
-		err := c.Get(context.Background(), client.ObjectKey{Name: fmt.Sprintf("lab-%d", 1-i)}, &other)
-		if err == nil {
-			t.Errorf("lab %d sees the other lab's namespace", i)
+		if err := c.Get(context.Background(), client.ObjectKey{Name: fmt.Sprintf("lab-%d", 1-i)}, &other); !apierrors.IsNotFound(err) {
+			t.Errorf("lab %d: the other lab's namespace: %v, want NotFound", i, err)
 		}
 		testenv.Eventually(t, time.Minute, fmt.Sprintf("lab %d's kvnet-node published its node", i), func() error {
 			var n corev1.Node

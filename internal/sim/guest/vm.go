@@ -418,13 +418,7 @@ func (v *VM) RSS() (int64, error) {
 // WaitLease returns the newest lease the guest reported for its NIC iface
 // (e.g. "eth0") since Start, waiting for one until ctx ends or QEMU exits.
 func (v *VM) WaitLease(ctx context.Context, iface string) (Lease, error) {
-	var l Lease
-	err := v.waitConsole(ctx, "a lease on "+iface, func(c *console) bool {
-		var ok bool
-		l, ok = c.leases[iface]
-		return ok
-	})
-	return l, err
+	return v.waitLease(ctx, "a lease on "+iface, func(c *console) map[string]Lease { return c.leases }, iface)
 }
 
 // WaitLease6 returns the newest DHCPv6 lease (KVNET-LEASE6) the guest
@@ -432,10 +426,15 @@ func (v *VM) WaitLease(ctx context.Context, iface string) (Lease, error) {
 // QEMU exits. The guest asks for one where a router advertisement has the
 // Managed flag; it may come after KVNET-READY.
 func (v *VM) WaitLease6(ctx context.Context, iface string) (Lease, error) {
+	return v.waitLease(ctx, "a DHCPv6 lease on "+iface, func(c *console) map[string]Lease { return c.leases6 }, iface)
+}
+
+// waitLease waits for iface's entry in the console's lease map of.
+func (v *VM) waitLease(ctx context.Context, what string, of func(*console) map[string]Lease, iface string) (Lease, error) {
 	var l Lease
-	err := v.waitConsole(ctx, "a DHCPv6 lease on "+iface, func(c *console) bool {
+	err := v.waitConsole(ctx, what, func(c *console) bool {
 		var ok bool
-		l, ok = c.leases6[iface]
+		l, ok = of(c)[iface]
 		return ok
 	})
 	return l, err
