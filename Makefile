@@ -48,7 +48,7 @@ verify: ## Fail if generated files are stale or code is unformatted
 
 .PHONY: chaos
 chaos: deps tools build ## Chaos run: 10,000 operations while killing kvnet-controller, kvnet-node, the API server; then audit (root)
-	$(BIN)/kvnet chaos --ops $${OPS:-10000} --seed $${SEED:-1}
+	$(BIN)/kvnet-lab chaos --ops $${OPS:-10000} --seed $${SEED:-1}
 
 .PHONY: lint
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
@@ -72,13 +72,13 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZ=<regexp> pic
 
 .PHONY: local-up
 local-up: deps tools guest-image build ## Start the lab (control plane + kvnet) in the background
-	$(BIN)/kvnet lab up --dir $(LAB_DIR)
+	$(BIN)/kvnet-lab up --dir $(LAB_DIR)
 
 .PHONY: local-down
 local-down: ## Stop the lab
-	@if [ -x $(BIN)/kvnet ]; then $(BIN)/kvnet lab down --dir $(LAB_DIR); fi
+	@if [ -x $(BIN)/kvnet-lab ]; then $(BIN)/kvnet-lab down --dir $(LAB_DIR); fi
 
 .PHONY: demo
 demo: local-up ## Start the lab, apply examples/ and show the result
-	$(BIN)/kvnet demo --kubeconfig $(LAB_DIR)/kubeconfig --examples examples
+	$(BIN)/kvnet-lab demo --kubeconfig $(LAB_DIR)/kubeconfig --examples examples
 	@echo; echo "The lab keeps running: KUBECONFIG=$(LAB_DIR)/kubeconfig; stop it with: make local-down"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kvnet's tests and lab use, when missing:
 # iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client,
-# qemu-system-x86 for the lab's QEMU guests (internal/sim/guest; their image
+# qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
 # is built from Debian packages by hack/guest/build.sh).
 # Go modules come from the module proxy; control-plane binaries are built by
 # hack/build-tools.sh (make tools).

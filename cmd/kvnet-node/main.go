@@ -27,7 +27,8 @@ func main() {
 	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	flag.StringVar(&cfg.Datapath.UnderlayDev, "underlay-interface", "", "interface carrying the overlay and egress (default: the one holding --underlay-ip, else the default route's)")
 	underlayIP := flag.String("underlay-ip", os.Getenv("NODE_IP"), "VTEP address of this node (default $NODE_IP, else the first address of --underlay-interface)")
-	flag.StringVar(&cfg.Datapath.NetNS, "netns", "", "LAB ONLY: network namespace of a simulated node's datapath, used by kvnet lab; on a real node leave it unset (default: this process's namespace)")
+	flag.StringVar(&cfg.Datapath.RouterNSPrefix, "router-netns-prefix", "", "prefix of the names (under /run/netns) of the tenant router namespaces kvnet-node creates (default \"kvnet-r\"); "+
+		"set it when several kvnet-nodes share one /run/netns, as the lab's simulated nodes do")
 	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
 	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP where the cluster DNS Service does not exist (default: the nameservers of /etc/resolv.conf)")
 	clusterDNS := flag.String("cluster-dns-service", node.DefaultClusterDNS.String(),
@@ -113,7 +114,10 @@ func configure(cfg *node.Config, underlayIP, dns, clusterDNS, serviceCIDRs strin
 		}
 		cfg.Datapath.UnderlayIP = ip
 	}
-	if cfg.Datapath.NetNS == "" && (cfg.Datapath.UnderlayDev == "" || !cfg.Datapath.UnderlayIP.IsValid()) {
+	if p := cfg.Datapath.RouterNSPrefix; strings.ContainsAny(p, "/ ") || len(p) > 200 {
+		return fmt.Errorf("--router-netns-prefix %q: a namespace name prefix has no '/' or space and at most 200 characters", p)
+	}
+	if cfg.Datapath.UnderlayDev == "" || !cfg.Datapath.UnderlayIP.IsValid() {
 		if err := findUnderlay(cfg); err != nil {
 			return err
 		}

@@ -1,4 +1,6 @@
-// Command kvnet is kvnet's command line: the local lab and the demo.
+// Command kvnet is kvnet's operator command line: install, check,
+// uninstall, get, why and audit against a cluster. The lab, the demo and
+// chaos are in kvnet-lab.
 package main
 
 import (

@@ -11,8 +11,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
-	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // serveDatacenter runs an echo server answering "dc" on the simulated

@@ -18,8 +18,8 @@ import (
 	vnetlink "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
-	"kvnet.io/kvnet/internal/sim/simnet"
 )
 
 // TestServices: on twoTenants' networks, a service of tenant A with

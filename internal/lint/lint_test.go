@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/repo"
 )
 
 type pkg struct {
@@ -20,7 +20,7 @@ type pkg struct {
 
 func listPackages(t *testing.T) []pkg {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/datapath",
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
-	"kvnet.io/kvnet/internal/sim/simnet",
+	"kvnet.io/kvnet/internal/lab/simnet",
 }
 
 func TestCorePackagesImportNoClient(t *testing.T) {
@@ -93,14 +93,12 @@ func TestCorePackagesImportNoClient(t *testing.T) {
 }
 
 // labOnly are the module's packages that exist for the lab and the tests:
-// the simulated nodes, kubelet and KubeVirt, the local control plane and
+// everything under internal/lab (the simulated nodes, kubelet and KubeVirt,
+// the local control plane, the lab's command line, the demo and chaos) and
 // the test helpers.
 var labOnly = []string{
-	"kvnet.io/kvnet/internal/sim",
-	"kvnet.io/kvnet/internal/controlplane",
+	"kvnet.io/kvnet/internal/lab",
 	"kvnet.io/kvnet/internal/testenv",
-	"kvnet.io/kvnet/internal/cli/lab",
-	"kvnet.io/kvnet/internal/cli/demo",
 	// controller-runtime's test harness (it starts etcd and an API server).
 	"sigs.k8s.io/controller-runtime/pkg/envtest",
 }
@@ -112,11 +110,13 @@ var controllerCode = []string{
 	"kvnet.io/kvnet/internal/k8s/webhooks",
 }
 
-// shipped maps each binary that runs in a cluster to what it must not link
-// beyond the lab's code: kvnet-node and kvnet-cni run on every node and
-// carry no controller code; kvnet-cni, run once per pod, not even
-// controller-runtime.
+// shipped maps each binary that runs in a cluster, or that its operators
+// run against it, to what it must not link beyond the lab's code:
+// kvnet-node and kvnet-cni run on every node and carry no controller code;
+// kvnet-cni, run once per pod, not even controller-runtime. kvnet is the
+// operator's command line (install, check, get, why, audit).
 var shipped = map[string][]string{
+	"kvnet.io/kvnet/cmd/kvnet":            nil,
 	"kvnet.io/kvnet/cmd/kvnet-controller": nil,
 	"kvnet.io/kvnet/cmd/kvnet-node":       controllerCode,
 	"kvnet.io/kvnet/cmd/kvnet-cni":        append(slices.Clone(controllerCode), "sigs.k8s.io/controller-runtime"),

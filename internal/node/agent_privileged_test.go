@@ -1,7 +1,7 @@
 package node_test
 
 // kvnet-node end to end on one machine: a real API server with
-// kvnet-controller allocating, three simulated nodes (internal/simnet) each
+// kvnet-controller allocating, three simulated nodes (internal/lab/simnet) each
 // running an Agent, pods plumbed by the real kvnet-cni binary executed in
 // the node's namespace as a runtime would, and traffic checked with
 // busybox ping and udhcpc. Needs root.
@@ -36,13 +36,13 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/cni"
-	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/lab/controlplane"
+	"kvnet.io/kvnet/internal/lab/simcluster"
+	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/sim/simcluster"
-	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -90,7 +90,7 @@ func eventually(t testing.TB, what string, f func() error) {
 	testenv.Eventually(t, 30*time.Second, what, f)
 }
 
-// lab is the simulated cluster of internal/sim/simcluster (the one the lab
+// lab is the simulated cluster of internal/lab/simcluster (the one the lab
 // runs) with in-process agents, whose plans the tests inspect; the tests
 // run kvnet-cni themselves, as a runtime would.
 type lab struct {

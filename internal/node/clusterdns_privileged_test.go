@@ -17,10 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/lab/controlplane"
+	"kvnet.io/kvnet/internal/lab/simcluster"
+	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
-	"kvnet.io/kvnet/internal/sim/simcluster"
-	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/testenv"
 )
 

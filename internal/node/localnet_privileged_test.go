@@ -18,9 +18,9 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
-	"kvnet.io/kvnet/internal/sim/simnet"
 	"kvnet.io/kvnet/internal/testenv"
 )
 

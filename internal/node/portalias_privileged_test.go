@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"kvnet.io/kvnet/internal/cni"
+	"kvnet.io/kvnet/internal/lab/simcluster"
 	"kvnet.io/kvnet/internal/nl"
-	"kvnet.io/kvnet/internal/sim/simcluster"
 )
 
 // TestAgentAttachesPortLabelledWhileDown: kvnet-cni creates a pod's host

@@ -22,8 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/lab/controlplane"
+	"kvnet.io/kvnet/internal/repo"
 )
 
 // Env is a running control plane for tests.
@@ -42,7 +43,7 @@ type Options struct {
 
 // Start starts a control plane with kvnet's CRDs and config/policy applied.
 func Start(opts Options) (*Env, error) {
-	root, err := controlplane.RepoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		return nil, err
 	}

@@ -21,10 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/cli/lab"
-	"kvnet.io/kvnet/internal/sim/guest"
-	"kvnet.io/kvnet/internal/sim/simkubelet"
-	"kvnet.io/kvnet/internal/sim/simvirt"
+	"kvnet.io/kvnet/internal/lab/cli/lab"
+	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -43,7 +43,7 @@ func BenchmarkVMCreateToLease(b *testing.B) {
 	_, run := buildKvnet(b)
 	for range b.N {
 		dir := b.TempDir()
-		run("lab", "up", "--dir", dir, "--nodes", "2")
+		run("up", "--dir", dir, "--nodes", "2")
 		c := labClient(b, dir)
 		ctx := context.Background()
 		const ns = "bench-vm"
@@ -83,7 +83,7 @@ func BenchmarkVMCreateToLease(b *testing.B) {
 			}
 			pods = append(pods, time.Since(start))
 		}
-		run("lab", "down", "--dir", dir)
+		run("down", "--dir", dir)
 
 		vp50, vp99, pp50, pp99 := pct(vms, 50), pct(vms, 99), pct(pods, 50), pct(pods, 99)
 		b.ReportMetric(vp50.Seconds(), "vm-p50-s")
@@ -151,7 +151,7 @@ func BenchmarkMigrationBlackout(b *testing.B) {
 	_, run := buildKvnet(b)
 	for range b.N {
 		dir := b.TempDir()
-		run("lab", "up", "--dir", dir, "--nodes", "3")
+		run("up", "--dir", dir, "--nodes", "3")
 		c := labClient(b, dir)
 		ctx := context.Background()
 		const ns = "bench-mig"
@@ -253,7 +253,7 @@ func BenchmarkMigrationBlackout(b *testing.B) {
 		mon.stop()
 		ping.stop()
 		tap.stop()
-		run("lab", "down", "--dir", dir)
+		run("down", "--dir", dir)
 
 		downtimes, qemuPauses, resumes := migrationDowntimes(b, dir)
 		if len(blackouts) == 0 || len(downtimes) == 0 || len(qemuPauses) != len(downtimes) {

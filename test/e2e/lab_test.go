@@ -19,7 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"kvnet.io/kvnet/internal/controlplane"
+	"kvnet.io/kvnet/internal/lab/controlplane"
+	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -29,12 +30,12 @@ import (
 // that fails the test on a non-zero exit.
 func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
 	binDir := t.TempDir()
-	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-node", "./cmd/kvnet-cni",
+	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-lab", "./cmd/kvnet-node", "./cmd/kvnet-cni",
 		"github.com/containernetworking/plugins/plugins/main/macvlan", "github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local")
 	build.Dir = root
@@ -43,13 +44,13 @@ func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 	}
 	run := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(binDir, "kvnet"), args...)
+		cmd := exec.Command(filepath.Join(binDir, "kvnet-lab"), args...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), controlplane.BinDirEnv+"="+filepath.Join(root, ".cache", "bin"))
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
-			t.Fatalf("kvnet %s: %v\n%s", strings.Join(args, " "), err, out.String())
+			t.Fatalf("kvnet-lab %s: %v\n%s", strings.Join(args, " "), err, out.String())
 		}
 		return out.String()
 	}
@@ -108,8 +109,8 @@ func TestLabDemo(t *testing.T) {
 	root, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir)
-	defer run("lab", "down", "--dir", dir)
+	run("up", "--dir", dir)
+	defer run("down", "--dir", dir)
 	if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err != nil {
 		t.Fatalf("no kubeconfig: %v", err)
 	}
@@ -165,8 +166,8 @@ func TestLabReportsNodeFailure(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "2")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "2")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	labPID := readPID(t, filepath.Join(dir, "lab.pid"))
 	nodePID := readPID(t, filepath.Join(dir, "nodes", "node-2", "kvnet-node.pid"))
 	if err := syscall.Kill(nodePID, syscall.SIGKILL); err != nil {
@@ -182,7 +183,7 @@ func TestLabReportsNodeFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "kvnet lab: stopping: kvnet-node on node-2: signal: killed"; !strings.Contains(string(log), want) {
+	if want := "kvnet-lab: stopping: kvnet-node on node-2: signal: killed"; !strings.Contains(string(log), want) {
 		t.Errorf("lab log lacks %q:\n%s", want, log)
 	}
 	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
@@ -193,7 +194,7 @@ func TestLabReportsNodeFailure(t *testing.T) {
 	if strings.Contains(string(out), prefix) {
 		t.Errorf("the stopped lab left network namespaces %s*:\n%s", prefix, out)
 	}
-	if down := run("lab", "down", "--dir", dir); !strings.Contains(down, "stopped by itself after a failure: kvnet-node on node-2") {
+	if down := run("down", "--dir", dir); !strings.Contains(down, "stopped by itself after a failure: kvnet-node on node-2") {
 		t.Errorf("lab down does not report the failure:\n%s", down)
 	}
 }
@@ -233,8 +234,8 @@ func TestLabDemoMultus(t *testing.T) {
 	root, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--multus")
-	defer run("lab", "down", "--dir", dir)
+	run("up", "--dir", dir, "--multus")
+	defer run("down", "--dir", dir)
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	out := run("demo", "--kubeconfig", kubeconfig, "--examples", filepath.Join(root, "examples"))
 	for _, re := range demoTrafficChecks {

@@ -16,12 +16,12 @@ import (
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/hostsubnet"
+	"kvnet.io/kvnet/internal/lab/cli/lab"
+	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/podnetworks"
-	"kvnet.io/kvnet/internal/sim/guest"
-	"kvnet.io/kvnet/internal/sim/simkubelet"
-	"kvnet.io/kvnet/internal/sim/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -50,8 +50,8 @@ func TestLabLayer3(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "2")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "2")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	c := labClient(t, dir)
 	ctx := context.Background()
 	layer3UDN(t, c, "l3-red", "10.60.0.0/16")
@@ -198,8 +198,8 @@ func TestLabLayer3(t *testing.T) {
 	}
 
 	// Host subnets survive restarting the lab, kvnet-controller included.
-	run("lab", "down", "--dir", dir)
-	run("lab", "up", "--dir", dir, "--nodes", "2")
+	run("down", "--dir", dir)
+	run("up", "--dir", dir, "--nodes", "2")
 	c = labClient(t, dir) // the restarted API server listens elsewhere
 	after := nodeSubnets()
 	for node, s := range subnets {

@@ -25,10 +25,10 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/cli/lab"
-	"kvnet.io/kvnet/internal/sim/guest"
-	"kvnet.io/kvnet/internal/sim/simkubelet"
-	"kvnet.io/kvnet/internal/sim/simvirt"
+	"kvnet.io/kvnet/internal/lab/cli/lab"
+	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -83,8 +83,8 @@ func TestLabMigrationFailureKeepsSource(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	c := labClient(t, dir)
 	ctx := context.Background()
 	const ns = "e2e-mig"
@@ -213,8 +213,8 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	c := labClient(t, dir)
 	ctx := context.Background()
 	const ns = "e2e-mig-ok"
@@ -423,8 +423,8 @@ func TestLabMigrationNetwork(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	c := labClient(t, dir)
 	ctx := context.Background()
 	if err := c.Create(ctx, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "migration-net"},

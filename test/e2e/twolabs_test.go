@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"kvnet.io/kvnet/internal/cli/lab"
+	"kvnet.io/kvnet/internal/lab/cli/lab"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -30,8 +30,8 @@ func TestTwoLabsAtOnce(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
 	for _, dir := range dirs {
 		showLabLogOnFailure(t, dir)
-		run("lab", "up", "--dir", dir, "--nodes", "1")
-		t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+		run("up", "--dir", dir, "--nodes", "1")
+		t.Cleanup(func() { run("down", "--dir", dir) })
 	}
 	hosts := map[string]bool{}
 	prefixes := map[string]bool{}
@@ -69,7 +69,7 @@ func TestTwoLabsAtOnce(t *testing.T) {
 		})
 	}
 	// Stopping the first leaves the second running.
-	run("lab", "down", "--dir", dirs[0])
+	run("down", "--dir", dirs[0])
 	pid := readPID(t, filepath.Join(dirs[1], "lab.pid"))
 	if err := syscall.Kill(pid, 0); err != nil {
 		t.Fatalf("the second lab (pid %d) stopped with the first: %v", pid, err)

@@ -17,10 +17,10 @@ import (
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/k8s/manager"
-	"kvnet.io/kvnet/internal/sim/guest"
-	"kvnet.io/kvnet/internal/sim/simlauncher"
+	"kvnet.io/kvnet/internal/lab/cli/lab"
+	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -126,8 +126,8 @@ func TestLabVMStopStartAndRestart(t *testing.T) {
 	_, run := buildKvnet(t)
 	dir := t.TempDir()
 	showLabLogOnFailure(t, dir)
-	run("lab", "up", "--dir", dir, "--nodes", "2")
-	t.Cleanup(func() { run("lab", "down", "--dir", dir) })
+	run("up", "--dir", dir, "--nodes", "2")
+	t.Cleanup(func() { run("down", "--dir", dir) })
 	c := labClient(t, dir)
 	ctx := context.Background()
 	const ns = "e2e-vm"
@@ -167,8 +167,8 @@ func TestLabVMStopStartAndRestart(t *testing.T) {
 		t.Fatalf("after stop/start the guest got %s MAC %s, before %s MAC %s", second.Addr, second.MAC, first.Addr, first.MAC)
 	}
 
-	run("lab", "down", "--dir", dir)
-	run("lab", "up", "--dir", dir, "--nodes", "2")
+	run("down", "--dir", dir)
+	run("up", "--dir", dir, "--nodes", "2")
 	third := waitBoot(t, dir, ns, "vm-1", 3)
 	if third.Addr != first.Addr || third.MAC.String() != first.MAC.String() {
 		t.Fatalf("after a lab restart the guest got %s MAC %s, before %s MAC %s", third.Addr, third.MAC, first.Addr, first.MAC)

@@ -1,14 +1,13 @@
-// Package root assembles the kvnet command line.
+// Package root assembles the kvnet command line (the operator's tool;
+// the lab is kvnet-lab).
 package root
 
 import (
 	"github.com/spf13/cobra"
 
 	"kvnet.io/kvnet/internal/cli/audit"
-	"kvnet.io/kvnet/internal/cli/demo"
 	"kvnet.io/kvnet/internal/cli/get"
 	"kvnet.io/kvnet/internal/cli/install"
-	"kvnet.io/kvnet/internal/cli/lab"
 	"kvnet.io/kvnet/internal/cli/why"
 )
 
@@ -20,7 +19,7 @@ func NewCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(lab.NewCommand(), lab.NewChaosCommand(), demo.NewCommand(), get.NewCommand(), audit.NewCommand(), why.NewCommand(),
+	cmd.AddCommand(get.NewCommand(), audit.NewCommand(), why.NewCommand(),
 		install.NewCommand(), install.NewUninstallCommand(), install.NewCheckCommand())
 	return cmd
 }

@@ -16,8 +16,8 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
-	"kvnet.io/kvnet/internal/controlplane"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/lab/controlplane"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
