@@ -1,21 +1,17 @@
 package launcher
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"kvnet.io/kvnet/internal/testenv/golden"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files under testdata/")
 
 // vmi builds a VMI in namespace "default" from networks and interfaces.
 func vmi(networks []kubevirtv1.Network, ifaces ...kubevirtv1.Interface) *kubevirtv1.VirtualMachineInstance {
@@ -176,19 +172,7 @@ func TestAnnotationsGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			b = append(b, '\n')
-			golden := filepath.Join("testdata", tt.name+".json")
-			if *update {
-				if err := os.WriteFile(golden, b, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create it)", err)
-			}
-			if !bytes.Equal(b, want) {
-				t.Fatalf("annotations differ from %s:\ngot:\n%s\nwant:\n%s", golden, b, want)
-			}
+			golden.Check(t, tt.name+".json", b)
 		})
 	}
 }
