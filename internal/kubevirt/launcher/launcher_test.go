@@ -6,11 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"kvnet.io/kvnet/internal/testenv/golden"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/testenv/golden"
 )
 
 // vmi builds a VMI in namespace "default" from networks and interfaces.
