@@ -35,6 +35,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
@@ -494,7 +495,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
 	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed,
-		VMINodes: map[types.NamespacedName]string{}, Migrating: map[types.NamespacedName]bool{},
+		VMINodes: map[types.NamespacedName]string{}, Migrations: map[types.NamespacedName]*migration.Migration{},
 		Announced: a.announce.Announced()}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := c.List(ctx, &nads); err != nil {
@@ -540,8 +541,8 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		for _, vmi := range vmis.Items {
 			key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 			in.VMINodes[key] = vmi.Status.NodeName
-			if m := vmi.Status.MigrationState; m != nil && m.TargetNode != "" && !m.Completed && !m.Failed {
-				in.Migrating[key] = true
+			if m := migration.Of(&vmi); m != nil {
+				in.Migrations[key] = m
 			}
 		}
 	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {

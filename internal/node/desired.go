@@ -16,6 +16,7 @@ import (
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -35,12 +36,15 @@ type Input struct {
 	Nodes []corev1.Node
 	// VMINodes maps a VirtualMachineInstance to its status.nodeName.
 	VMINodes map[types.NamespacedName]string
-	// Migrating holds the VirtualMachineInstances in live migration: their
-	// status.migrationState names a target and is neither completed nor
-	// failed.
-	Migrating map[types.NamespacedName]bool
+	// Migrations holds each VirtualMachineInstance's last live migration
+	// (migration.Of), by VMI. While one is in progress, its source and
+	// target launcher pods hold the VM's MAC and both get a port.
+	Migrations map[types.NamespacedName]*migration.Migration
 	// Announced holds the MACs whose migrated guest announced itself on
-	// this node's Standby port (RARP): that port is activated at once.
+	// this node's Standby port (its first frame there: QEMU's RARP or an
+	// IP packet, see announce.go): that port is open although the VMI
+	// still names the source node (the switch-over's second place, see
+	// package migration).
 	Announced map[string]bool
 	// Links maps the alias of each local link (cni.PortAlias) to its name.
 	Links map[string]string
@@ -219,8 +223,7 @@ func (p *planner) unserved(name, format string, args ...any) {
 // topology's planner), services, remote MACs, ports and DHCP leases.
 // namespaces are those whose primary network it is.
 func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces map[string]bool, nodePorts bool) {
-	activeHolders(hs, p.in.VMINodes)
-	markMigrating(hs, p.in.Migrating)
+	p.switchOver(hs)
 	members, ok := p.members(hs, nodePorts)
 	if !ok {
 		return // the network has no pod here: nothing of it on this node

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -20,7 +21,7 @@ type holder struct {
 	node   string
 	a      podnetworks.Attachment
 	mac    net.HardwareAddr
-	active bool // where the MAC lives now (see activeHolders)
+	active bool // where the MAC lives now (see switchOver)
 	// migrating: one of the two holders of a VM's MAC in live migration;
 	// both ports are attached, and the bridges follow the guest's frames.
 	migrating bool
@@ -60,12 +61,16 @@ func (p *planner) holders(nets map[string]*network) map[string][]*holder {
 	return holders
 }
 
-// activeHolders marks, for each MAC, the one holder that has it now. A MAC
-// held twice is a VM in live migration (two launcher pods share the
-// claim's MAC): the holder on the VMI's status.nodeName wins, which
+// switchOver decides, for each MAC among a network's holders hs (grouped
+// once), which holder has it now (active) and whether its two holders
+// are a live migration's source and target pods (migrating: both ports
+// are attached, and the bridges follow the guest's frames).
+//
+// A MAC held twice is a VM in live migration (two launcher pods share the
+// claim's MAC): the holder on the VMI's status.nodeName is active, which
 // KubeVirt switches when the migration completes; without a VMI, a pod not
 // being deleted wins over one that is, then the newest pod.
-func activeHolders(hs []*holder, vmiNodes map[types.NamespacedName]string) {
+func (p *planner) switchOver(hs []*holder) {
 	byMAC := map[string][]*holder{}
 	for _, h := range hs {
 		if h.mac != nil {
@@ -75,37 +80,37 @@ func activeHolders(hs []*holder, vmiNodes map[types.NamespacedName]string) {
 	for _, group := range byMAC {
 		best := slices.MaxFunc(group, func(a, b *holder) int {
 			return cmp.Or(
-				cmpBool(onVMINode(a, vmiNodes), onVMINode(b, vmiNodes)),
+				cmpBool(onVMINode(a, p.in.VMINodes), onVMINode(b, p.in.VMINodes)),
 				cmpBool(a.pod.DeletionTimestamp == nil, b.pod.DeletionTimestamp == nil),
 				a.pod.CreationTimestamp.Compare(b.pod.CreationTimestamp.Time),
 				cmp.Compare(a.pod.Name, b.pod.Name),
 			)
 		})
 		best.active = true
+		if p.migrationPair(group) {
+			group[0].migrating, group[1].migrating = true, true
+		}
 	}
 }
 
-// markMigrating marks both holders of each MAC held twice by the launcher
-// pods of a VMI in live migration.
-func markMigrating(hs []*holder, migrating map[types.NamespacedName]bool) {
-	byMAC := map[string][]*holder{}
-	for _, h := range hs {
-		if h.mac != nil {
-			byMAC[h.mac.String()] = append(byMAC[h.mac.String()], h)
-		}
+// migrationPair reports whether the holders of one MAC are the source and
+// target launcher pods, on two nodes, of their VMI's migration in
+// progress (Input.Migrations).
+func (p *planner) migrationPair(group []*holder) bool {
+	if len(group) != 2 || group[0].node == group[1].node {
+		return false
 	}
-	for _, group := range byMAC {
-		if len(group) != 2 {
-			continue
-		}
-		vmi := group[0].pod.Annotations[kubevirtv1.DomainAnnotation]
-		key := types.NamespacedName{Namespace: group[0].pod.Namespace, Name: vmi}
-		if vmi == "" || !migrating[key] || group[1].pod.Namespace != key.Namespace ||
-			group[1].pod.Annotations[kubevirtv1.DomainAnnotation] != vmi || group[0].node == group[1].node {
-			continue
-		}
-		group[0].migrating, group[1].migrating = true, true
+	a, b := group[0].pod, group[1].pod
+	vmi := a.Annotations[kubevirtv1.DomainAnnotation]
+	if vmi == "" || b.Annotations[kubevirtv1.DomainAnnotation] != vmi {
+		return false
 	}
+	m := p.in.Migrations[types.NamespacedName{Namespace: a.Namespace, Name: vmi}]
+	if !m.InProgress() {
+		return false
+	}
+	ra, rb := m.RoleOf(a.Namespace, a.Name), m.RoleOf(b.Namespace, b.Name)
+	return ra != migration.NoRole && rb != migration.NoRole && ra != rb
 }
 
 func onVMINode(h *holder, vmiNodes map[types.NamespacedName]string) bool {
