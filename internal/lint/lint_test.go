@@ -67,6 +67,7 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/datapath",
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
+	"kvnet.io/kvnet/internal/portalias",
 	"kvnet.io/kvnet/internal/lab/simnet",
 }
 

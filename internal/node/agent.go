@@ -39,6 +39,7 @@ import (
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // Config configures an Agent.
@@ -441,14 +442,14 @@ var (
 )
 
 // followLinks kicks the loop for each update of a kvnet link (pod ports:
-// alias "kvnet:…" or name "kvp…") until ctx ends. The netlink library
+// alias portalias.Prefix… or name "kvp…") until ctx ends. The netlink library
 // closes updates when ctx ends or the subscription fails; then, while ctx
 // lives, it subscribes again, retrying with a backoff that stops at once
 // when ctx ends, and kicks the loop for whatever happened meanwhile.
 func (a *Agent) followLinks(ctx context.Context, updates <-chan netlink.LinkUpdate, subscribe func() (<-chan netlink.LinkUpdate, error)) {
 	for {
 		for u := range updates {
-			if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
+			if portalias.Has(u.Attrs().Alias) || strings.HasPrefix(u.Attrs().Name, "kvp") {
 				a.kick()
 			}
 		}
@@ -560,8 +561,8 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		if l.Type() == "bridge" {
 			in.Bridges[attrs.Name] = true
 		}
-		if !strings.HasPrefix(attrs.Alias, "kvnet:") {
-			continue
+		if _, err := portalias.Parse(attrs.Alias); err != nil {
+			continue // not a pod port of kvnet-cni's
 		}
 		// Two links with one alias: a pod recreated under the same name
 		// before the old sandbox's DEL; the newer link is the pod's.

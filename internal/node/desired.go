@@ -46,7 +46,7 @@ type Input struct {
 	// still names the source node (the switch-over's second place, see
 	// package migration).
 	Announced map[string]bool
-	// Links maps the alias of each local link (cni.PortAlias) to its name.
+	// Links maps the alias of each local link (portalias.Format) to its name.
 	Links map[string]string
 	// Services are the cluster's Services: those of a primary network's
 	// namespaces are load-balanced by the network's router to its pods.

@@ -13,10 +13,10 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -55,7 +55,7 @@ func pod(ns, name, node, ip, mac string, age time.Duration) corev1.Pod {
 func links(pods ...corev1.Pod) map[string]string {
 	out := map[string]string{}
 	for i, p := range pods {
-		out[cni.PortAlias(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = fmt.Sprintf("kvp%d", i)
+		out[portalias.Format(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = fmt.Sprintf("kvp%d", i)
 	}
 	return out
 }

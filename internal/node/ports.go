@@ -4,9 +4,9 @@ import (
 	"net/netip"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // ports plans network n's holders hs (n planned as dn): a port for each
@@ -39,7 +39,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			}
 			p.plan.State.RemoteMACs = append(p.plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: p.vteps[h.node], Migrating: h.migrating})
 		default:
-			alias := cni.PortAlias(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)
+			alias := portalias.Format(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)
 			ifName, ok := p.in.Links[alias]
 			if !ok {
 				p.plan.Waiting++
