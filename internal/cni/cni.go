@@ -31,6 +31,7 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // PodSource reads a pod's kvnet.io/pod-networks annotation. It returns nil
@@ -422,7 +423,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	// kvnet-node attaches the host end to the network's bridge (it knows
 	// the network ID and owns the bridge); the alias tells it which pod and
 	// network the port is, since the name only encodes the container.
-	if err := setAlias(host, PortAlias(podKey(args), nadKeyOf(r, a))); err != nil {
+	if err := setAlias(host, portalias.Format(podKey(args), nadKeyOf(r, a))); err != nil {
 		return types.NewError(types.ErrInternal, "label host interface", err.Error())
 	}
 	res, err := result(r.version, a, []*current.Interface{
@@ -577,10 +578,6 @@ func unserved(st Status, network string) error {
 	}
 	return nil
 }
-
-// PortAlias is the interface alias of a pod's host end:
-// "kvnet:<namespace>/<pod>:<nad namespace>/<nad name>".
-func PortAlias(pod, nad string) string { return "kvnet:" + pod + ":" + nad }
 
 func podKey(args *skel.CmdArgs) string {
 	ns, name, _ := podIdentity(args.Args)

@@ -29,6 +29,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/macpool"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -239,8 +240,9 @@ type VMI struct {
 	Node       string
 	Interfaces []Interface
 	// Status maps an interface name to what the VMI reports for it.
-	Status    map[string]InterfaceStatus
-	Migration *Migration
+	Status map[string]InterfaceStatus
+	// Migration is its last live migration (nil if it never migrated).
+	Migration *migration.Migration
 }
 
 // Key is "<namespace>/<name>".
@@ -261,28 +263,6 @@ type Interface struct {
 type InterfaceStatus struct {
 	IPs []string
 	MAC string
-}
-
-// Migration is a VMI's migration state.
-type Migration struct {
-	SourceNode, TargetNode string
-	SourcePod, TargetPod   string
-	Completed, Failed      bool
-	Started                bool
-	FailureReason          string
-}
-
-// State is Succeeded, Failed, Running or Pending.
-func (m *Migration) State() string {
-	switch {
-	case m.Failed:
-		return "Failed"
-	case m.Completed:
-		return "Succeeded"
-	case m.Started:
-		return "Running"
-	}
-	return "Pending"
 }
 
 // MACRange is the MAC pool's range ConfigMap.
@@ -606,10 +586,7 @@ func buildVMI(o *kubevirtv1.VirtualMachineInstance) *VMI {
 		}
 		v.Status[s.Name] = InterfaceStatus{IPs: ips, MAC: s.MAC}
 	}
-	if m := o.Status.MigrationState; m != nil {
-		v.Migration = &Migration{SourceNode: m.SourceNode, TargetNode: m.TargetNode, SourcePod: m.SourcePod, TargetPod: m.TargetPod,
-			Completed: m.Completed, Failed: m.Failed, Started: m.StartTimestamp != nil, FailureReason: m.FailureReason}
-	}
+	v.Migration = migration.Of(o)
 	return v
 }
 

@@ -434,7 +434,7 @@ func (inv *Inventory) vmRow(namespace, name, status string, i Interface, vmi *VM
 		st = vmi.Status[i.Name]
 		r.Node = vmi.Node
 		if m := vmi.Migration; m != nil {
-			r.Migration, r.MigrationSource, r.MigrationTarget = m.State(), m.SourceNode, m.TargetNode
+			r.Migration, r.MigrationSource, r.MigrationTarget = string(m.State), m.SourceNode, m.TargetNode
 		}
 	}
 	if len(r.IPs) == 0 && len(st.IPs) > 0 {

@@ -61,11 +61,13 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/ipam",
 	"kvnet.io/kvnet/internal/podnetworks",
 	"kvnet.io/kvnet/internal/vmclaims",
+	"kvnet.io/kvnet/internal/migration",
 	"kvnet.io/kvnet/internal/macpool",
 	"kvnet.io/kvnet/internal/kubevirt/launcher",
 	"kvnet.io/kvnet/internal/datapath",
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
+	"kvnet.io/kvnet/internal/portalias",
 	"kvnet.io/kvnet/internal/lab/simnet",
 }
 

@@ -35,9 +35,11 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // Config configures an Agent.
@@ -440,14 +442,14 @@ var (
 )
 
 // followLinks kicks the loop for each update of a kvnet link (pod ports:
-// alias "kvnet:…" or name "kvp…") until ctx ends. The netlink library
+// alias portalias.Prefix… or name "kvp…") until ctx ends. The netlink library
 // closes updates when ctx ends or the subscription fails; then, while ctx
 // lives, it subscribes again, retrying with a backoff that stops at once
 // when ctx ends, and kicks the loop for whatever happened meanwhile.
 func (a *Agent) followLinks(ctx context.Context, updates <-chan netlink.LinkUpdate, subscribe func() (<-chan netlink.LinkUpdate, error)) {
 	for {
 		for u := range updates {
-			if strings.HasPrefix(u.Attrs().Alias, "kvnet:") || strings.HasPrefix(u.Attrs().Name, "kvp") {
+			if portalias.Has(u.Attrs().Alias) || strings.HasPrefix(u.Attrs().Name, "kvp") {
 				a.kick()
 			}
 		}
@@ -494,7 +496,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
 	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed,
-		VMINodes: map[types.NamespacedName]string{}, Migrating: map[types.NamespacedName]bool{},
+		VMINodes: map[types.NamespacedName]string{}, Migrations: map[types.NamespacedName]*migration.Migration{},
 		Announced: a.announce.Announced()}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := c.List(ctx, &nads); err != nil {
@@ -540,8 +542,8 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		for _, vmi := range vmis.Items {
 			key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 			in.VMINodes[key] = vmi.Status.NodeName
-			if m := vmi.Status.MigrationState; m != nil && m.TargetNode != "" && !m.Completed && !m.Failed {
-				in.Migrating[key] = true
+			if m := migration.Of(&vmi); m != nil {
+				in.Migrations[key] = m
 			}
 		}
 	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {
@@ -559,8 +561,8 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		if l.Type() == "bridge" {
 			in.Bridges[attrs.Name] = true
 		}
-		if !strings.HasPrefix(attrs.Alias, "kvnet:") {
-			continue
+		if _, err := portalias.Parse(attrs.Alias); err != nil {
+			continue // not a pod port of kvnet-cni's
 		}
 		// Two links with one alias: a pod recreated under the same name
 		// before the old sandbox's DEL; the newer link is the pod's.

@@ -12,11 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // The cluster of the Desired benchmarks: 100 nodes, 10,000 pods on 50
@@ -121,12 +121,12 @@ func benchDesiredChurn(b *testing.B, pct int) {
 				continue
 			}
 			// The pod is deleted and a new one takes its place.
-			oldAlias := cni.PortAlias(p.Namespace+"/"+p.Name, p.Namespace+"/udn")
+			oldAlias := portalias.Format(p.Namespace+"/"+p.Name, p.Namespace+"/udn")
 			p.Name = fmt.Sprintf("p%d-%d", i, gen[i])
 			p.UID = types.UID(fmt.Sprintf("uid-%d-%d", i, gen[i]))
 			if ifName, ok := in.Links[oldAlias]; ok {
 				delete(in.Links, oldAlias)
-				in.Links[cni.PortAlias(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = ifName
+				in.Links[portalias.Format(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = ifName
 			}
 		}
 	}

@@ -13,9 +13,10 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -54,7 +55,7 @@ func pod(ns, name, node, ip, mac string, age time.Duration) corev1.Pod {
 func links(pods ...corev1.Pod) map[string]string {
 	out := map[string]string{}
 	for i, p := range pods {
-		out[cni.PortAlias(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = fmt.Sprintf("kvp%d", i)
+		out[portalias.Format(p.Namespace+"/"+p.Name, p.Namespace+"/udn")] = fmt.Sprintf("kvp%d", i)
 	}
 	return out
 }
@@ -198,12 +199,13 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 	key := types.NamespacedName{Namespace: "a", Name: "vm1"}
 	peer := pod("a", "peer", "n3", "10.1.1.9", "0a:58:0a:01:01:09", time.Hour)
 	in := Input{
-		NADs:      []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
-		Pods:      []corev1.Pod{src, dst, peer},
-		Nodes:     []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2"), kvnode("n3", "192.168.100.3")},
-		Links:     links(src, dst, peer),
-		VMINodes:  map[types.NamespacedName]string{key: "n1"},
-		Migrating: map[types.NamespacedName]bool{key: true},
+		NADs:     []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:     []corev1.Pod{src, dst, peer},
+		Nodes:    []corev1.Node{kvnode("n1", "192.168.100.1"), kvnode("n2", "192.168.100.2"), kvnode("n3", "192.168.100.3")},
+		Links:    links(src, dst, peer),
+		VMINodes: map[types.NamespacedName]string{key: "n1"},
+		Migrations: map[types.NamespacedName]*migration.Migration{key: {VMI: key, SourceNode: "n1", TargetNode: "n2",
+			SourcePod: src.Name, TargetPod: dst.Name, State: migration.Running}},
 	}
 	port := func(p Plan) *datapath.Port {
 		for i := range p.State.Ports {
@@ -257,8 +259,16 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 	if len(got) != 1 || got[0].VTEP.String() != "192.168.100.1" || !got[0].Migrating {
 		t.Errorf("n3: remote entries %+v, want one Migrating entry at n1", got)
 	}
+	// A migration whose pods are others (an earlier attempt's target)
+	// pairs nothing: the holders are ordinary.
+	in.Migrations[key].TargetPod = "virt-launcher-vm1-other"
+	in.Node = "n1"
+	if pt := port(Desired(in)); pt == nil || pt.Migrating {
+		t.Errorf("n1, migration to another pod: port %+v, want an ordinary one", pt)
+	}
+	in.Migrations[key].TargetPod = dst.Name
 	// Once the migration is over (completed or failed), ordinary state.
-	in.Migrating = nil
+	in.Migrations[key].State = migration.Failed
 	in.Node = "n2"
 	if pt := port(Desired(in)); pt != nil {
 		t.Errorf("n2 after a failed migration: port %+v, want none", pt)

@@ -15,7 +15,7 @@
 //     hold the VM's MAC; the VMI's status.nodeName tells which one is live.
 //
 // and, from the node itself, the host ends of pod veths made by kvnet-cni,
-// found by their alias (cni.PortAlias).
+// found by their alias (portalias.Format).
 //
 // Desired computes the datapath.State and the DHCP leases from these inputs
 // as a pure function. The Agent recomputes and applies it whenever anything

@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // l3node is a node with a VTEP, node ID id and host subnet
@@ -60,7 +60,7 @@ func TestDesiredLayer3(t *testing.T) {
 				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}}}},
 		MTU: 1400,
 	}
-	in.Links = map[string]string{cni.PortAlias("a/a1", "a/l3"): "kvp0"}
+	in.Links = map[string]string{portalias.Format("a/a1", "a/l3"): "kvp0"}
 	plan := Desired(in)
 	if len(plan.Problems) != 0 || len(plan.Unserved) != 0 {
 		t.Fatalf("problems %v unserved %v", plan.Problems, plan.Unserved)

@@ -12,9 +12,9 @@ import (
 	"github.com/vishvananda/netns"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/lab/simcluster"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // TestAgentAttachesPortLabelledWhileDown: kvnet-cni creates a pod's host
@@ -61,7 +61,7 @@ func TestAgentAttachesPortLabelledWhileDown(t *testing.T) {
 	if link.Attrs().MasterIndex != 0 {
 		t.Fatal("the unlabelled port is already attached")
 	}
-	if err := h.LinkSetAlias(link, cni.PortAlias(p.ns+"/"+p.name, p.ns+"/"+nad.Name)); err != nil {
+	if err := h.LinkSetAlias(link, portalias.Format(p.ns+"/"+p.name, p.ns+"/"+nad.Name)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the labelled port attached to the network's bridge", func() error {

@@ -362,3 +362,45 @@ func allNodeAddrs(nodes []corev1.Node, vteps map[string]netip.Addr) []netip.Addr
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
 }
+
+// services returns the Services primary network n (planned as dn) serves
+// here: those of its namespaces with endpoints on it, at this node's
+// service addresses (set in dn: Layer3 networks serve in their join
+// subnet, the others in their transit subnet), then the cluster Services
+// (DNS, API server) it reaches through the node.
+func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, namespaces map[string]bool) []datapath.Service {
+	if !dn.Primary {
+		return nil
+	}
+	name, subnets := n.conf.Name, n.subnets
+	if n.topology == layer3 {
+		subnets = dn.Layer3.ClusterSubnets // endpoints on every node
+	}
+	services := servicesOf(serviceInput{name: name, conf: n.conf, subnets: subnets, namespaces: namespaces, holders: hs, problem: p.problem}, p.in.Services)
+	var viaNode []datapath.Service
+	if len(namespaces) > 0 {
+		viaNode = viaNodeServices(name, subnets, namespaces, p.clusterSvcs, p.in.EndpointSlices, p.problem)
+	}
+	if len(services) > 0 {
+		id, ok := nodeID(p.self)
+		var err error
+		switch {
+		case !ok:
+			p.problem("network %s: this node has no node ID yet (annotation %s, which kvnet-controller writes): %d service ports wait", name, nodeid.Annotation, len(services))
+		case n.topology == layer3:
+			// Only this router's own pods answer its service port
+			// (other nodes' pods answer over the overlay), so the join
+			// subnet serves, the overlay keeping the transit subnet.
+			dn.ServiceAddrs, dn.ServiceMAC, err = joinAddrs(n.conf.JoinSubnet, id)
+		default:
+			dn.ServiceAddrs, dn.ServiceMAC, err = serviceAddrs(n.conf.TransitSubnet, id)
+		}
+		if err != nil {
+			p.problem("network %s: services: %v", name, err)
+		}
+		if dn.ServiceAddrs == nil {
+			services = nil
+		}
+	}
+	return append(services, viaNode...)
+}

@@ -1,0 +1,99 @@
+package node
+
+import (
+	"net/netip"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/portalias"
+)
+
+// ports plans network n's holders hs (n planned as dn): a port for each
+// live local one (and for a live migration's target on this node, on
+// standby until its guest announces itself), a remote MAC for each live
+// remote one where the topology needs it (remoteMACPinned), and, on a
+// primary network with an IPv4 gateway, a DHCP lease per live local port.
+func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
+	name := n.conf.Name
+	var leases map[string]dhcp.Lease
+	serverIP := firstIPv4(n.gateways)
+	if dn.Primary && serverIP.IsValid() {
+		leases = map[string]dhcp.Lease{}
+	}
+	localMAC := map[string]bool{} // MACs with a port on this node
+	for _, h := range hs {
+		if h.node == p.in.Node && (h.active || h.migrating) && h.mac != nil {
+			localMAC[h.mac.String()] = true
+		}
+	}
+	for _, h := range hs {
+		switch {
+		case !h.active && !(h.migrating && h.node == p.in.Node):
+			// The other copy of a migrating VM's MAC: nothing here,
+			// unless it is the migration's port on this node.
+		case h.node != p.in.Node:
+			if !remoteMACPinned(n.topology) || (h.migrating && localMAC[h.mac.String()]) {
+				// The bridge learns whether a migrating guest is here.
+				continue
+			}
+			p.plan.State.RemoteMACs = append(p.plan.State.RemoteMACs, datapath.RemoteMAC{Network: name, MAC: h.mac, VTEP: p.vteps[h.node], Migrating: h.migrating})
+		default:
+			alias := portalias.Format(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)
+			ifName, ok := p.in.Links[alias]
+			if !ok {
+				p.plan.Waiting++
+				continue
+			}
+			port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
+				// A migration target waits for its guest's announce.
+				Standby: h.migrating && !h.active && !p.in.Announced[h.mac.String()]}
+			for _, s := range h.a.IPAddresses {
+				if pfx, err := netip.ParsePrefix(s); err == nil {
+					port.IPs = append(port.IPs, pfx)
+				}
+			}
+			p.plan.State.Ports = append(p.plan.State.Ports, port)
+			if leases != nil && h.active {
+				if l, ok := lease(h, serverIP, n.conf.MTU, p.dnsServers, p.in); ok {
+					leases[h.mac.String()] = l
+				}
+			}
+		}
+	}
+	if leases != nil {
+		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases})
+	}
+}
+
+// remoteMACPinned tells whether the node pins a remote pod's MAC to its
+// node's VTEP: on a Layer2 overlay only. A localnet network's physical
+// network learns where a MAC is; a Layer3 network routes to the pod's
+// node.
+func remoteMACPinned(t topology) bool { return t == layer2 }
+
+// lease is what the DHCP server gives h: its IPv4 address with the
+// subnet's mask, the gateway as router, the pod interface's MTU (the
+// network's, else the node's pod MTU, as kvnet-cni sets it), and the VM's
+// name as hostname.
+func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in Input) (dhcp.Lease, bool) {
+	if mtu == 0 {
+		mtu = in.MTU
+	}
+	for _, s := range h.a.IPAddresses {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() {
+			continue
+		}
+		host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+		if host == "" {
+			host = h.pod.Name
+		}
+		l := dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}
+		if len(clusterDNS) > 0 {
+			l.DNS, l.Search = clusterDNS, clusterSearch(h.pod.Namespace, in.ClusterDomain)
+		}
+		return l, true
+	}
+	return dhcp.Lease{}, false
+}
