@@ -33,6 +33,9 @@ func TestPools(t *testing.T) {
 		invtest.LegacyNetwork:  {Used: 1, Size: 254},
 		// gatewayIPs are excluded.
 		invtest.MigrationNetwork: {Used: 1, Size: 253},
+		// Three nodes' /24s, each less network, broadcast, router .1 and
+		// management .2; app-1 and app-2.
+		invtest.Layer3Network: {Used: 2, Size: 3 * 252},
 	}
 	got := inv.Pools()
 	if len(got) != len(want) {
@@ -50,6 +53,7 @@ func TestNetworkRows(t *testing.T) {
 	rows := inv.NetworkRows(inventory.Filter{})
 	want := `[` +
 		`{"name":"shared","kind":"CUDN","network":"cluster_udn_shared","topology":"Layer2","role":"Secondary","subnets":["10.20.0.0/24"],"pool":{"used":3,"size":254},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["other/shared","tenant/shared"],"networkID":"2","persistentIPs":false},` +
+		`{"namespace":"l3","name":"l3-net","kind":"UDN","network":"l3_l3-net","topology":"Layer3","role":"Primary","subnets":["10.100.0.0/16/24"],"pool":{"used":2,"size":756},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["l3/l3-net"],"networkID":"3","persistentIPs":false},` +
 		`{"namespace":"other","name":"migration","kind":"NAD","network":"migration","topology":"macvlan+kvnet-ipam","role":"Secondary","subnets":["10.200.0.0/24"],"pool":{"used":1,"size":253},"nads":["other/migration"],"persistentIPs":false},` +
 		`{"namespace":"tenant","name":"legacy","kind":"NAD","network":"legacy","topology":"Layer2","role":"Secondary","subnets":["10.30.0.0/24"],"pool":{"used":1,"size":254},"nads":["tenant/legacy"],"persistentIPs":false},` +
 		`{"namespace":"tenant","name":"primary","kind":"UDN","network":"tenant_primary","topology":"Layer2","role":"Primary","subnets":["10.10.0.0/24"],"pool":{"used":3,"size":252},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["tenant/primary"],"networkID":"1","persistentIPs":true}]`
