@@ -167,3 +167,30 @@ func TestLayer3Pools(t *testing.T) {
 		t.Errorf("pool without nodes: %+v, want empty", got)
 	}
 }
+
+// TestLauncherPodVM: a launcher pod's VM is its VMI's controller owner,
+// whatever vm.kubevirt.io/name says (KubeVirt writes the guest's hostname
+// there); without a listed VMI, the VMI's name (KubeVirt names a VM's VMI
+// after the VM), as for a standalone VMI.
+func TestLauncherPodVM(t *testing.T) {
+	o := invtest.World()
+	inv := inventory.Build(o)
+	p, _ := inv.Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VMI != "vm-a" || p.VM != "vm-a" || p.Labels["vm.kubevirt.io/name"] != invtest.HostnameA {
+		t.Errorf("launcher pod with hostname %q: VMI %q VM %q, want vm-a and vm-a", invtest.HostnameA, p.VMI, p.VM)
+	}
+	o.VMIs = nil
+	p, _ = inventory.Build(o).Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VMI != "vm-a" || p.VM != "vm-a" {
+		t.Errorf("launcher pod without its VMI: VMI %q VM %q, want vm-a and vm-a", p.VMI, p.VM)
+	}
+	o = invtest.World()
+	o.VMIs[0].OwnerReferences = nil // standalone
+	p, _ = inventory.Build(o).Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VM != "vm-a" {
+		t.Errorf("launcher pod of a standalone VMI: VM %q, want the VMI's name", p.VM)
+	}
+	if p, _ := inv.Pod("tenant/web-1"); p.VM != "" || p.VMI != "" {
+		t.Errorf("plain pod: VMI %q VM %q", p.VMI, p.VM)
+	}
+}

@@ -3,9 +3,11 @@
 // over two namespaces, a hand-written kvnet-cni NAD, a macvlan NAD with
 // kvnet-ipam, a primary Layer3 UDN with a host subnet on each of three
 // nodes (the nodes' kvnet.io/node-subnets) and two pods on it, pods, a
-// running VM (with its launcher pod, VMI and claim) and a stopped one (its
-// claim only), and the MAC range ConfigMap. World returns the objects (for
-// inventory.Build); Seed writes them into an API server, status included.
+// running VM (with its launcher pod, VMI and claim; its guest hostname
+// differs from its name, as KubeVirt writes it into the launcher pod's
+// vm.kubevirt.io/name) and a stopped one (its claim only), and the MAC
+// range ConfigMap. World returns the objects (for inventory.Build); Seed
+// writes them into an API server, status included.
 package invtest
 
 import (
@@ -40,6 +42,10 @@ const (
 	LegacyNetwork    = "legacy"             // hand-written NAD tenant/legacy
 	MigrationNetwork = "migration"          // macvlan + kvnet-ipam NAD other/migration
 	Layer3Network    = "l3_l3-net"          // UDN l3/l3-net, Layer3, host subnets /24
+
+	// HostnameA is VM vm-a's spec.template.spec.hostname: what KubeVirt
+	// puts in its launcher pod's vm.kubevirt.io/name label.
+	HostnameA = "guest-a"
 
 	LauncherA = "virt-launcher-vm-a-x7k2p"
 )
@@ -182,8 +188,15 @@ func World() *inventory.Objects {
 	launcher := Pod(Tenant, LauncherA, "node-1",
 		Attachment{NAD: "tenant/primary", Network: PrimaryNetwork, Role: "primary", IPs: []string{"10.10.0.4/24"}, MAC: "02:00:00:00:00:01", Claim: "vm-a.default"},
 		Attachment{NAD: "tenant/shared", Network: SharedNetwork, Role: "secondary", IPs: []string{"10.20.0.6/24"}, MAC: "02:00:00:00:00:10"})
-	launcher.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: "vm-a"}
+	// As KubeVirt's virt-controller labels a launcher pod: the VMI's
+	// labels, its hostname in vm.kubevirt.io/name, the VMI's name in
+	// vmi.kubevirt.io/id and the kubevirt.io/domain annotation, and the VMI
+	// as controller owner.
+	launcher.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: HostnameA,
+		kubevirtv1.VMIIDLabel: "vm-a", "os": "debian"}
 	launcher.Annotations[kubevirtv1.DomainAnnotation] = "vm-a"
+	launcher.OwnerReferences = []metav1.OwnerReference{{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachineInstance",
+		Name: "vm-a", UID: "to-be-set", Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
 	launcher.Annotations["k8s.v1.cni.cncf.io/networks"] = `[{"name":"shared","namespace":"tenant","interface":"pod16477688c0e"}]`
 	app1 := Pod(L3, "app-1", "node-1",
 		Attachment{NAD: "l3/l3-net", Network: Layer3Network, Role: "primary", IPs: []string{"10.100.0.3/24"}, MAC: "0a:58:0a:64:00:03"})
@@ -205,6 +218,7 @@ func World() *inventory.Objects {
 
 	l2bridge := &kubevirtv1.PluginBinding{Name: "l2bridge"}
 	specA := kubevirtv1.VirtualMachineInstanceSpec{
+		Hostname: HostnameA,
 		Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
 			{Name: "default", Binding: l2bridge, MacAddress: "02:00:00:00:00:01"},
 			{Name: "blue", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:00:00:00:00:10"},
