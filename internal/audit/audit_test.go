@@ -25,9 +25,10 @@ func TestCleanWorld(t *testing.T) {
 	if r.Summary() != "no findings" {
 		t.Errorf("summary %q", r.Summary())
 	}
-	// web-1, db-1 and the launcher (job-1 has completed); both claims;
-	// 3+2+2 attachments plus vm-b's claim, which no pod uses.
-	want := audit.Counts{Pods: 3, Claims: 2, Allocations: 8, Networks: 4, VMs: 2, VMIs: 1}
+	// web-1, db-1, the launcher, app-1 and app-2 (job-1 has completed);
+	// both claims; 3+2+2+1+1 attachments plus vm-b's claim, which no pod
+	// uses; five networks, the Layer3 one included.
+	want := audit.Counts{Pods: 5, Claims: 2, Allocations: 10, Networks: 5, VMs: 2, VMIs: 1}
 	if r.Checked != want {
 		t.Errorf("checked %+v, want %+v", r.Checked, want)
 	}
@@ -35,7 +36,7 @@ func TestCleanWorld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(b) != `{"findings":[],"checked":{"pods":3,"claims":2,"allocations":8,"networks":4,"vms":2,"vmis":1}}` {
+	if string(b) != `{"findings":[],"checked":{"pods":5,"claims":2,"allocations":10,"networks":5,"vms":2,"vmis":1}}` {
 		t.Errorf("JSON %s", b)
 	}
 }

@@ -166,8 +166,11 @@ type Pod struct {
 	// addresses any more.
 	Done        bool
 	HostNetwork bool
-	// VMI names the VMI of a virt-launcher pod (kubevirt.io/domain), VM its
-	// VM (vm.kubevirt.io/name, else the VMI's name); both empty otherwise.
+	// VMI names the VMI of a virt-launcher pod (its controller owner, else
+	// the kubevirt.io/domain annotation), VM its VM: the VMI's controller
+	// owner, else the VMI's name (KubeVirt names a VM's VMI after the VM;
+	// a standalone VMI stands for itself). Both are empty for other pods.
+	// vm.kubevirt.io/name is not read: it holds the guest's hostname.
 	VMI, VM string
 	// Attachments are the entries of kvnet.io/pod-networks, sorted by NAD.
 	Attachments []Attachment
@@ -397,6 +400,15 @@ func Build(o *Objects) *Inventory {
 	for _, v := range inv.VMIs {
 		inv.vmis[v.Key()] = v
 	}
+	for _, p := range inv.Pods {
+		if p.VMI == "" {
+			continue
+		}
+		p.VM = p.VMI
+		if vmi, ok := inv.vmis[p.Namespace+"/"+p.VMI]; ok && vmi.VM != "" {
+			p.VM = vmi.VM
+		}
+	}
 	if cm := o.MACRange; cm != nil {
 		inv.MACRange = &MACRange{Namespace: cm.Namespace, Name: cm.Name, Start: cm.Data["RANGE_START"], End: cm.Data["RANGE_END"]}
 	}
@@ -449,9 +461,8 @@ func buildPod(o *corev1.Pod) *Pod {
 		Phase: o.Status.Phase, Done: podnetworks.Completed(o), HostNetwork: o.Spec.HostNetwork}
 	if o.Labels[kubevirtv1.AppLabel] == kubevirtv1.VirtLauncherValue {
 		p.VMI = o.Annotations[kubevirtv1.DomainAnnotation]
-		p.VM = o.Labels[kubevirtv1.VMNameLabel]
-		if p.VM == "" {
-			p.VM = p.VMI
+		if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "VirtualMachineInstance" {
+			p.VMI = ref.Name
 		}
 	}
 	if v, ok := o.Annotations[podnetworks.Annotation]; ok {

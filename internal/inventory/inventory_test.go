@@ -33,6 +33,9 @@ func TestPools(t *testing.T) {
 		invtest.LegacyNetwork:  {Used: 1, Size: 254},
 		// gatewayIPs are excluded.
 		invtest.MigrationNetwork: {Used: 1, Size: 253},
+		// Three nodes' /24s, each less network, broadcast, router .1 and
+		// management .2; app-1 and app-2.
+		invtest.Layer3Network: {Used: 2, Size: 3 * 252},
 	}
 	got := inv.Pools()
 	if len(got) != len(want) {
@@ -50,6 +53,7 @@ func TestNetworkRows(t *testing.T) {
 	rows := inv.NetworkRows(inventory.Filter{})
 	want := `[` +
 		`{"name":"shared","kind":"CUDN","network":"cluster_udn_shared","topology":"Layer2","role":"Secondary","subnets":["10.20.0.0/24"],"pool":{"used":3,"size":254},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["other/shared","tenant/shared"],"networkID":"2","persistentIPs":false},` +
+		`{"namespace":"l3","name":"l3-net","kind":"UDN","network":"l3_l3-net","topology":"Layer3","role":"Primary","subnets":["10.100.0.0/16/24"],"pool":{"used":2,"size":756},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["l3/l3-net"],"networkID":"3","persistentIPs":false},` +
 		`{"namespace":"other","name":"migration","kind":"NAD","network":"migration","topology":"macvlan+kvnet-ipam","role":"Secondary","subnets":["10.200.0.0/24"],"pool":{"used":1,"size":253},"nads":["other/migration"],"persistentIPs":false},` +
 		`{"namespace":"tenant","name":"legacy","kind":"NAD","network":"legacy","topology":"Layer2","role":"Secondary","subnets":["10.30.0.0/24"],"pool":{"used":1,"size":254},"nads":["tenant/legacy"],"persistentIPs":false},` +
 		`{"namespace":"tenant","name":"primary","kind":"UDN","network":"tenant_primary","topology":"Layer2","role":"Primary","subnets":["10.10.0.0/24"],"pool":{"used":3,"size":252},"networkCreated":"True","reason":"NetworkAttachmentDefinitionCreated","nads":["tenant/primary"],"networkID":"1","persistentIPs":true}]`
@@ -161,5 +165,32 @@ func TestLayer3Pools(t *testing.T) {
 	o.Nodes = nil
 	if got := inventory.Build(o).Pools()["l3_udn"]; got != (inventory.Pool{}) {
 		t.Errorf("pool without nodes: %+v, want empty", got)
+	}
+}
+
+// TestLauncherPodVM: a launcher pod's VM is its VMI's controller owner,
+// whatever vm.kubevirt.io/name says (KubeVirt writes the guest's hostname
+// there); without a listed VMI, the VMI's name (KubeVirt names a VM's VMI
+// after the VM), as for a standalone VMI.
+func TestLauncherPodVM(t *testing.T) {
+	o := invtest.World()
+	inv := inventory.Build(o)
+	p, _ := inv.Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VMI != "vm-a" || p.VM != "vm-a" || p.Labels["vm.kubevirt.io/name"] != invtest.HostnameA {
+		t.Errorf("launcher pod with hostname %q: VMI %q VM %q, want vm-a and vm-a", invtest.HostnameA, p.VMI, p.VM)
+	}
+	o.VMIs = nil
+	p, _ = inventory.Build(o).Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VMI != "vm-a" || p.VM != "vm-a" {
+		t.Errorf("launcher pod without its VMI: VMI %q VM %q, want vm-a and vm-a", p.VMI, p.VM)
+	}
+	o = invtest.World()
+	o.VMIs[0].OwnerReferences = nil // standalone
+	p, _ = inventory.Build(o).Pod(invtest.Tenant + "/" + invtest.LauncherA)
+	if p.VM != "vm-a" {
+		t.Errorf("launcher pod of a standalone VMI: VM %q, want the VMI's name", p.VM)
+	}
+	if p, _ := inv.Pod("tenant/web-1"); p.VM != "" || p.VMI != "" {
+		t.Errorf("plain pod: VMI %q VM %q", p.VMI, p.VM)
 	}
 }

@@ -52,7 +52,7 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Inventory, e
 	return Build(objs), nil
 }
 
-// List reads the objects Build needs.
+// List reads the objects Build needs, every field of Objects.
 func List(ctx context.Context, c client.Reader, opts LoadOptions) (*Objects, error) {
 	if opts.MACRange.Name == "" {
 		opts.MACRange = DefaultMACRange
@@ -67,6 +67,7 @@ func List(ctx context.Context, c client.Reader, opts LoadOptions) (*Objects, err
 		claims ipamclaimv1alpha1.IPAMClaimList
 		vms    kubevirtv1.VirtualMachineList
 		vmis   kubevirtv1.VirtualMachineInstanceList
+		nodes  corev1.NodeList
 	)
 	for _, l := range []struct {
 		what     string
@@ -81,6 +82,9 @@ func List(ctx context.Context, c client.Reader, opts LoadOptions) (*Objects, err
 		{"IPAMClaims", &claims, true},
 		{"VirtualMachines", &vms, true},
 		{"VirtualMachineInstances", &vmis, true},
+		// Nodes carry the host subnets of Layer3 networks: without them a
+		// Layer3 pool reads as empty.
+		{"nodes", &nodes, false},
 	} {
 		if err := c.List(ctx, l.list); err != nil {
 			if l.optional && notInstalled(err) {
@@ -91,6 +95,7 @@ func List(ctx context.Context, c client.Reader, opts LoadOptions) (*Objects, err
 	}
 	o.Namespaces, o.NADs, o.UDNs, o.CUDNs = nss.Items, nads.Items, udns.Items, cudns.Items
 	o.Pods, o.Claims, o.VMs, o.VMIs = pods.Items, claims.Items, vms.Items, vmis.Items
+	o.Nodes = nodes.Items
 	var cm corev1.ConfigMap
 	switch err := c.Get(ctx, opts.MACRange, &cm); {
 	case err == nil:

@@ -16,8 +16,16 @@ const (
 	VirtLauncherValue = "virt-launcher"
 	// DomainAnnotation names the VMI a launcher pod runs.
 	DomainAnnotation = "kubevirt.io/domain"
-	// VMNameLabel names the VM of a launcher pod (at most 63 characters).
+	// VMNameLabel, despite its name, holds a launcher pod's guest
+	// hostname: the VMI's spec.hostname, else the VMI's name up to its
+	// first "." and cut at 63 characters (KubeVirt's template service). It
+	// is not the VM's name: that is the controller owner of the pod's VMI
+	// (the pod's controller owner, named by DomainAnnotation), and
+	// KubeVirt names a VM's VMI after the VM.
 	VMNameLabel = "vm.kubevirt.io/name"
+	// VMIIDLabel on a launcher pod is its VMI's name, cut and hashed
+	// past 63 characters.
+	VMIIDLabel = "vmi.kubevirt.io/id"
 	// AddressesAnnotation on a VMI requests IPs per interface:
 	// {"<iface>": ["10.0.0.5", ...]}.
 	AddressesAnnotation = "network.kubevirt.io/addresses"

@@ -80,7 +80,7 @@ func clean(t *testing.T) {
 	if err != nil || stderr != "" {
 		t.Fatalf("kvnet audit on a consistent cluster: %v, stderr %q\n%s", err, stderr, out)
 	}
-	if want := "no findings (checked 3 pods, 2 claims, 8 allocations, 4 networks, 2 VMs)\n"; out != want {
+	if want := "no findings (checked 5 pods, 2 claims, 10 allocations, 5 networks, 2 VMs)\n"; out != want {
 		t.Fatalf("stdout %q, want %q", out, want)
 	}
 	r, err := audit.Run(context.Background(), c)
@@ -106,6 +106,9 @@ func inject(t *testing.T) (undo func()) {
 	pod := func(p corev1.Pod) *corev1.Pod { return &p }
 	// DuplicateIP: the stopped VM vm-b's claim holds 10.10.0.5.
 	add(pod(invtest.Pod(invtest.Tenant, "intruder", "node-2", primary("10.10.0.5/24", "0a:58:0a:0a:00:05", ""))))
+	// DuplicateIP on the Layer3 network: app-1's address, on node-1.
+	add(pod(invtest.Pod(invtest.L3, "l3-intruder", "node-1", invtest.Attachment{NAD: "l3/l3-net", Network: invtest.Layer3Network,
+		Role: "primary", IPs: []string{"10.100.0.3/24"}, MAC: "0a:58:0a:64:00:63"})))
 	// DuplicateMAC: vm-a's MAC on the primary network.
 	add(pod(invtest.Pod(invtest.Tenant, "copycat", "node-2", primary("10.10.0.9/24", "02:00:00:00:00:01", ""))))
 	// LeakedClaim: no VM, VMI or pod.
@@ -175,8 +178,8 @@ func TestAudit(t *testing.T) {
 	if !errors.Is(err, cliaudit.ErrFindings) {
 		t.Fatalf("kvnet audit with findings: err %v, want ErrFindings", err)
 	}
-	wantSummary := "audit: 10 findings: 1 ClaimMismatch, 1 DuplicateIP, 1 DuplicateMAC, 1 DuplicateVMMAC, 1 InvalidAnnotation, 1 InvalidMACRange, 1 InvalidNAD, 1 LeakedClaim, 1 MissingClaim, 1 MissingNAD" +
-		" (checked 7 pods, 3 claims, 12 allocations, 4 networks, 3 VMs)\n"
+	wantSummary := "audit: 11 findings: 1 ClaimMismatch, 2 DuplicateIP, 1 DuplicateMAC, 1 DuplicateVMMAC, 1 InvalidAnnotation, 1 InvalidMACRange, 1 InvalidNAD, 1 LeakedClaim, 1 MissingClaim, 1 MissingNAD" +
+		" (checked 10 pods, 3 claims, 15 allocations, 5 networks, 3 VMs)\n"
 	if stderr != wantSummary {
 		t.Errorf("stderr:\n%q\nwant:\n%q", stderr, wantSummary)
 	}
@@ -254,7 +257,7 @@ func TestAuditOrphaned(t *testing.T) {
 	if !errors.Is(err, cliaudit.ErrFindings) {
 		t.Fatalf("kvnet audit: err %v, want ErrFindings\n%s", err, out)
 	}
-	if want := "audit: 1 finding: 1 Orphaned (checked 3 pods, 3 claims, 9 allocations, 4 networks, 2 VMs)\n"; stderr != want {
+	if want := "audit: 1 finding: 1 Orphaned (checked 5 pods, 3 claims, 11 allocations, 5 networks, 2 VMs)\n"; stderr != want {
 		t.Errorf("stderr %q, want %q", stderr, want)
 	}
 	for _, want := range []string{"Orphaned", "ipamclaim/audit-orphan/vm-x.default", "namespace audit-orphan no longer exists", "create namespace audit-orphan again, then delete it"} {

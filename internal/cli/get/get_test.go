@@ -3,15 +3,20 @@ package get_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/cli/get"
+	"kvnet.io/kvnet/internal/hostsubnet"
+	"kvnet.io/kvnet/internal/inventory"
 	"kvnet.io/kvnet/internal/inventory/invtest"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -23,6 +28,8 @@ var (
 	// namespace; it also has contexts "tenant" and "other" with those
 	// namespaces. tenantConfig is the same with "tenant" current.
 	kubeconfig, tenantConfig string
+	// apiClient reads the API server the world was seeded into.
+	apiClient client.Client
 )
 
 func TestMain(m *testing.M) {
@@ -52,6 +59,7 @@ func TestMain(m *testing.M) {
 		if err := clientcmd.WriteToFile(*cfg, tenantConfig); err != nil {
 			return err
 		}
+		apiClient = e.Client
 		return invtest.Seed(context.Background(), e.Client, invtest.World())
 	}))
 }
@@ -159,5 +167,59 @@ func TestErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("kvnet get %v: %v, want an error containing %q", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestListReadsEverything: inventory.List, which kvnet get and kvnet audit
+// build on, fills every field of inventory.Objects from the API with what
+// was seeded, Nodes (the host subnets of Layer3 pools) included; a field
+// Build reads that List never fills would leave the real CLI blind to it
+// while Build's tests, fed by hand, pass.
+func TestListReadsEverything(t *testing.T) {
+	got, err := inventory.List(context.Background(), apiClient, inventory.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := invtest.World()
+	gv, wv := reflect.ValueOf(got).Elem(), reflect.ValueOf(want).Elem()
+	for i := range gv.NumField() {
+		name := gv.Type().Field(i).Name
+		switch f := gv.Field(i); f.Kind() {
+		case reflect.Slice:
+			// The API holds more than the world: the control plane's own
+			// namespaces (kvnet-system's is the world's).
+			n, w := f.Len(), wv.Field(i).Len()
+			if w == 0 {
+				t.Errorf("invtest.World has no %s: it must exercise every field", name)
+			}
+			if n < w || (name != "Namespaces" && n != w) {
+				t.Errorf("List read %d %s, want %d", n, name, w)
+			}
+		case reflect.Pointer:
+			if f.IsNil() {
+				t.Errorf("List left %s nil", name)
+			}
+		default:
+			t.Errorf("field %s of kind %s: teach this test about it", name, f.Kind())
+		}
+	}
+	if len(got.Nodes) == 3 && got.Nodes[0].Annotations[hostsubnet.Annotation] == "" {
+		t.Errorf("node %s read without its %s annotation", got.Nodes[0].Name, hostsubnet.Annotation)
+	}
+}
+
+// TestLayer3PoolThroughTheCLI: kvnet get networks shows a Layer3 network's
+// pool as the sum of its nodes' host subnets, read from the Nodes.
+func TestLayer3PoolThroughTheCLI(t *testing.T) {
+	out, stderr, err := kvnetGet(t, "networks", "-n", invtest.L3, "-o", "json", "--kubeconfig", kubeconfig)
+	if err != nil || stderr != "" {
+		t.Fatalf("kvnet get networks: %v, stderr %q", err, stderr)
+	}
+	var rows []inventory.NetworkRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rows) != 1 || rows[0].Pool == nil || *rows[0].Pool != (inventory.PoolUse{Used: 2, Size: 3 * 252}) {
+		t.Errorf("Layer3 network rows %s, want one with pool 2/756", out)
 	}
 }

@@ -204,8 +204,10 @@ func (k *collector) podFacts(ctx context.Context, pod *corev1.Pod, nf *netFacts)
 		if found {
 			f.VMI = &vmi
 			f.VM = vmRefOf(&vmi)
-		} else if name := pod.Labels[kubevirtv1.VMNameLabel]; name != "" {
-			f.VM = &vmRef{Kind: "VirtualMachine", Name: name}
+		} else {
+			// KubeVirt names a VM's VMI after the VM. vm.kubevirt.io/name
+			// is no help: it holds the guest's hostname.
+			f.VM = &vmRef{Kind: "VirtualMachine", Name: vmiName}
 		}
 	}
 	return f, nil

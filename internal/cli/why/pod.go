@@ -224,9 +224,14 @@ func podSummary(f *podFacts, atts []ipam.Attachment) string {
 	return s + ", node " + f.Pod.Spec.NodeName
 }
 
+// launcherVMI names the VMI a virt-launcher pod runs: its controller
+// owner, else the kubevirt.io/domain annotation; "" for other pods.
 func launcherVMI(pod *corev1.Pod) string {
 	if pod.Labels[kubevirtv1.AppLabel] != kubevirtv1.VirtLauncherValue {
 		return ""
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "VirtualMachineInstance" {
+		return ref.Name
 	}
 	return pod.Annotations[kubevirtv1.DomainAnnotation]
 }

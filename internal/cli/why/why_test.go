@@ -347,6 +347,7 @@ type vmSeed struct {
 	twice          bool   // adds a second interface "hot" on secondaryNAD
 	claimOwner     *vmRef // default: the VM
 	migration      *kubevirtv1.VirtualMachineInstanceMigrationState
+	hostname       string // the guest's spec.hostname (default: none)
 }
 
 func newVMSeed(t testing.TB) *vmSeed {
@@ -365,6 +366,7 @@ func (s *vmSeed) seed(t testing.TB) {
 		}
 	}
 	spec := vmiSpec(ifaces...)
+	spec.Hostname = s.hostname
 	running := "Always"
 	vm := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: s.name},
 		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &running, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: spec}}}
@@ -389,7 +391,17 @@ func (s *vmSeed) seed(t testing.TB) {
 		podnetworks.Annotation:            allocated(s.ns+"/net", s.ns+"_net", podnetworks.RolePrimary, "10.0.0.5/24", claimName),
 	})
 	pod.UID = ""
-	pod.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: s.name}
+	// As KubeVirt's virt-controller writes it: vm.kubevirt.io/name is the
+	// guest's hostname (spec.hostname, else the VMI's name), the VMI owns
+	// the pod.
+	hostname := s.hostname
+	if hostname == "" {
+		hostname = s.name
+	}
+	pod.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: hostname,
+		kubevirtv1.VMIIDLabel: s.name}
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance", Name: vmi.Name, UID: vmi.UID,
+		Controller: &t0, BlockOwnerDeletion: &t0}}
 	if s.secondaryNAD != "" {
 		pod.Annotations[multus.NetworksAnnotation] = selection(multus.NetworkSelectionElement{Name: s.secondaryNAD, Namespace: s.ns})
 	}
@@ -407,6 +419,31 @@ func TestWhyVMHealthy(t *testing.T) {
 	}
 	// The launcher pod on its own: its chain includes the webhook.
 	expectWhy(t, "", []string{"ipam-claims.kvnet.io in kvnet-mutator"}, "pod", "virt-launcher-vm1-abcde", "-n", s.ns)
+}
+
+// TestWhyGuestHostname: a VM whose guest hostname differs from its name
+// (KubeVirt writes the hostname into its launcher pod's
+// vm.kubevirt.io/name) is healthy, through the VM and through the pod,
+// also once its VMI is gone (the pod's VM is then named after the VMI, as
+// KubeVirt names a VM's VMI): its claims belong to the VM, not to a VM
+// named after the hostname.
+func TestWhyGuestHostname(t *testing.T) {
+	s := newVMSeed(t)
+	s.hostname = "guest-1"
+	s.seed(t)
+	expectWhy(t, "", []string{"owner VirtualMachine vm1"}, "vm", "vm1", "-n", s.ns)
+	expectWhy(t, "", []string{"owner VirtualMachine vm1"}, "pod", "virt-launcher-vm1-abcde", "-n", s.ns)
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: s.name}}
+	if err := c.Delete(context.Background(), vmi); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "VMI gone", func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(vmi), vmi); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("VMI still there: %v", err)
+		}
+		return nil
+	})
+	expectWhy(t, "", []string{"owner VirtualMachine vm1"}, "pod", "virt-launcher-vm1-abcde", "-n", s.ns)
 }
 
 func TestWhyClaimOwnedByOtherVM(t *testing.T) {

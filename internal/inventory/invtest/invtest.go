@@ -1,10 +1,13 @@
 // Package invtest builds, for tests, a small consistent cluster as the API
 // would hold it: a tenant namespace with a persistent primary UDN, a CUDN
 // over two namespaces, a hand-written kvnet-cni NAD, a macvlan NAD with
-// kvnet-ipam, pods, a running VM (with its launcher pod, VMI and claim)
-// and a stopped one (its claim only), and the MAC range ConfigMap. World
-// returns the objects (for inventory.Build); Seed writes them into an API
-// server, status included.
+// kvnet-ipam, a primary Layer3 UDN with a host subnet on each of three
+// nodes (the nodes' kvnet.io/node-subnets) and two pods on it, pods, a
+// running VM (with its launcher pod, VMI and claim; its guest hostname
+// differs from its name, as KubeVirt writes it into the launcher pod's
+// vm.kubevirt.io/name) and a stopped one (its claim only), and the MAC
+// range ConfigMap. World returns the objects (for inventory.Build); Seed
+// writes them into an API server, status included.
 package invtest
 
 import (
@@ -21,6 +24,7 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/inventory"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/udn"
@@ -30,12 +34,18 @@ import (
 const (
 	Tenant = "tenant" // labelled for a primary network, selected by the CUDN
 	Other  = "other"  // selected by the CUDN
+	L3     = "l3"     // labelled for a primary network: the Layer3 UDN
 	System = "kvnet-system"
 
 	PrimaryNetwork   = "tenant_primary"     // UDN tenant/primary
 	SharedNetwork    = "cluster_udn_shared" // CUDN shared
 	LegacyNetwork    = "legacy"             // hand-written NAD tenant/legacy
 	MigrationNetwork = "migration"          // macvlan + kvnet-ipam NAD other/migration
+	Layer3Network    = "l3_l3-net"          // UDN l3/l3-net, Layer3, host subnets /24
+
+	// HostnameA is VM vm-a's spec.template.spec.hostname: what KubeVirt
+	// puts in its launcher pod's vm.kubevirt.io/name label.
+	HostnameA = "guest-a"
 
 	LauncherA = "virt-launcher-vm-a-x7k2p"
 )
@@ -125,6 +135,7 @@ func World() *inventory.Objects {
 	o.Namespaces = []corev1.Namespace{
 		{ObjectMeta: metav1.ObjectMeta{Name: Tenant, Labels: map[string]string{udn.PrimaryNamespaceLabel: "", "team": "blue"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: Other, Labels: map[string]string{"team": "blue"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: L3, Labels: map[string]string{udn.PrimaryNamespaceLabel: ""}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: System}},
 	}
 	primary := udnv1.UserDefinedNetwork{
@@ -142,7 +153,13 @@ func World() *inventory.Objects {
 				Role: udnv1.NetworkRoleSecondary, Subnets: udnv1.DualStackCIDRs{"10.20.0.0/24"}}}},
 		Status: udnv1.ClusterUserDefinedNetworkStatus{Conditions: condition("NetworkAttachmentDefinition has been created in following namespaces: [other tenant]")},
 	}
-	o.UDNs = []udnv1.UserDefinedNetwork{primary}
+	l3net := udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: L3, Name: "l3-net"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer3, Layer3: &udnv1.Layer3Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: []udnv1.Layer3Subnet{{CIDR: "10.100.0.0/16", HostSubnet: 24}}}},
+		Status: udnv1.UserDefinedNetworkStatus{Conditions: condition("NetworkAttachmentDefinition has been created")},
+	}
+	o.UDNs = []udnv1.UserDefinedNetwork{primary, l3net}
 	o.CUDNs = []udnv1.ClusterUserDefinedNetwork{shared}
 	o.NADs = []nadv1.NetworkAttachmentDefinition{
 		rendered(Tenant, "primary", PrimaryNetwork, udn.SpecOfUDN(&primary), "1", "UserDefinedNetwork", "primary"),
@@ -151,6 +168,7 @@ func World() *inventory.Objects {
 		nad(Tenant, "legacy", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"legacy","netAttachDefName":"tenant/legacy","topology":"layer2","role":"secondary","subnets":"10.30.0.0/24"}`),
 		nad(Other, "migration", `{"cniVersion":"1.0.0","type":"macvlan","name":"migration","master":"eth1","ipam":{"type":"kvnet-ipam","subnets":"10.200.0.0/24","gatewayIPs":"10.200.0.254"}}`),
 		nad(Other, "plain", `{"cniVersion":"1.0.0","type":"bridge","name":"plain","ipam":{"type":"host-local","subnet":"192.168.5.0/24"}}`),
+		rendered(L3, "l3-net", Layer3Network, udn.SpecOfUDN(&l3net), "3", "UserDefinedNetwork", "l3-net"),
 	}
 	o.NADs[3].Labels = map[string]string{"tier": "dev"}
 
@@ -170,10 +188,27 @@ func World() *inventory.Objects {
 	launcher := Pod(Tenant, LauncherA, "node-1",
 		Attachment{NAD: "tenant/primary", Network: PrimaryNetwork, Role: "primary", IPs: []string{"10.10.0.4/24"}, MAC: "02:00:00:00:00:01", Claim: "vm-a.default"},
 		Attachment{NAD: "tenant/shared", Network: SharedNetwork, Role: "secondary", IPs: []string{"10.20.0.6/24"}, MAC: "02:00:00:00:00:10"})
-	launcher.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: "vm-a"}
+	// As KubeVirt's virt-controller labels a launcher pod: the VMI's
+	// labels, its hostname in vm.kubevirt.io/name, the VMI's name in
+	// vmi.kubevirt.io/id and the kubevirt.io/domain annotation, and the VMI
+	// as controller owner.
+	launcher.Labels = map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue, kubevirtv1.VMNameLabel: HostnameA,
+		kubevirtv1.VMIIDLabel: "vm-a", "os": "debian"}
 	launcher.Annotations[kubevirtv1.DomainAnnotation] = "vm-a"
+	launcher.OwnerReferences = []metav1.OwnerReference{{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachineInstance",
+		Name: "vm-a", UID: "to-be-set", Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
 	launcher.Annotations["k8s.v1.cni.cncf.io/networks"] = `[{"name":"shared","namespace":"tenant","interface":"pod16477688c0e"}]`
-	o.Pods = []corev1.Pod{web, db, job, launcher}
+	app1 := Pod(L3, "app-1", "node-1",
+		Attachment{NAD: "l3/l3-net", Network: Layer3Network, Role: "primary", IPs: []string{"10.100.0.3/24"}, MAC: "0a:58:0a:64:00:03"})
+	app2 := Pod(L3, "app-2", "node-2",
+		Attachment{NAD: "l3/l3-net", Network: Layer3Network, Role: "primary", IPs: []string{"10.100.1.3/24"}, MAC: "0a:58:0a:64:01:03"})
+	o.Pods = []corev1.Pod{web, db, job, launcher, app1, app2}
+	// Three nodes, each with its host subnet of the Layer3 network (as
+	// kvnet-controller assigns them): its pool is three /24s.
+	for i, n := range []string{"node-1", "node-2", "node-3"} {
+		o.Nodes = append(o.Nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n,
+			Annotations: map[string]string{hostsubnet.Annotation: fmt.Sprintf(`{%q:["10.100.%d.0/24"]}`, Layer3Network, i)}}})
+	}
 
 	o.Claims = []ipamclaimv1alpha1.IPAMClaim{
 		Claim(Tenant, "vm-a.default", PrimaryNetwork, "vm-a", LauncherA, "10.10.0.4/24"),
@@ -183,6 +218,7 @@ func World() *inventory.Objects {
 
 	l2bridge := &kubevirtv1.PluginBinding{Name: "l2bridge"}
 	specA := kubevirtv1.VirtualMachineInstanceSpec{
+		Hostname: HostnameA,
 		Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{
 			{Name: "default", Binding: l2bridge, MacAddress: "02:00:00:00:00:01"},
 			{Name: "blue", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:00:00:00:00:10"},
@@ -257,6 +293,11 @@ func Seed(ctx context.Context, c client.Client, o *inventory.Objects) error {
 		}
 		obj.SetOwnerReferences(refs)
 	}
+	for i := range o.Nodes {
+		if err := create(o.Nodes[i].DeepCopy(), "Node"); err != nil {
+			return err
+		}
+	}
 	for i := range o.Namespaces {
 		ns := o.Namespaces[i].DeepCopy()
 		if err := c.Get(ctx, client.ObjectKeyFromObject(ns), &corev1.Namespace{}); err == nil {
@@ -283,8 +324,14 @@ func Seed(ctx context.Context, c client.Client, o *inventory.Objects) error {
 			return err
 		}
 	}
+	var launchers []*corev1.Pod
 	for i := range o.Pods {
-		if err := create(o.Pods[i].DeepCopy(), "Pod"); err != nil {
+		p := o.Pods[i].DeepCopy()
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "VirtualMachineInstance" {
+			launchers = append(launchers, p)
+			continue
+		}
+		if err := create(p, "Pod"); err != nil {
 			return err
 		}
 	}
@@ -305,6 +352,13 @@ func Seed(ctx context.Context, c client.Client, o *inventory.Objects) error {
 			return err
 		}
 	}
+	// Launcher pods are owned by their VMI: created after them.
+	for _, p := range launchers {
+		own(p)
+		if err := create(p, "Pod"); err != nil {
+			return err
+		}
+	}
 	if o.MACRange != nil {
 		if err := create(o.MACRange.DeepCopy(), "ConfigMap"); err != nil {
 			return err
@@ -312,6 +366,8 @@ func Seed(ctx context.Context, c client.Client, o *inventory.Objects) error {
 	}
 	return nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // statusOf returns a function that puts obj's current status back on it
 // (Create returns the object without it), or nil for kinds without one.

@@ -26,10 +26,10 @@
 // spec.runStrategy (or the deprecated spec.running: true is Always, false
 // Halted; neither is Halted) decides:
 //
-//   - Always: a VMI named as the VM is created when there is none (labels
-//     of the template plus kubevirt.io/vm=<vm>, the template's
-//     annotations, the template's spec defaulted as below, controller
-//     owner reference to the VM, finalizer foregroundDeleteVirtualMachine);
+//   - Always: a VMI named as the VM is created when there is none (the
+//     template's labels and annotations, the template's spec defaulted
+//     as below, controller owner reference to the VM, finalizer
+//     foregroundDeleteVirtualMachine);
 //     a Failed or Succeeded VMI is deleted and, once gone, created anew
 //     (but see "Bindings the lab cannot run" below).
 //   - RerunOnFailure: the same, but a Succeeded VMI is left alone.
@@ -56,8 +56,10 @@
 //
 // A VMI that is not final and has no launcher pod gets one: generateName
 // virt-launcher-<vmi>-, the VMI's labels plus kubevirt.io=virt-launcher,
-// kubevirt.io/created-by=<vmi uid> and vm.kubevirt.io/name=<vm> (when a
-// VM controls the VMI), annotation kubevirt.io/domain=<vmi> plus what
+// kubevirt.io/created-by=<vmi uid>, vm.kubevirt.io/name=<the guest's
+// hostname: spec.hostname, else the VMI's name up to its first "."; not
+// the VM's name, as in KubeVirt> and vmi.kubevirt.io/id=<vmi> (cut and
+// hashed past 63 characters), annotation kubevirt.io/domain=<vmi> plus what
 // launcher.Annotations computes with the binding plugins of the KubeVirt
 // CR (the first by age, in any namespace; none when there is none), a
 // controller owner reference to the VMI, one container "compute", and

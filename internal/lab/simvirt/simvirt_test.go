@@ -265,11 +265,14 @@ func kubeVirtCR() *kubevirtv1.KubeVirt {
 // migration and stop, checking what each reconcile writes.
 func TestLifecycleFake(t *testing.T) {
 	ctx := context.Background()
-	e := newFake(t, []string{"n1", "n2"}, testVM(RunStrategyAlways), kubeVirtCR())
+	vm1 := testVM(RunStrategyAlways)
+	vm1.Spec.Template.Spec.Hostname = "guest1" // not the VM's name
+	e := newFake(t, []string{"n1", "n2"}, vm1, kubeVirtCR())
 
 	e.reconcile("vm1")
 	vmi := e.vmi("vm1")
-	if vmi.Labels["app"] != "db" || vmi.Labels[kubevirtv1.VirtualMachineLabel] != "vm1" || vmi.Annotations["note"] != "x" {
+	// KubeVirt gives a VMI its template's labels, no more.
+	if _, ok := vmi.Labels[kubevirtv1.VirtualMachineLabel]; vmi.Labels["app"] != "db" || ok || vmi.Annotations["note"] != "x" {
 		t.Fatalf("VMI metadata %v %v", vmi.Labels, vmi.Annotations)
 	}
 	if !controlledBy(vmi, "vm-uid") || len(vmi.Finalizers) != 1 || vmi.Finalizers[0] != VMIFinalizer {
@@ -282,7 +285,7 @@ func TestLifecycleFake(t *testing.T) {
 	src := pods[0]
 	if src.Spec.NodeName != "n1" || !strings.HasPrefix(src.Name, "virt-launcher-vm1-") ||
 		src.Labels[kubevirtv1.AppLabel] != kubevirtv1.VirtLauncherValue || src.Labels[CreatedByLabel] != string(vmi.UID) ||
-		src.Labels[kubevirtv1.VMNameLabel] != "vm1" || src.Annotations[kubevirtv1.DomainAnnotation] != "vm1" ||
+		src.Labels[kubevirtv1.VMNameLabel] != "guest1" || src.Labels[kubevirtv1.VMIIDLabel] != "vm1" || src.Annotations[kubevirtv1.DomainAnnotation] != "vm1" ||
 		!controlledBy(&src, string(vmi.UID)) || src.Spec.Containers[0].Name != ComputeContainer {
 		t.Fatalf("launcher pod %+v", src.ObjectMeta)
 	}
@@ -730,10 +733,33 @@ func TestLauncherPodAnnotations(t *testing.T) {
 	if len(elems) != 1 || elems[0].Name != "bluenad" || elems[0].Namespace != "ns" || elems[0].InterfaceRequest != launcher.PodInterfaceName("blue") {
 		t.Fatalf("networks annotation %v", elems)
 	}
-	if _, ok := pods[0].Labels[kubevirtv1.VMNameLabel]; ok {
-		t.Fatal("standalone VMI's pod labelled with a VM name")
+	// As KubeVirt: vm.kubevirt.io/name is the hostname, a VM or not.
+	if l := pods[0].Labels; l[kubevirtv1.VMNameLabel] != "vm" || l[kubevirtv1.VMIIDLabel] != "vm" {
+		t.Fatalf("standalone VMI's pod labels %v", l)
 	}
 	if v := e.vmi("vm"); len(v.Finalizers) != 1 {
 		t.Fatalf("standalone VMI finalizers %v", v.Finalizers)
+	}
+}
+
+// The launcher pod's vm.kubevirt.io/name and vmi.kubevirt.io/id, as
+// KubeVirt's template service writes them.
+func TestLauncherPodNameLabels(t *testing.T) {
+	long := strings.Repeat("a", 70)
+	for _, tt := range []struct {
+		name, hostname, wantHost, wantID string
+	}{
+		{"vm1", "", "vm1", "vm1"},
+		{"vm1", "guest", "guest", "vm1"},
+		{"web.example", "", "web", "web.example"},
+		{long, "", long[:63], long[:54] + "-" + "ed6c69d9"},
+	} {
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: tt.name, UID: "u"},
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{Hostname: tt.hostname}}
+		l := launcherPod(vmi, "n1", nil, nil).Labels
+		if l[kubevirtv1.VMNameLabel] != tt.wantHost || l[kubevirtv1.VMIIDLabel] != tt.wantID {
+			t.Errorf("VMI %q hostname %q: vm.kubevirt.io/name %q vmi.kubevirt.io/id %q, want %q and %q",
+				tt.name, tt.hostname, l[kubevirtv1.VMNameLabel], l[kubevirtv1.VMIIDLabel], tt.wantHost, tt.wantID)
+		}
 	}
 }

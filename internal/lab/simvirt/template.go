@@ -2,6 +2,8 @@ package simvirt
 
 import (
 	"cmp"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -75,7 +77,6 @@ func newVMI(vm *kubevirtv1.VirtualMachine, defaultInterface string) *kubevirtv1.
 	if lbls == nil {
 		lbls = map[string]string{}
 	}
-	lbls[kubevirtv1.VirtualMachineLabel] = vm.Name
 	yes := true
 	vmi := &kubevirtv1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{
@@ -125,9 +126,8 @@ func launcherPod(vmi *kubevirtv1.VirtualMachineInstance, node string, ann map[st
 	}
 	lbls[kubevirtv1.AppLabel] = kubevirtv1.VirtLauncherValue
 	lbls[CreatedByLabel] = string(vmi.UID)
-	if vm := vmOf(vmi); vm != "" {
-		lbls[kubevirtv1.VMNameLabel] = truncate(vm, maxLabelValue)
-	}
+	lbls[kubevirtv1.VMNameLabel] = guestHostname(vmi)
+	lbls[kubevirtv1.VMIIDLabel] = vmiID(vmi.Name)
 	annotations := maps.Clone(ann)
 	if annotations == nil {
 		annotations = map[string]string{}
@@ -156,6 +156,29 @@ func launcherPod(vmi *kubevirtv1.VirtualMachineInstance, node string, ann map[st
 			Containers:    []corev1.Container{{Name: ComputeContainer, Image: LauncherImage}},
 		},
 	}
+}
+
+// guestHostname is what KubeVirt writes into a launcher pod's
+// vm.kubevirt.io/name, whatever the label's name says: the VMI's
+// spec.hostname, else its name up to the first "." cut at 63 characters.
+func guestHostname(vmi *kubevirtv1.VirtualMachineInstance) string {
+	if vmi.Spec.Hostname != "" {
+		return vmi.Spec.Hostname
+	}
+	name, _, _ := strings.Cut(vmi.Name, ".")
+	return truncate(name, maxLabelValue)
+}
+
+// vmiID is a launcher pod's vmi.kubevirt.io/id: the VMI's name, or past 63
+// characters its first 54 and "-" and 8 hex digits of its SHA-1, as
+// KubeVirt keeps the label unique and valid.
+func vmiID(name string) string {
+	if len(name) <= maxLabelValue {
+		return name
+	}
+	const hashLen = 8
+	sum := sha1.Sum([]byte(name))
+	return name[:maxLabelValue-hashLen-1] + "-" + hex.EncodeToString(sum[:])[:hashLen]
 }
 
 func truncate(s string, n int) string {
