@@ -12,7 +12,9 @@
 //   - nodes, whose kvnet.io/vtep annotation (written by each agent for
 //     itself at start) is their underlay address;
 //   - VirtualMachineInstances: during a live migration two launcher pods
-//     hold the VM's MAC; the VMI's status.nodeName tells which one is live.
+//     hold the VM's MAC; the VMI's status.nodeName tells which one is live,
+//     and its migration (package migration, one value per VMI) which two
+//     pods are the migration's source and target.
 //
 // and, from the node itself, the host ends of pod veths made by kvnet-cni,
 // found by their alias (portalias.Format).

@@ -1,0 +1,203 @@
+package node_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// TestAgentOpensTargetOnGuestFrame: during a live migration whose VMI the
+// API never moves (status.nodeName stays the source node, the migration
+// never completes), the guest's first frame on the target node alone
+// opens the target's standby port: QEMU's RARP announce (ethertype
+// 0x8035 from the guest's MAC) in one case, the guest's first IPv4 packet
+// in the other. Each VM's source pod is down (its guest paused), so only
+// the target pod can answer the peer's ARP for the VM's address, and its
+// answer passes only an open port.
+func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
+	needsRoot(t)
+	ctx := context.Background()
+	l := newLab(t, "n1", "n2", "n3")
+	nad := tenant(t, "agent-frame", "10.6.0.0/24", true)
+	peer := l.runPod(nad, "peer", "n3", nil)
+
+	// migratingVM starts VM vm's source pod on n1 and target pod on n2,
+	// with its VMI on n1 and a migration to n2 running, never completed.
+	migratingVM := func(vm string) (src, dst *pod) {
+		t.Helper()
+		testenv.Create(t, c, &ipamclaimv1alpha1.IPAMClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm + ".udn"},
+			Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: nad.Namespace + "_udn", Interface: "ovn-udn1"},
+		})
+		launcher := func(p *corev1.Pod) {
+			p.Labels["kubevirt.io"] = "virt-launcher"
+			p.Labels["vm.kubevirt.io/name"] = vm
+			p.Annotations[kubevirtv1.DomainAnnotation] = vm
+			p.Annotations["k8s.ovn.org/primary-udn-ipamclaim"] = vm + ".udn"
+		}
+		src = l.runPod(nad, "virt-launcher-"+vm+"-a", "n1", launcher)
+		dst = l.runPod(nad, "virt-launcher-"+vm+"-b", "n2", launcher)
+		if dst.a.MACAddress != src.a.MACAddress || dst.ip() != src.ip() {
+			t.Fatalf("%s: target got %s/%s, source %s/%s: the claim must give both the same", vm, dst.a.MACAddress, dst.ip(), src.a.MACAddress, src.ip())
+		}
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm}}
+		testenv.Create(t, c, vmi)
+		start := metav1.Now()
+		vmi.Status.NodeName = l.nodeName("n1")
+		vmi.Status.MigrationState = &kubevirtv1.VirtualMachineInstanceMigrationState{
+			SourceNode: l.nodeName("n1"), SourcePod: src.name, TargetNode: l.nodeName("n2"), TargetPod: dst.name, StartTimestamp: &start,
+		}
+		if err := c.Status().Update(ctx, vmi); err != nil {
+			t.Fatal(err)
+		}
+		return src, dst
+	}
+	rarpSrc, rarpDst := migratingVM("vm-rarp")
+	ipSrc, ipDst := migratingVM("vm-ip")
+
+	for _, tc := range []struct {
+		name, vm string
+		src, dst *pod
+		frame    []byte
+	}{
+		{"RARP", "vm-rarp", rarpSrc, rarpDst, rarpFrame(mac(t, rarpDst.a.MACAddress))},
+		{"first IPv4 packet", "vm-ip", ipSrc, ipDst,
+			ipv4UDPFrame(mac(t, ipDst.a.MACAddress), mac(t, peer.a.MACAddress), netip.MustParseAddr(ipDst.ip()), netip.MustParseAddr(peer.ip()))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			guestMAC := tc.dst.a.MACAddress
+			eventually(t, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
+			// The source guest pauses: only the target can answer now.
+			if err := inNS(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
+				t.Fatal(err)
+			}
+			if err := arping(peer, tc.dst.ip()); err == nil {
+				t.Fatal("the peer's ARP was answered before the guest's first frame: the target's standby port let the target pod's answer through")
+			}
+			if err := sendFrame(tc.dst, tc.frame); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the target's port opened by the guest's "+tc.name+" (the peer's ARP answered through it)", func() error {
+				return arping(peer, tc.dst.ip())
+			})
+			eventually(t, "n2's plan keeps the target's port open", targetPort(l, guestMAC, false))
+			// Nothing moved the VMI: the frame alone did it.
+			var vmi kubevirtv1.VirtualMachineInstance
+			if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: tc.vm}, &vmi); err != nil {
+				t.Fatal(err)
+			}
+			if ms := vmi.Status.MigrationState; vmi.Status.NodeName != l.nodeName("n1") || ms == nil || ms.Completed || ms.Failed {
+				t.Fatalf("VMI %s moved: node %q, migration %+v", tc.vm, vmi.Status.NodeName, ms)
+			}
+		})
+	}
+}
+
+// targetPort checks that n2's last plan has the migrating port of MAC
+// guestMAC, on standby or not.
+func targetPort(l *lab, guestMAC string, standby bool) func() error {
+	return func() error {
+		for _, p := range l.agent("n2").LastPlan().State.Ports {
+			if p.MAC.String() != guestMAC {
+				continue
+			}
+			if !p.Migrating || p.Standby != standby {
+				return fmt.Errorf("port %s: migrating %v, standby %v; want migrating, standby %v", p.HostIfName, p.Migrating, p.Standby, standby)
+			}
+			return nil
+		}
+		return fmt.Errorf("no port of %s in n2's plan", guestMAC)
+	}
+}
+
+// arping asks, from p, for ip's MAC once and fails unless answered.
+func arping(from *pod, ip string) error {
+	return inNS(from.netns, "busybox", "arping", "-c", "1", "-w", "1", "-I", from.ifName, ip)
+}
+
+func mac(t *testing.T, s string) net.HardwareAddr {
+	t.Helper()
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// sendFrame sends the Ethernet frame b out of p's interface, as its guest
+// would.
+func sendFrame(p *pod, b []byte) error {
+	return nl.Do(p.netns, func() error {
+		ifc, err := net.InterfaceByName(p.ifName)
+		if err != nil {
+			return err
+		}
+		proto := binary.BigEndian.Uint16(b[12:14])
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Protocol: proto<<8 | proto>>8, Halen: 6}
+		copy(to.Addr[:], b[0:6])
+		return unix.Sendto(fd, b, 0, to)
+	})
+}
+
+// rarpFrame is QEMU's announce of a guest with MAC m: a broadcast RARP
+// request (ethertype 0x8035, reverse request) from and about m.
+func rarpFrame(m net.HardwareAddr) []byte {
+	b := make([]byte, 60)
+	copy(b[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(b[6:12], m)
+	binary.BigEndian.PutUint16(b[12:], 0x8035)
+	binary.BigEndian.PutUint16(b[14:], 1)      // hardware: Ethernet
+	binary.BigEndian.PutUint16(b[16:], 0x0800) // protocol: IPv4
+	b[18], b[19] = 6, 4
+	binary.BigEndian.PutUint16(b[20:], 3) // reverse request
+	copy(b[22:28], m)                     // sender MAC; sender IP 0
+	copy(b[32:38], m)                     // target MAC; target IP 0
+	return b
+}
+
+// ipv4UDPFrame is a guest's IPv4 UDP packet from MAC from and address src
+// to MAC to and address dst.
+func ipv4UDPFrame(from, to net.HardwareAddr, src, dst netip.Addr) []byte {
+	b := make([]byte, 60)
+	copy(b[0:6], to)
+	copy(b[6:12], from)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(ip[2:], 20+8+4)
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	udp := b[34:42]
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], 9) // discard
+	binary.BigEndian.PutUint16(udp[4:], 8+4)
+	copy(b[42:46], "ping")
+	return b
+}
