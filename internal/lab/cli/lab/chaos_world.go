@@ -583,7 +583,8 @@ func (w *world) runningVM(ctx context.Context, rng *rand.Rand, want func(*chaosV
 	return "", nil, nil
 }
 
-func (w *world) migrate(ctx context.Context, v *chaosVM) error {
+// migrate creates a migration of VM v's VMI vmi (as the run last read it).
+func (w *world) migrate(ctx context.Context, v *chaosVM, vmi *kubevirtv1.VirtualMachineInstance) error {
 	w.mu.Lock()
 	w.seq++
 	name := fmt.Sprintf("%s-mig-%d", v.name, w.seq)
@@ -595,18 +596,19 @@ func (w *world) migrate(ctx context.Context, v *chaosVM) error {
 		return err
 	}
 	w.mu.Lock()
-	w.migrations = append(w.migrations, &chaosMigration{ns: v.ns, name: name, vm: v.ns + "/" + v.name, created: created})
+	w.migrations = append(w.migrations, &chaosMigration{ns: v.ns, name: name, vm: v.ns + "/" + v.name, created: created,
+		vmiCreated: vmi.CreationTimestamp.Time})
 	w.mu.Unlock()
 	return nil
 }
 
 func (w *world) migrateVM(ctx context.Context, rng *rand.Rand) (bool, error) {
-	k, v, _ := w.runningVM(ctx, rng, func(*chaosVM) bool { return true })
+	k, v, vmi := w.runningVM(ctx, rng, func(*chaosVM) bool { return true })
 	if k == "" {
 		return false, nil
 	}
 	defer w.release(k)
-	if err := w.migrate(ctx, v); err != nil {
+	if err := w.migrate(ctx, v, vmi); err != nil {
 		return false, fmt.Errorf("migrate %s: %w", k, err)
 	}
 	return true, nil
@@ -617,7 +619,7 @@ func (w *world) migrateVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 // migration moves the VMI to a launcher pod that has it.
 func (w *world) hotplugVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	// Not into a guest: QEMU migrates only to the same devices.
-	k, v, _ := w.runningVM(ctx, rng, func(v *chaosVM) bool { return !v.hotplugged && !v.guest })
+	k, v, vmi := w.runningVM(ctx, rng, func(v *chaosVM) bool { return !v.hotplugged && !v.guest })
 	if k == "" {
 		return false, nil
 	}
@@ -640,7 +642,7 @@ func (w *world) hotplugVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	v.hotplugged = true
 	w.mu.Unlock()
 	if err == nil {
-		if err := w.migrate(ctx, v); err != nil {
+		if err := w.migrate(ctx, v, vmi); err != nil {
 			return false, fmt.Errorf("hot plug migration of %s: %w", k, err)
 		}
 	}
