@@ -10,12 +10,16 @@ import (
 
 // A chaos run at CI size: 1,000 operations while kvnet-controller is
 // killed at least 10 times, the API server restarted once and kvnet-node
-// killed once; afterwards every pod and VM has its addresses and the audit
-// finds no duplicate and no leak. (make chaos runs the full 10,000.)
+// killed once, two of the VMs QEMU guests; no audit snapshot during the run
+// sees a duplicate IP or MAC; afterwards every pod and VM has its
+// addresses, every migration succeeded or failed because the run stopped
+// or deleted its VM, both guests answer at their claims' IPs from a pod,
+// and the audit finds no duplicate and no leak. (make chaos runs the full
+// 10,000.)
 func TestChaos(t *testing.T) {
 	testenv.NeedsRoot(t)
 	_, run := buildKvnet(t)
-	out := run("chaos", "--ops", "1000", "--seed", "7", "--kill-every", "2s", "-o", "json")
+	out := run("chaos", "--ops", "1000", "--seed", "7", "--kill-every", "2s", "--guests", "2", "-o", "json")
 	// stdout is the JSON document; kvnet's progress lines on stderr come
 	// first in the combined output.
 	if i := strings.Index(out, "\n{"); i >= 0 {
@@ -28,6 +32,16 @@ func TestChaos(t *testing.T) {
 		Unsettled, Audit                                   []string
 		Operations                                         map[string]int
 		Allocation                                         struct{ N int } `json:"allocationMs"`
+		Migrations                                         struct {
+			Started, Succeeded, Failed, Gone int
+			Expected                         int `json:"expectedFailures"`
+			Unexpected                       []string
+		}
+		Snapshots      int
+		Duplicates     []json.RawMessage
+		Guests         int
+		GuestsAnswered int
+		GuestFindings  []string
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("chaos output: %v\n%s", err, out)
@@ -55,5 +69,16 @@ func TestChaos(t *testing.T) {
 	}
 	if len(res.Unsettled) != 0 || res.Audit == nil || len(res.Audit) != 0 {
 		t.Errorf("unsettled %v, audit %v", res.Unsettled, res.Audit)
+	}
+	m := res.Migrations
+	if m.Succeeded == 0 || m.Started != m.Succeeded+m.Failed+m.Gone || m.Expected != m.Failed || len(m.Unexpected) != 0 {
+		t.Errorf("migrations: %d started, %d succeeded, %d failed (%d expected), %d gone with their tenant; unexpected: %v",
+			m.Started, m.Succeeded, m.Failed, m.Expected, m.Gone, m.Unexpected)
+	}
+	if res.Snapshots == 0 || res.Duplicates == nil || len(res.Duplicates) != 0 {
+		t.Errorf("%d audit snapshots during the run; duplicates seen: %s", res.Snapshots, res.Duplicates)
+	}
+	if res.Guests != 2 || res.GuestsAnswered != res.Guests || len(res.GuestFindings) != 0 {
+		t.Errorf("guests: %d of %d answered at their claims' IPs: %v", res.GuestsAnswered, res.Guests, res.GuestFindings)
 	}
 }

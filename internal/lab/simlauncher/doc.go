@@ -5,7 +5,8 @@
 // pod's network, [Launcher] plumbs each VMI interface for its binding in
 // the pod's network namespace ([Plumb]) and starts a QEMU guest there
 // (package guest) with the VMI's MACs, and stops it before the pod's
-// network is torn down.
+// network is torn down. A VMI annotated simlauncher.kvnet.io/no-guest:
+// "true" ([NoGuestAnnotation]) gets no guest and no plumbing.
 //
 // Bindings, as virt-launcher plumbs them:
 //

@@ -29,21 +29,24 @@ import (
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/lab/controlplane"
 	"kvnet.io/kvnet/internal/lab/simcluster"
+	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/node"
 )
 
 // chaosFlags configure `kvnet-lab chaos`.
 type chaosFlags struct {
-	dir       string
-	keep      bool
-	nodes     int
-	ops       int
-	seed      uint64
-	rate      float64
-	workers   int
-	killEvery time.Duration
-	quiesce   time.Duration
-	output    string
+	dir        string
+	keep       bool
+	nodes      int
+	ops        int
+	seed       uint64
+	rate       float64
+	workers    int
+	killEvery  time.Duration
+	quiesce    time.Duration
+	auditEvery time.Duration
+	guests     int
+	output     string
 }
 
 // NewChaosCommand returns `kvnet-lab chaos`: a seeded, bounded run of cluster
@@ -55,14 +58,19 @@ func NewChaosCommand() *cobra.Command {
 		Short: "Churn a private lab while killing kvnet-controller, kvnet-node and the API server; then audit",
 		Long: `chaos starts a private lab (its own control plane, kvnet-controller as a
 process, simulated nodes with kvnet-node and a simulated kubelet each, the
-virt-controller stand-in; no QEMU guests), drives a seeded mix of operations
-at a steady rate — pods with and without IPAMClaims, VMs created, stopped,
-started, deleted, migrated and hot-plugged, tenant namespaces with their
-UDNs created and deleted — while it kills kvnet-controller with SIGKILL at
-random intervals, restarts the API server once and kills kvnet-node on one
-node once. Then it waits for the cluster to settle, checks that every pod
-and VM that should have addresses has them (VMs their claims' IPs), and
-runs kvnet audit. It exits non-zero on any finding.
+virt-controller stand-in; --guests of the VMs run as QEMU guests, the others
+are only their launcher pods' network namespaces), drives a seeded mix of
+operations at a steady rate — pods with and without IPAMClaims, VMs created,
+stopped, started, deleted, migrated and hot-plugged, tenant namespaces with
+their UDNs created and deleted — while it kills kvnet-controller with
+SIGKILL at random intervals, restarts the API server once and kills
+kvnet-node on one node once. Every --audit-every it audits a snapshot of
+the cluster (one resourceVersion) for duplicate IPs and MACs. Then it waits
+for the cluster to settle (migrations included), checks that every pod and
+VM that should have addresses has them (VMs their claims' IPs), that every
+migration succeeded unless the run stopped or deleted its VM first, that
+every guest answers TCP echo and HTTP at its claim's IP from a pod of its
+tenant, and runs kvnet audit. It exits non-zero on any finding.
 
 Everything runs on this machine's loopback and in the lab's own network
 namespaces (root is needed for those).`,
@@ -99,6 +107,8 @@ namespaces (root is needed for those).`,
 	fl.IntVar(&f.workers, "workers", 8, "operations in flight at most")
 	fl.DurationVar(&f.killEvery, "kill-every", 3*time.Second, "mean interval between kvnet-controller kills")
 	fl.DurationVar(&f.quiesce, "quiesce-timeout", 5*time.Minute, "how long the cluster may go without progress towards settling after the last operation (at most 4 times this in all)")
+	fl.DurationVar(&f.auditEvery, "audit-every", 3*time.Second, "interval between the audit snapshots taken during the run (duplicate IPs and MACs at any moment)")
+	fl.IntVar(&f.guests, "guests", 2, "VMs run as QEMU guests (the others are only their launcher pods' network namespaces) and reached over the datapath at the end")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for text")
 	cmd.AddCommand(newChaosControllerCommand())
 	return cmd
@@ -116,6 +126,10 @@ func (f *chaosFlags) check() error {
 		return fmt.Errorf("--workers %d: at least 1", f.workers)
 	case f.killEvery <= 0:
 		return fmt.Errorf("--kill-every %s: must be positive", f.killEvery)
+	case f.guests < 0:
+		return fmt.Errorf("--guests %d: must not be negative", f.guests)
+	case f.auditEvery <= 0:
+		return fmt.Errorf("--audit-every %s: must be positive", f.auditEvery)
 	case f.output != "" && f.output != "json":
 		return fmt.Errorf("--output %q: json or empty", f.output)
 	case os.Geteuid() != 0:
@@ -157,13 +171,15 @@ func newChaosControllerCommand() *cobra.Command {
 
 // chaosEnv is a chaos run's private lab.
 type chaosEnv struct {
-	f     *chaosFlags
-	dir   string
-	cp    *controlplane.ControlPlane
-	c     client.Client // admin
-	cl    *simcluster.Cluster
-	nodes []string
-	log   *os.File // the controller processes' log
+	f   *chaosFlags
+	dir string
+	cp  *controlplane.ControlPlane
+	c   client.Client // admin
+	cl  *simcluster.Cluster
+	// launcher runs the guests (nil with --guests 0).
+	launcher *simlauncher.Launcher
+	nodes    []string
+	log      *os.File // the controller processes' log
 
 	ctrlKubeconfig string
 	webhookPort    int
@@ -291,6 +307,10 @@ func (e *chaosEnv) close() {
 			<-p.exited
 		}
 	}
+	if e.launcher != nil {
+		// The guests go first: they live in the pods' namespaces.
+		e.launcher.Close()
+	}
 	if e.cl != nil {
 		if err := e.cl.Close(); err != nil && e.cl.Err() == nil {
 			fmt.Fprintln(os.Stderr, "chaos: simulated nodes:", err)
@@ -357,7 +377,7 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	if err := e.startController(ctx); err != nil {
 		return nil, err
 	}
-	if e.cl, _, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, false, false); err != nil {
+	if e.cl, e.launcher, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, f.guests > 0, false); err != nil {
 		return nil, fmt.Errorf("simulated nodes: %w", err)
 	}
 	for i := range f.nodes {
@@ -453,11 +473,28 @@ type ChaosResult struct {
 	VMsChecked  int `json:"vmsChecked"`
 	// Audit is kvnet audit's findings afterwards.
 	Audit []string `json:"audit"`
+	// Migrations counts the outcomes of the migrations the run started;
+	// an unexpected one is a finding.
+	Migrations Migrations `json:"migrations"`
+	// Snapshots counts the audits taken during the run (every
+	// --audit-every, each at one resourceVersion), SnapshotsFailed those
+	// the API server did not answer (while it restarted); Duplicates are
+	// the duplicate IPs and MACs they saw, each a finding.
+	Snapshots       int             `json:"snapshots"`
+	SnapshotsFailed int             `json:"snapshotsFailed"`
+	Duplicates      []SeenDuplicate `json:"duplicates"`
+	// Guests counts the VMs run as QEMU guests (--guests); GuestsAnswered
+	// those that answered, from a pod of their tenant, at their claim's
+	// IP; GuestFindings says why the others did not.
+	Guests         int      `json:"guests"`
+	GuestsAnswered int      `json:"guestsAnswered"`
+	GuestFindings  []string `json:"guestFindings,omitempty"`
 }
 
 // OK says the run found nothing wrong.
 func (r *ChaosResult) OK() bool {
-	return len(r.Unsettled) == 0 && len(r.Audit) == 0 && r.OpsFailed == 0
+	return len(r.Unsettled) == 0 && len(r.Audit) == 0 && r.OpsFailed == 0 &&
+		len(r.Migrations.Unexpected) == 0 && len(r.Duplicates) == 0 && len(r.GuestFindings) == 0
 }
 
 // Latency summarises durations in milliseconds.
@@ -500,6 +537,20 @@ func (r *ChaosResult) print(w interface{ Write([]byte) (int, error) }) {
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "  FAILED OPERATION: %s\n", e)
+	}
+	m := r.Migrations
+	fmt.Fprintf(w, "migrations: %d started, %d succeeded, %d failed (%d of them after the run stopped or deleted the VM), %d deleted with their tenant\n",
+		m.Started, m.Succeeded, m.Failed, m.Expected, m.Gone)
+	for _, u := range m.Unexpected {
+		fmt.Fprintf(w, "  MIGRATION: %s\n", u)
+	}
+	fmt.Fprintf(w, "audit snapshots during the run: %d taken (%d not answered), %d duplicate IPs or MACs seen\n", r.Snapshots, r.SnapshotsFailed, len(r.Duplicates))
+	for _, d := range r.Duplicates {
+		fmt.Fprintf(w, "  DUPLICATE: %s\n", d)
+	}
+	fmt.Fprintf(w, "guests: %d of %d VMs running as QEMU guests answered TCP echo and HTTP at their claim's IP from a pod of their tenant\n", r.GuestsAnswered, r.Guests)
+	for _, g := range r.GuestFindings {
+		fmt.Fprintf(w, "  GUEST: %s\n", g)
 	}
 	if len(r.Audit) == 0 {
 		fmt.Fprintln(w, "audit: no findings (0 duplicate IPs, 0 duplicate MACs, 0 leaked claims)")

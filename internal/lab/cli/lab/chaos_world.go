@@ -32,6 +32,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/audit"
 	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -81,6 +82,7 @@ type chaosVM struct {
 	running    bool
 	secondary  bool // has an interface on the secondary network
 	hotplugged bool
+	guest      bool // runs as a QEMU guest (--guests)
 }
 
 // world is the chaos run's workload: what it made and still expects to
@@ -106,11 +108,19 @@ type world struct {
 	done    atomic.Int64
 	// holdDeletes keeps tenants from being deleted (see quiet).
 	holdDeletes bool
+	// migrations are those the run created; disturbed records when the
+	// run stopped or deleted a VM (by key) or deleted a tenant (by
+	// "ns:<namespace>"), which explains a migration's failure.
+	migrations []*chaosMigration
+	disturbed  map[string][]time.Time
+	// background are operations' tails that go on after the operation
+	// returned (a claim deleted once its pod is gone).
+	background sync.WaitGroup
 }
 
 func newWorld(ctx context.Context, e *chaosEnv) (*world, error) {
 	w := &world{e: e, pods: map[string]*chaosPod{}, vms: map[string]*chaosVM{}, busy: map[string]bool{},
-		created: map[string]time.Time{}, opsDone: map[string]int{}}
+		created: map[string]time.Time{}, opsDone: map[string]int{}, disturbed: map[string][]time.Time{}}
 	// Allocation latency: a pod's creation to its annotation, seen through
 	// an informer (which survives API server restarts by relisting).
 	sel := labels.SelectorFromSet(labels.Set{chaosLabel: "1"})
@@ -161,6 +171,10 @@ func newWorld(ctx context.Context, e *chaosEnv) (*world, error) {
 		}
 		w.tenants = append(w.tenants, t)
 	}
+	if err := w.createGuests(ctx, e.f.guests); err != nil {
+		cancel()
+		return nil, err
+	}
 	return w, nil
 }
 
@@ -192,7 +206,10 @@ func transient(err error) bool {
 	}
 	s := err.Error()
 	for _, m := range []string{"connection refused", "connection reset", "EOF", "failed calling webhook", "i/o timeout", "no endpoints available", "the server is currently unable",
-		"TLS handshake timeout", "client connection lost", "http2: server sent GOAWAY", "context deadline exceeded", "broken pipe"} {
+		"TLS handshake timeout", "client connection lost", "http2: server sent GOAWAY", "context deadline exceeded", "broken pipe",
+		// kvnet-controller's VM webhook while its MAC pool rebuilds after
+		// a restart: it asks to retry.
+		"MAC pool is not ready on this replica"} {
 		if strings.Contains(s, m) {
 			return true
 		}
@@ -345,19 +362,64 @@ func (w *world) deletePod(ctx context.Context, rng *rand.Rand) (bool, error) {
 	delete(w.pods, k)
 	delete(w.created, k)
 	w.mu.Unlock()
-	defer w.release(k)
 	if err := w.delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name}}); err != nil {
+		w.release(k)
 		return false, fmt.Errorf("delete pod %s: %w", k, err)
 	}
-	if p.claim != "" {
-		// The workload is gone for good: so is its claim (while the pod
-		// may still be terminating).
-		if err := w.delete(ctx, &ipamclaimv1alpha1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.claim}}); err != nil {
-			return false, fmt.Errorf("delete claim %s/%s: %w", p.ns, p.claim, err)
-		}
+	if p.claim == "" {
+		w.release(k)
+		return true, nil
 	}
+	// The workload is gone for good: so is its claim, once the pod is
+	// gone, as the claim's owner would (KubeVirt's finalizer does so for
+	// a VM's claims). Deleting it while the pod terminates frees its IP
+	// for another pod while the terminating one still holds it, which
+	// the audit snapshots rightly report as a duplicate. The wait goes
+	// on in the background (the pod stays busy: its tenant is not
+	// deleted meanwhile), so that it does not hold a worker.
+	w.background.Go(func() {
+		defer w.release(k)
+		if err := w.deleteClaimAfterPod(ctx, p); err != nil {
+			w.mu.Lock()
+			w.failed++
+			w.errs = append(w.errs, "pod-delete: "+err.Error())
+			w.mu.Unlock()
+		}
+	})
 	return true, nil
 }
+
+// deleteClaimAfterPod waits (up to podGoneTimeout) until pod p is gone,
+// then deletes its claim.
+func (w *world) deleteClaimAfterPod(ctx context.Context, p *chaosPod) error {
+	deadline := time.Now().Add(podGoneTimeout)
+	for {
+		var pod corev1.Pod
+		err := w.e.c.Get(ctx, client.ObjectKey{Namespace: p.ns, Name: p.name}, &pod)
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if err != nil && !transient(err) {
+			return fmt.Errorf("wait for pod %s/%s to go: %w", p.ns, p.name, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pod %s/%s still there %s after its deletion (%v); its claim %s is kept", p.ns, p.name, podGoneTimeout, err, p.claim)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if err := w.delete(ctx, &ipamclaimv1alpha1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.claim}}); err != nil {
+		return fmt.Errorf("delete claim %s/%s: %w", p.ns, p.claim, err)
+	}
+	return nil
+}
+
+// podGoneTimeout bounds the wait for a deleted pod to go before its claim
+// is deleted.
+const podGoneTimeout = 5 * time.Minute
 
 func vmSpec(secondary, hotplugged bool) kubevirtv1.VirtualMachineInstanceSpec {
 	s := kubevirtv1.VirtualMachineInstanceSpec{
@@ -375,6 +437,16 @@ func vmSpec(secondary, hotplugged bool) kubevirtv1.VirtualMachineInstanceSpec {
 		add("hot", chaosHotplug)
 	}
 	return s
+}
+
+// vmTemplateMeta is the metadata of a VM's template: a VM that is not a
+// guest gets none (simlauncher's no-guest annotation).
+func vmTemplateMeta(guest bool) metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Labels: map[string]string{chaosLabel: "1"}}
+	if !guest {
+		m.Annotations = map[string]string{simlauncher.NoGuestAnnotation: "true"}
+	}
+	return m
 }
 
 func strategy(running bool) *string {
@@ -398,7 +470,7 @@ func (w *world) createVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	vm := &kubevirtv1.VirtualMachine{
 		ObjectMeta: chaosMeta(v.ns, v.name),
 		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: strategy(true), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{chaosLabel: "1"}},
+			ObjectMeta: vmTemplateMeta(false),
 			Spec:       vmSpec(v.secondary, false),
 		}},
 	}
@@ -434,6 +506,9 @@ func (w *world) stopStartVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	w.mu.Unlock()
 	defer w.release(k)
 	run := !v.running
+	if !run {
+		w.disturb(k)
+	}
 	if err := w.updateVM(ctx, v, func(vm *kubevirtv1.VirtualMachine) { vm.Spec.RunStrategy = strategy(run) }); err != nil {
 		return false, fmt.Errorf("VM %s run %v: %w", k, run, err)
 	}
@@ -445,7 +520,13 @@ func (w *world) stopStartVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 
 func (w *world) deleteVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	w.mu.Lock()
-	k := pick(w, rng, w.vms)
+	cands := map[string]*chaosVM{}
+	for k, v := range w.vms {
+		if !v.guest { // kept to be reached at the end
+			cands[k] = v
+		}
+	}
+	k := pick(w, rng, cands)
 	if k == "" {
 		w.mu.Unlock()
 		return false, nil
@@ -454,6 +535,7 @@ func (w *world) deleteVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	delete(w.vms, k)
 	w.mu.Unlock()
 	defer w.release(k)
+	w.disturb(k)
 	if err := w.delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: v.ns, Name: v.name}}); err != nil {
 		return false, fmt.Errorf("delete VM %s: %w", k, err)
 	}
@@ -491,7 +573,9 @@ func (w *world) runningVM(ctx context.Context, rng *rand.Rand, want func(*chaosV
 			continue
 		}
 		var vmi kubevirtv1.VirtualMachineInstance
-		if err := w.e.c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: v.name}, &vmi); err == nil && vmi.Status.Phase == "Running" {
+		// A VMI being deleted may still say Running: the VMI of a VM
+		// stopped and started again before it was gone.
+		if err := w.e.c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: v.name}, &vmi); err == nil && vmi.Status.Phase == "Running" && vmi.DeletionTimestamp == nil {
 			return k, v, &vmi
 		}
 		w.release(k)
@@ -499,23 +583,32 @@ func (w *world) runningVM(ctx context.Context, rng *rand.Rand, want func(*chaosV
 	return "", nil, nil
 }
 
-func (w *world) migrate(ctx context.Context, v *chaosVM) error {
+// migrate creates a migration of VM v's VMI vmi (as the run last read it).
+func (w *world) migrate(ctx context.Context, v *chaosVM, vmi *kubevirtv1.VirtualMachineInstance) error {
 	w.mu.Lock()
 	w.seq++
 	name := fmt.Sprintf("%s-mig-%d", v.name, w.seq)
 	w.mu.Unlock()
 	m := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: chaosMeta(v.ns, name),
 		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: v.name}}
-	return w.create(ctx, m)
+	created := time.Now()
+	if err := w.create(ctx, m); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.migrations = append(w.migrations, &chaosMigration{ns: v.ns, name: name, vm: v.ns + "/" + v.name, created: created,
+		vmiCreated: vmi.CreationTimestamp.Time})
+	w.mu.Unlock()
+	return nil
 }
 
 func (w *world) migrateVM(ctx context.Context, rng *rand.Rand) (bool, error) {
-	k, v, _ := w.runningVM(ctx, rng, func(*chaosVM) bool { return true })
+	k, v, vmi := w.runningVM(ctx, rng, func(*chaosVM) bool { return true })
 	if k == "" {
 		return false, nil
 	}
 	defer w.release(k)
-	if err := w.migrate(ctx, v); err != nil {
+	if err := w.migrate(ctx, v, vmi); err != nil {
 		return false, fmt.Errorf("migrate %s: %w", k, err)
 	}
 	return true, nil
@@ -525,7 +618,8 @@ func (w *world) migrateVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 // as KubeVirt does: the VM's template and the VMI's spec get it, and a
 // migration moves the VMI to a launcher pod that has it.
 func (w *world) hotplugVM(ctx context.Context, rng *rand.Rand) (bool, error) {
-	k, v, _ := w.runningVM(ctx, rng, func(v *chaosVM) bool { return !v.hotplugged })
+	// Not into a guest: QEMU migrates only to the same devices.
+	k, v, vmi := w.runningVM(ctx, rng, func(v *chaosVM) bool { return !v.hotplugged && !v.guest })
 	if k == "" {
 		return false, nil
 	}
@@ -548,7 +642,7 @@ func (w *world) hotplugVM(ctx context.Context, rng *rand.Rand) (bool, error) {
 	v.hotplugged = true
 	w.mu.Unlock()
 	if err == nil {
-		if err := w.migrate(ctx, v); err != nil {
+		if err := w.migrate(ctx, v, vmi); err != nil {
 			return false, fmt.Errorf("hot plug migration of %s: %w", k, err)
 		}
 	}
@@ -609,6 +703,7 @@ func (w *world) deleteTenant(ctx context.Context, rng *rand.Rand) (bool, error) 
 		}
 	}
 	w.mu.Unlock()
+	w.disturb("ns:" + t.ns)
 	if err := w.delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: t.ns}}); err != nil {
 		return false, fmt.Errorf("delete tenant %s: %w", t.ns, err)
 	}
@@ -759,6 +854,19 @@ func (w *world) run(ctx context.Context) (*ChaosResult, error) {
 		total += o.weight
 	}
 	start := time.Now()
+	// Audit snapshots during the churn and the settling: a duplicate at
+	// any moment is a finding, even one gone by the end.
+	var snaps snapshots
+	stopSnaps, snapsDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(snapsDone)
+		snaps.run(ctx, w.e.c, start, f.auditEvery, stopSnaps)
+	}()
+	endSnaps := func(res *ChaosResult) {
+		close(stopSnaps)
+		<-snapsDone
+		res.Snapshots, res.SnapshotsFailed, res.Duplicates = snaps.result()
+	}
 	stopFaults := make(chan struct{})
 	faultErr := make(chan error, 2)
 	go func() {
@@ -823,11 +931,15 @@ loop:
 	}
 	tick.Stop()
 	wg.Wait()
+	w.background.Wait()
 	close(stopFaults)
 	for range 2 - faultsEnded {
 		if err := <-faultErr; err != nil && fatal == nil {
 			fatal = fmt.Errorf("fault injection: %w", err)
 		}
+	}
+	if fatal == nil {
+		fatal = w.startGuests(ctx)
 	}
 	res := &ChaosResult{Seed: f.seed, Operations: map[string]int{}}
 	w.mu.Lock()
@@ -845,12 +957,14 @@ loop:
 	res.NodeAgentKills = int(w.faults.agents.Load())
 	res.ControllerStartFailures = int(w.e.startFailures.Load())
 	if fatal != nil {
+		endSnaps(res)
 		return res, fatal
 	}
 
 	settleStart := time.Now()
 	unsettled, pods, vms, findings, err := w.settle(ctx, f.quiesce)
 	res.Settle = time.Since(settleStart).Round(time.Millisecond).String()
+	endSnaps(res)
 	res.Unsettled, res.PodsChecked, res.VMsChecked = unsettled, pods, vms
 	w.mu.Lock()
 	res.Allocation, res.AllocationFaults = latencyOf(w.latency), latencyOf(w.faulty)
@@ -858,6 +972,11 @@ loop:
 	if err != nil {
 		return res, fmt.Errorf("audit: %w", err)
 	}
+	if res.Migrations, err = w.migrationOutcomes(ctx); err != nil {
+		return res, err
+	}
+	res.Guests = f.guests
+	res.GuestsAnswered, res.GuestFindings = w.checkGuests(ctx)
 	res.Audit = []string{}
 	for _, fd := range findings {
 		res.Audit = append(res.Audit, fmt.Sprintf("%s %s %s: %s", fd.Kind, fd.Network, fd.Object, fd.Detail))
@@ -1029,6 +1148,7 @@ func (w *world) check(ctx context.Context) (bad []string, pods, vms int) {
 			vms++
 		}
 	}
+	bad = append(bad, w.unfinishedMigrations(ctx)...)
 	sort.Strings(bad)
 	return bad, pods, vms
 }
