@@ -25,6 +25,7 @@ import (
 	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/reserved"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -75,6 +76,11 @@ type Input struct {
 	// router reaches only its own Services and the cluster DNS and API
 	// server there.
 	ServiceCIDRs []netip.Prefix
+	// Reserved are the cluster's reserved subnets: a primary network whose
+	// NAD names no "joinSubnet" or "transitSubnet" (Layer3 NADs, and
+	// hand-written ones) uses their join and transit subnets. Zero: the
+	// defaults.
+	Reserved reserved.Subnets
 	// EndpointSlices are those of the cluster DNS and API server Services
 	// (others are ignored): primary networks reach them through the node.
 	EndpointSlices []discoveryv1.EndpointSlice
@@ -210,6 +216,9 @@ func Desired(in Input) Plan {
 		}
 		if conf == nil {
 			continue // another plugin
+		}
+		if conf.IsPrimary() {
+			fillReserved(conf, in.Reserved)
 		}
 		if conf.IsPrimary() {
 			if primaryNS[conf.Name] == nil {
@@ -705,4 +714,19 @@ func layer3Of(n *network, members map[string]bool, in Input, self *corev1.Node, 
 		l3.Peers = append(l3.Peers, p)
 	}
 	return l3, nil
+}
+
+// fillReserved gives a primary network's configuration that names no join
+// or transit subnet the cluster's reserved ones (r, or the defaults when
+// r is zero).
+func fillReserved(conf *netconf.NetConf, r reserved.Subnets) {
+	if len(r.Join) == 0 || len(r.Transit) == 0 {
+		r = reserved.Default()
+	}
+	if conf.JoinSubnet == "" {
+		conf.JoinSubnet = reserved.Join(r.Join)
+	}
+	if conf.TransitSubnet == "" {
+		conf.TransitSubnet = reserved.Join(r.Transit)
+	}
 }
