@@ -209,6 +209,9 @@ func Desired(in Input) Plan {
 	for i := range in.NADs {
 		nad := &in.NADs[i]
 		key := nad.Namespace + "/" + nad.Name
+		if _, refused := nad.Annotations[udn.NetworkConflictAnnotation]; refused {
+			continue // disagrees with its network's first NAD, which defines it
+		}
 		conf, err := netconf.Parse(nad.Spec.Config)
 		if err != nil {
 			problem("NAD %s: %v", key, err)

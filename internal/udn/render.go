@@ -34,6 +34,12 @@ const (
 	// serve it and what to change (an OVN-Kubernetes NAD, type
 	// ovn-k8s-cni-overlay); it goes when the NAD changes.
 	NotServedAnnotation = "kvnet.io/not-served"
+	// NetworkConflictAnnotation on a hand-written NAD says that it names a
+	// network an earlier NAD defines differently, and how: kvnet serves
+	// the network as the earlier NAD has it and no pod gets an interface
+	// from this one (as OVN-Kubernetes, which requires NADs naming one
+	// network to agree). It goes when the NAD agrees again.
+	NetworkConflictAnnotation = "kvnet.io/network-conflict"
 	// reservedAnnotationPrefix: CR annotations with this prefix are not
 	// copied to NADs, and NAD annotations with it are kept on update.
 	reservedAnnotationPrefix = "k8s.ovn.org/"

@@ -28,6 +28,10 @@ const (
 	NADUnservedType Code = "NADUnservedType"
 	// NADInvalid: a kvnet NAD whose configuration does not parse.
 	NADInvalid Code = "NADInvalid"
+	// NADConfigMismatch: a hand-written NAD that names a network an
+	// earlier NAD defines differently; kvnet-controller refused it
+	// (kvnet.io/network-conflict).
+	NADConfigMismatch Code = "NADConfigMismatch"
 	// InvalidNetworkRequest: the pod's network annotations cannot be served
 	// as written.
 	InvalidNetworkRequest Code = "InvalidNetworkRequest"
