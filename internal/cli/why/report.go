@@ -85,6 +85,10 @@ const (
 	KvnetNodeNotReady Code = "KvnetNodeNotReady"
 	// MigrationFailed: the VMI's last live migration failed.
 	MigrationFailed Code = "MigrationFailed"
+	// GuestAddressMissing: the VMI reports an interface's addresses (from
+	// the guest agent) and an address the interface's IPAMClaim holds is
+	// not among them.
+	GuestAddressMissing Code = "GuestAddressMissing"
 )
 
 // Problem is the first broken link of a chain.
