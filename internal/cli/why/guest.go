@@ -13,7 +13,8 @@ import (
 // checkGuestAddresses compares, for a running VMI, each address an
 // IPAMClaim of its launcher pod holds with the addresses KubeVirt reports
 // on the VMI's interface of that network (status.interfaces[].ipAddresses,
-// from the guest agent). An address the guest does not have is a broken
+// from the guest agent: an interface whose infoSource names another source
+// only is not the guest's word). An address the guest does not have is a broken
 // link (GuestAddressMissing); an interface the VMI reports no address for
 // at all (no guest agent) is unknown, said so, and not a failure.
 func checkGuestAddresses(r *Report, f *vmFacts, spec *kubevirtv1.VirtualMachineInstanceSpec, atts []ipam.Attachment) bool {
@@ -47,6 +48,11 @@ func checkGuestAddresses(r *Report, f *vmFacts, spec *kubevirtv1.VirtualMachineI
 		if !ok || len(have) == 0 {
 			r.ok("guest", "interface %q: addresses unknown: the VMI reports none for it (no guest agent in the guest?), so IPAMClaim %s's %s cannot be checked there",
 				network, claim.Name, strings.Join(claim.Status.IPs, ", "))
+			continue
+		}
+		if iface.InfoSource != "" && !strings.Contains(iface.InfoSource, "guest-agent") {
+			r.ok("guest", "interface %q: guest addresses unknown: the VMI's addresses for it come from %q, not the guest agent, so IPAMClaim %s's %s cannot be checked there",
+				network, iface.InfoSource, claim.Name, strings.Join(claim.Status.IPs, ", "))
 			continue
 		}
 		for _, s := range claim.Status.IPs {

@@ -14,12 +14,18 @@ import (
 // the guest agent: interface "pod" with ips (none: no guest agent).
 func reportGuest(t *testing.T, s *vmSeed, ips ...string) {
 	t.Helper()
+	reportInterface(t, s, "domain, guest-agent", ips...)
+}
+
+// reportInterface is reportGuest with the interface's infoSource.
+func reportInterface(t *testing.T, s *vmSeed, infoSource string, ips ...string) {
+	t.Helper()
 	var vmi kubevirtv1.VirtualMachineInstance
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: s.ns, Name: s.name}, &vmi); err != nil {
 		t.Fatal(err)
 	}
 	vmi.Status.Interfaces = []kubevirtv1.VirtualMachineInstanceNetworkInterface{{
-		Name: "pod", MAC: "0a:58:0a:00:00:05", InterfaceName: "eth0", IPs: ips,
+		Name: "pod", MAC: "0a:58:0a:00:00:05", InterfaceName: "eth0", IPs: ips, InfoSource: infoSource,
 	}}
 	if len(ips) > 0 {
 		vmi.Status.Interfaces[0].IP = ips[0]
@@ -54,4 +60,8 @@ func TestWhyGuestAddresses(t *testing.T) {
 
 	reportGuest(t, s)
 	expectWhy(t, "", []string{`interface "pod": addresses unknown: the VMI reports none for it (no guest agent in the guest?)`}, "vmi", "vm1", "-n", s.ns)
+
+	// Addresses KubeVirt read elsewhere than from the guest agent.
+	reportInterface(t, s, "domain, multus-status", "10.0.0.7")
+	expectWhy(t, "", []string{`interface "pod": guest addresses unknown: the VMI's addresses for it come from "domain, multus-status", not the guest agent`}, "vm", "vm1", "-n", s.ns)
 }
