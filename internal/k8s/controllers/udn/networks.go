@@ -141,6 +141,11 @@ func (n *networks) init(ctx context.Context) error {
 // ensureNAD creates or repairs the NAD of a network in namespace.
 func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec, netName, namespace string) (*nadv1.NetworkAttachmentDefinition, error) {
 	if err := n.namespaces.Check(namespace); err != nil {
+		// A NAD rendered there before the rule applied (a changed
+		// --global-namespaces) goes, unless pods still use it.
+		if derr := n.deleteNAD(ctx, owner.Object, spec, namespace); derr != nil && !isInUse(derr) {
+			return nil, derr
+		}
 		return nil, &userError{err: err}
 	}
 	if spec.IsPrimary() {
