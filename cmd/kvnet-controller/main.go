@@ -12,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/reserved"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 func main() {
@@ -26,6 +28,9 @@ func main() {
 	defaultNAD := flag.String("default-network-nad", "", "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
 		"required in default-network mode (OVN-Kubernetes: ovn-kubernetes/default), unused with multus")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
+	reservedSubnets := reserved.Flags(flag.CommandLine)
+	globalNS := flag.String("global-namespaces", strings.Join(udn.DefaultGlobalNamespaces, ","),
+		"comma-separated namespaces (or prefixes ending in *) no UserDefinedNetwork or ClusterUserDefinedNetwork may serve, besides default and openshift-*, which never are")
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
 	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
@@ -33,6 +38,14 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	if err := checkDefaultNetworkNAD(*primaryAttachment, *defaultNAD); err != nil {
+		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
+		os.Exit(2)
+	}
+	var err error
+	if opts.ReservedSubnets, err = reservedSubnets(); err == nil {
+		opts.GlobalNamespaces, err = udn.ParseGlobalNamespaces(*globalNS)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
 		os.Exit(2)
 	}

@@ -18,8 +18,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 	flag.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "keep a kubeconfig for kvnet-cni here (e.g. /host/etc/cni/net.d/kvnet.d/kvnet.kubeconfig); empty: don't")
 	cniBinDir := flag.String("cni-bin-dir", "", "install kvnet-cni (and kvnet-ipam) into this directory at start; empty: don't")
 	cniSource := flag.String("cni-binary", "", "the kvnet-cni binary to install (default: kvnet-cni next to this executable)")
+	reservedSubnets := reserved.Flags(flag.CommandLine)
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
 	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
@@ -57,6 +60,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
 	}
+	r, err := reservedSubnets()
+	if err == nil {
+		err = datapath.SetMasqueradeSubnets(r.Masquerade[0], r.Masquerade[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
+		os.Exit(2)
+	}
+	cfg.Reserved = r
 	if *cniBinDir != "" {
 		src := *cniSource
 		if src == "" {

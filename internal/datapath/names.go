@@ -136,10 +136,30 @@ func podMTUFor(underlayMTU int, underlayIP netip.Addr) int {
 // pair. The same pair is used on every node: the addresses are link-local
 // to the node, and using one scheme everywhere makes them predictable in
 // captures and audits.
+//
+// The prefixes are the cluster's masquerade subnets (reserved.Subnets,
+// kvnet-node --masquerade-subnets); SetMasqueradeSubnets changes them.
 var (
 	transitPrefix4 = netip.MustParsePrefix("169.254.0.0/17")
 	transitPrefix6 = netip.MustParsePrefix("fd69::/112")
 )
+
+// SetMasqueradeSubnets makes v4 and v6 (validated by reserved.Parse:
+// large enough for every network ID) the prefixes of TransitAddrs. It is
+// process-wide, as the setting is cluster-wide: kvnet-node calls it once,
+// before creating its datapath.
+func SetMasqueradeSubnets(v4, v6 netip.Prefix) error {
+	for _, p := range []netip.Prefix{v4, v6} {
+		if host := p.Addr().BitLen() - p.Bits(); !p.IsValid() || host < 14 {
+			return fmt.Errorf("masquerade subnet %s: must hold at least %d addresses", p, transitOffsetBase+2*MaxNetworkID+1)
+		}
+	}
+	if !v4.Addr().Is4() || !v6.Addr().Is6() {
+		return fmt.Errorf("masquerade subnets %s, %s: want an IPv4 then an IPv6 subnet", v4, v6)
+	}
+	transitPrefix4, transitPrefix6 = v4.Masked(), v6.Masked()
+	return nil
+}
 
 // transitOffsetBase is the first offset handed out; see transitPrefix4.
 const transitOffsetBase = 10

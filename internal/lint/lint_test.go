@@ -57,6 +57,7 @@ func TestPackageDocs(t *testing.T) {
 var clientFree = []string{
 	"kvnet.io/kvnet/internal/udn",
 	"kvnet.io/kvnet/internal/netconf",
+	"kvnet.io/kvnet/internal/reserved",
 	"kvnet.io/kvnet/internal/multus",
 	"kvnet.io/kvnet/internal/ipam",
 	"kvnet.io/kvnet/internal/podnetworks",

@@ -93,6 +93,11 @@ func Parse(config string) (*NetConf, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	if c.Topology == TopologyLocalnet && c.PhysicalNetworkName == "" {
+		// As OVN-Kubernetes: a localnet network that names no physical
+		// network is attached to the one of its own name.
+		c.PhysicalNetworkName = c.Name
+	}
 	return &c, nil
 }
 

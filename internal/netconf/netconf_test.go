@@ -80,6 +80,9 @@ func FuzzParse(f *testing.F) {
 		if c == nil {
 			return
 		}
+		if c.Topology == TopologyLocalnet && c.PhysicalNetworkName == "" {
+			t.Fatalf("localnet network %q parsed without a physical network", c.Name)
+		}
 		// Whatever parses must render and parse back the same.
 		s, err := c.Marshal()
 		if err != nil {

@@ -40,6 +40,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/portalias"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 // Config configures an Agent.
@@ -62,6 +63,11 @@ type Config struct {
 	// ServiceCIDR objects (which clusters before Kubernetes 1.33 may not
 	// have).
 	ServiceCIDRs []netip.Prefix
+	// Reserved are the cluster's reserved subnets (kvnet-node's
+	// --masquerade-subnets, --join-subnets, --transit-subnets, the same as
+	// kvnet-controller's); zero means the defaults. The join and transit
+	// subnets serve primary networks whose NAD names none.
+	Reserved reserved.Subnets
 	// AllowDefaultNetwork tells kvnet-cni (through the status file) to
 	// leave the cluster default network interface of primary-UDN pods
 	// open; by default it admits only the node and replies.
@@ -495,7 +501,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 // input gathers Desired's input.
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
-	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed,
+	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed, Reserved: a.cfg.Reserved,
 		VMINodes: map[types.NamespacedName]string{}, Migrations: map[types.NamespacedName]*migration.Migration{},
 		Announced: a.announce.Announced()}
 	var nads nadv1.NetworkAttachmentDefinitionList

@@ -20,6 +20,7 @@ import (
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 // VTEPAnnotation is the node annotation holding the node's underlay
@@ -72,6 +73,11 @@ type Input struct {
 	// router reaches only its own Services and the cluster DNS and API
 	// server there.
 	ServiceCIDRs []netip.Prefix
+	// Reserved are the cluster's reserved subnets: a primary network whose
+	// NAD names no "joinSubnet" or "transitSubnet" (Layer3 NADs, and
+	// hand-written ones) uses their join and transit subnets. Zero: the
+	// defaults.
+	Reserved reserved.Subnets
 	// EndpointSlices are those of the cluster DNS and API server Services
 	// (others are ignored): primary networks reach them through the node.
 	EndpointSlices []discoveryv1.EndpointSlice

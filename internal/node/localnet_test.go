@@ -12,6 +12,7 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // localnetNAD is a CUDN's localnet NAD in namespace ns.
@@ -162,5 +163,33 @@ func TestDesiredLocalnetBadNADs(t *testing.T) {
 	}
 	if err := datapath.Validate(plan.State); err != nil {
 		t.Errorf("the plan is still refused: %v", err)
+	}
+}
+
+// TestDesiredLocalnetDefaultAndConflict: a hand-written localnet NAD
+// without "physicalNetworkName" is attached to the physical network of
+// its network name; a NAD kvnet-controller refused for disagreeing with
+// the network's first NAD (kvnet.io/network-conflict) is left out, the
+// first defining the network.
+func TestDesiredLocalnetDefaultAndConflict(t *testing.T) {
+	self := kvnode("n1", "192.168.100.1")
+	self.Annotations[physnet.BridgeMappingsAnnotation] = "cluster_udn_ln:br-blue"
+	noPhys := func(ns string, vlan int) nadv1.NetworkAttachmentDefinition {
+		n := localnetNAD(ns, vlan)
+		n.Spec.Config = strings.Replace(n.Spec.Config, `,"physicalNetworkName":"physnet"`, "", 1)
+		return n
+	}
+	refused := noPhys("b", 7)
+	refused.Annotations[udn.NetworkConflictAnnotation] = "does not match"
+	p1 := localnetPod("a", "p1", "n1", "192.168.50.11", "0a:58:c0:a8:32:0b")
+	for _, nads := range [][]nadv1.NetworkAttachmentDefinition{{noPhys("a", 0), refused}, {refused, noPhys("a", 0)}} {
+		plan := Desired(Input{Node: "n1", NADs: nads, Pods: []corev1.Pod{p1}, Nodes: []corev1.Node{self},
+			Links: map[string]string{"kvnet:a/p1:a/ln": "kvp1"}})
+		if len(plan.Problems) != 0 || len(plan.Unserved) != 0 || len(plan.State.Networks) != 1 {
+			t.Fatalf("problems %v, unserved %v, networks %+v", plan.Problems, plan.Unserved, plan.State.Networks)
+		}
+		if n := plan.State.Networks[0]; n.Physical != "br-blue" || n.VLAN != 0 {
+			t.Errorf("network %+v: want br-blue (the network name's mapping), untagged (the refused NAD's VLAN ignored)", n)
+		}
 	}
 }

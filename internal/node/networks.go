@@ -9,6 +9,7 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/reserved"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -37,6 +38,9 @@ func (p *planner) networks() (nets map[string]*network, primaryNS map[string]map
 	for i := range p.in.NADs {
 		nad := &p.in.NADs[i]
 		key := nad.Namespace + "/" + nad.Name
+		if _, refused := nad.Annotations[udn.NetworkConflictAnnotation]; refused {
+			continue // disagrees with its network's first NAD, which defines it
+		}
 		conf, err := netconf.Parse(nad.Spec.Config)
 		if err != nil {
 			p.problem("NAD %s: %v", key, err)
@@ -46,6 +50,7 @@ func (p *planner) networks() (nets map[string]*network, primaryNS map[string]map
 			continue // another plugin
 		}
 		if conf.IsPrimary() {
+			fillReserved(conf, p.in.Reserved)
 			if primaryNS[conf.Name] == nil {
 				primaryNS[conf.Name] = map[string]bool{}
 			}
@@ -120,4 +125,19 @@ func (p *planner) subnetAddresses(n *network, key string) bool {
 		}
 	}
 	return true
+}
+
+// fillReserved gives a primary network's configuration that names no join
+// or transit subnet the cluster's reserved ones (r, or the defaults when
+// r is zero).
+func fillReserved(conf *netconf.NetConf, r reserved.Subnets) {
+	if len(r.Join) == 0 || len(r.Transit) == 0 {
+		r = reserved.Default()
+	}
+	if conf.JoinSubnet == "" {
+		conf.JoinSubnet = reserved.Join(r.Join)
+	}
+	if conf.TransitSubnet == "" {
+		conf.TransitSubnet = reserved.Join(r.Transit)
+	}
 }

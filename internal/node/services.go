@@ -17,23 +17,24 @@ import (
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nodeid"
-	"kvnet.io/kvnet/internal/udn"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 // serviceAddrs returns a node's service addresses on a primary network
-// whose transit subnets are transit (the NAD's "transitSubnet", or
-// OVN-Kubernetes' default): the node ID-th address of each, and the MAC
+// whose transit subnets are transit (the NAD's "transitSubnet", which
+// Desired fills with the cluster's reserved transit subnets when a NAD
+// has none): the node ID-th address of each, and the MAC
 // derived from the first, 0a:58 and its last four bytes (as OVN derives
 // MACs from IPs). The transit subnet never overlaps the network's
 // subnets, so neither address nor MAC can be a pod's.
 func serviceAddrs(transit string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
-	return nodeAddrs("transitSubnet", transit, udn.DefaultTransitSubnets, nodeID)
+	return nodeAddrs("transitSubnet", transit, strings.Split(reserved.DefaultTransit, ","), nodeID)
 }
 
 // joinAddrs is serviceAddrs in a network's join subnets (the NAD's
 // "joinSubnet", or OVN-Kubernetes' default for UDNs).
 func joinAddrs(join string, nodeID int) ([]netip.Prefix, net.HardwareAddr, error) {
-	return nodeAddrs("joinSubnet", join, udn.DefaultJoinSubnets, nodeID)
+	return nodeAddrs("joinSubnet", join, strings.Split(reserved.DefaultJoin, ","), nodeID)
 }
 
 // nodeAddrs returns the node ID-th address of each subnet of the

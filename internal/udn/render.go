@@ -10,6 +10,7 @@ import (
 
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 // Well-known names shared with OVN-Kubernetes.
@@ -33,16 +34,15 @@ const (
 	// serve it and what to change (an OVN-Kubernetes NAD, type
 	// ovn-k8s-cni-overlay); it goes when the NAD changes.
 	NotServedAnnotation = "kvnet.io/not-served"
+	// NetworkConflictAnnotation on a hand-written NAD says that it names a
+	// network an earlier NAD defines differently, and how: kvnet serves
+	// the network as the earlier NAD has it and no pod gets an interface
+	// from this one (as OVN-Kubernetes, which requires NADs naming one
+	// network to agree). It goes when the NAD agrees again.
+	NetworkConflictAnnotation = "kvnet.io/network-conflict"
 	// reservedAnnotationPrefix: CR annotations with this prefix are not
 	// copied to NADs, and NAD annotations with it are kept on update.
 	reservedAnnotationPrefix = "k8s.ovn.org/"
-)
-
-// Defaults for primary networks (OVN-Kubernetes' values, so addresses seen
-// in the docs match).
-var (
-	DefaultJoinSubnets    = []string{"100.65.0.0/16", "fd99::/64"}
-	DefaultTransitSubnets = []string{"100.88.0.0/16", "fd97::/64"}
 )
 
 // LocalnetDefaultMTU is the MTU of a localnet network that sets none: the
@@ -91,15 +91,28 @@ func (s Spec) IsPrimary() bool {
 // most bad specs; Render checks again what it relies on, so that a spec
 // that slipped through is refused rather than rendered into a different
 // network.
+//
+// Render uses the default reserved subnets; RenderReserved the cluster's.
 func Render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
-	c, err := render(s, netName, nadKey)
+	return RenderReserved(s, netName, nadKey, reserved.Default())
+}
+
+// RenderReserved is Render with the cluster's reserved subnets r: a
+// primary network's default join subnets and its transit subnets come
+// from r, and subnets that overlap r are refused (as OVN-Kubernetes
+// refuses them, naming both subnets).
+func RenderReserved(s Spec, netName, nadKey string, r reserved.Subnets) (*netconf.NetConf, error) {
+	c, err := render(s, netName, nadKey, r)
+	if err == nil {
+		err = checkReserved(c, r)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("render %q: %w", netName, err)
 	}
 	return c, nil
 }
 
-func render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
+func render(s Spec, netName, nadKey string, r reserved.Subnets) (*netconf.NetConf, error) {
 	c := &netconf.NetConf{
 		CNIVersion: netconf.CNIVersion,
 		Type:       netconf.PluginType,
@@ -144,8 +157,8 @@ func render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
 			if len(l2.Subnets) == 0 {
 				return nil, errors.New("the subnet attribute must be defined for layer2 primary user defined networks")
 			}
-			c.JoinSubnet = joinOr(join, DefaultJoinSubnets)
-			transit, err := transitSubnets(l2.Subnets, l2.JoinSubnets)
+			c.JoinSubnet = joinOr(join, r.Join)
+			transit, err := transitSubnets(l2.Subnets, l2.JoinSubnets, r)
 			if err != nil {
 				return nil, err
 			}
@@ -183,7 +196,7 @@ func render(s Spec, netName, nadKey string) (*netconf.NetConf, error) {
 			return nil, err
 		}
 		if l3.Role == udnv1.NetworkRolePrimary {
-			c.JoinSubnet = joinOr(join, DefaultJoinSubnets)
+			c.JoinSubnet = joinOr(join, r.Join)
 		}
 	case udnv1.NetworkTopologyLocalnet:
 		ln := s.Localnet
@@ -245,7 +258,7 @@ func joinRoles(l []udnv1.NetworkRole) string {
 // transitSubnets returns the default transit subnets, each moved to the next
 // free range of its size when it overlaps a subnet or join subnet of the
 // network (as OVN-Kubernetes does).
-func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
+func transitSubnets(subnets, join udnv1.DualStackCIDRs, r reserved.Subnets) (string, error) {
 	var taken []netip.Prefix
 	for _, f := range []struct {
 		key  string
@@ -260,13 +273,12 @@ func transitSubnets(subnets, join udnv1.DualStackCIDRs) (string, error) {
 		}
 	}
 	if len(join) == 0 {
-		for _, s := range DefaultJoinSubnets {
-			taken = append(taken, netip.MustParsePrefix(s))
-		}
+		taken = append(taken, r.Join...)
 	}
-	out := make([]string, 0, len(DefaultTransitSubnets))
-	for _, def := range DefaultTransitSubnets {
-		p := netip.MustParsePrefix(def)
+	taken = append(taken, r.Masquerade...)
+	out := make([]string, 0, len(r.Transit))
+	for _, def := range r.Transit {
+		p := def
 		for tries := 0; ; tries++ {
 			q, overlaps := firstOverlap(p, taken)
 			if !overlaps {
@@ -350,9 +362,9 @@ func joinIPs(key string, l []udnv1.IP) (string, error) {
 	return strings.Join(s, ","), nil
 }
 
-func joinOr(v string, def []string) string {
+func joinOr(v string, def []netip.Prefix) string {
 	if v != "" {
 		return v
 	}
-	return strings.Join(def, ",")
+	return reserved.Join(def)
 }

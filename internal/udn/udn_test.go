@@ -14,6 +14,7 @@ import (
 
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 func TestRenderTransitSubnetShift(t *testing.T) {
@@ -356,12 +357,12 @@ func FuzzRender(f *testing.F) {
 func checkTransit(t *testing.T, c *netconf.NetConf, subnets, join []string) {
 	t.Helper()
 	transit, err := netconf.ParsePrefixes("transitSubnet", c.TransitSubnet)
-	if err != nil || len(transit) != len(DefaultTransitSubnets) {
+	if err != nil || len(transit) != len(reserved.Default().Transit) {
 		t.Fatalf("transitSubnet %q (%v)", c.TransitSubnet, err)
 	}
 	taken := append(append([]string{}, subnets...), join...)
 	if len(join) == 0 {
-		taken = append(taken, DefaultJoinSubnets...)
+		taken = append(taken, strings.Split(reserved.DefaultJoin, ",")...)
 	}
 	for _, tr := range transit {
 		for _, s := range taken {

@@ -340,6 +340,11 @@ func checkNAD(r *Report, f *netFacts, key, where string) (*netconf.Served, bool)
 		}
 		return nil, r.fail("NAD", key+": not found", NADNotFound, fix, "%s", msg)
 	}
+	if msg, refused := nad.Annotations[udn.NetworkConflictAnnotation]; refused {
+		return nil, r.fail("NAD", key+": refused, disagrees with its network's first NAD", NADConfigMismatch,
+			"make spec.config of NAD "+key+" agree with the first NAD of its network (or give it another network \"name\"); kvnet-controller then serves it",
+			"%s names NAD %s, which kvnet-controller refused: %s", where, key, msg)
+	}
 	s, err := netconf.ParseServed(nad.Spec.Config)
 	if err != nil {
 		return nil, r.fail("NAD", key+": invalid", NADInvalid,

@@ -28,6 +28,10 @@ const (
 	NADUnservedType Code = "NADUnservedType"
 	// NADInvalid: a kvnet NAD whose configuration does not parse.
 	NADInvalid Code = "NADInvalid"
+	// NADConfigMismatch: a hand-written NAD that names a network an
+	// earlier NAD defines differently; kvnet-controller refused it
+	// (kvnet.io/network-conflict).
+	NADConfigMismatch Code = "NADConfigMismatch"
 	// InvalidNetworkRequest: the pod's network annotations cannot be served
 	// as written.
 	InvalidNetworkRequest Code = "InvalidNetworkRequest"
@@ -81,6 +85,10 @@ const (
 	KvnetNodeNotReady Code = "KvnetNodeNotReady"
 	// MigrationFailed: the VMI's last live migration failed.
 	MigrationFailed Code = "MigrationFailed"
+	// GuestAddressMissing: the VMI reports an interface's addresses (from
+	// the guest agent) and an address the interface's IPAMClaim holds is
+	// not among them.
+	GuestAddressMissing Code = "GuestAddressMissing"
 )
 
 // Problem is the first broken link of a chain.

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/netconf"
 )
 
@@ -130,6 +131,9 @@ func diagnoseVM(r *Report, f *vmFacts) {
 	f.Launcher.VMI = f.VMI
 	diagnoseAllocation(r, f.Launcher, labelled, primaryKey)
 	if r.Problem != nil {
+		return
+	}
+	if atts, err := ipam.PodAttachments(f.Launcher.Pod, labelled, primaryKey, f.Launcher.lookup); err == nil && checkGuestAddresses(r, f, spec, atts) {
 		return
 	}
 	summary := r.Summary

@@ -37,6 +37,7 @@ import (
 	udncontroller "kvnet.io/kvnet/internal/k8s/controllers/udn"
 	vmclaimscontroller "kvnet.io/kvnet/internal/k8s/controllers/vmclaims"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
+	"kvnet.io/kvnet/internal/reserved"
 )
 
 // NewScheme returns a scheme with the Kubernetes built-ins and every API
@@ -76,6 +77,13 @@ type Options struct {
 	// Webhook enables the admission webhooks and the MAC pool; nil leaves
 	// them off.
 	Webhook *WebhookOptions
+	// GlobalNamespaces no UDN or CUDN may serve, besides default and
+	// openshift-*; nil means udn.DefaultGlobalNamespaces (an empty,
+	// non-nil list: none).
+	GlobalNamespaces []string
+	// ReservedSubnets are the cluster's reserved subnets; zero means the
+	// defaults.
+	ReservedSubnets reserved.Subnets
 }
 
 // How pods get their namespace's primary network (WebhookOptions.PrimaryAttachment).
@@ -178,7 +186,8 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation}); err != nil {
+	if err := udncontroller.Setup(mgr, udncontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation,
+		GlobalNamespaces: opts.GlobalNamespaces, Reserved: opts.ReservedSubnets}); err != nil {
 		return nil, fmt.Errorf("set up UDN controllers: %w", err)
 	}
 	if err := nodeids.Setup(mgr, nodeids.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {

@@ -5,6 +5,7 @@ package nads
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +19,9 @@ import (
 
 // Lookup returns the served configuration of NAD "<ns>/<name>": found is
 // false when it does not exist; s is nil when kvnet does not serve it. A
-// configuration kvnet cannot parse is returned as err.
+// configuration kvnet cannot parse, or a NAD refused because it disagrees
+// with an earlier NAD of its network (udn.NetworkConflictAnnotation), is
+// returned as err.
 func Lookup(ctx context.Context, c client.Reader, key string) (s *netconf.Served, found bool, err error) {
 	ns, name, _ := strings.Cut(key, "/")
 	var nad nadv1.NetworkAttachmentDefinition
@@ -27,6 +30,9 @@ func Lookup(ctx context.Context, c client.Reader, key string) (s *netconf.Served
 			return nil, false, nil
 		}
 		return nil, false, err
+	}
+	if msg, ok := nad.Annotations[udn.NetworkConflictAnnotation]; ok {
+		return nil, true, fmt.Errorf("%w: %s", netconf.ErrInvalid, msg)
 	}
 	s, err = netconf.ParseServed(nad.Spec.Config)
 	return s, true, err

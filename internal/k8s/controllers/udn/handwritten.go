@@ -4,18 +4,20 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -33,14 +35,54 @@ type handwrittenReconciler struct {
 
 func setupHandwritten(mgr ctrl.Manager, n *networks, opts Options) error {
 	r := &handwrittenReconciler{networks: n, names: map[string]bool{}}
+	c := mgr.GetClient()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("handwritten-nads").
-		For(&nadv1.NetworkAttachmentDefinition{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			_, rendered := o.GetLabels()[udn.NADLabel]
-			return !rendered
-		}))).
+		// A NAD's own events, and those of every NAD that can change
+		// whether a hand-written NAD agrees with the first of its network.
+		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, o client.Object) []reconcile.Request {
+				return sameNetworkHandwritten(ctx, c, o)
+			})).
 		WithOptions(controller.Options{SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
+}
+
+func rendered(o client.Object) bool {
+	_, ok := o.GetLabels()[udn.NADLabel]
+	return ok
+}
+
+// sameNetworkHandwritten returns requests for o, when hand-written, and
+// for the hand-written NADs that may have to be refused or served again
+// after o changed: those naming o's network (the network-name annotation
+// this reconciler writes) and those refused now.
+func sameNetworkHandwritten(ctx context.Context, c client.Client, o client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	if !rendered(o) {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+	}
+	name := o.GetAnnotations()[udn.NetworkNameAnnotation]
+	if nad, ok := o.(*nadv1.NetworkAttachmentDefinition); ok {
+		if conf, err := netconf.Parse(nad.Spec.Config); err == nil && conf != nil {
+			name = conf.Name
+		}
+	}
+	var list nadv1.NetworkAttachmentDefinitionList
+	if err := c.List(ctx, &list); err != nil {
+		return reqs
+	}
+	for i := range list.Items {
+		other := &list.Items[i]
+		if rendered(other) || other.UID == o.GetUID() {
+			continue
+		}
+		_, refused := other.Annotations[udn.NetworkConflictAnnotation]
+		if refused || (name != "" && other.Annotations[udn.NetworkNameAnnotation] == name) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(other)})
+		}
+	}
+	return reqs
 }
 
 func (r *handwrittenReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -55,12 +97,18 @@ func (r *handwrittenReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err != nil || nad.DeletionTimestamp != nil {
 		return ctrl.Result{}, r.releaseUnused(ctx)
 	}
+	if rendered(&nad) {
+		return ctrl.Result{}, nil
+	}
 	if err := r.notServed(ctx, &nad); err != nil {
 		return ctrl.Result{}, err
 	}
 	conf, err := netconf.Parse(nad.Spec.Config)
 	if err != nil || conf == nil {
 		return ctrl.Result{}, nil // not ours, or invalid (the allocator reports that on pods)
+	}
+	if refused, err := r.agree(ctx, &nad, conf); err != nil || refused {
+		return ctrl.Result{}, err
 	}
 	logger := log.FromContext(ctx).WithValues("network", conf.Name)
 	id, err := r.ids.Allocate(conf.Name)
@@ -85,7 +133,103 @@ func (r *handwrittenReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	logger.Info("gave a hand-written NetworkAttachmentDefinition its network ID", "nad", req.String(), "id", id)
+	if conf.Topology == netconf.TopologyLocalnet {
+		return ctrl.Result{}, r.checkBridgeMapping(ctx, &nad, conf)
+	}
 	return ctrl.Result{}, nil
+}
+
+// ReasonNetworkConfigMismatch is the reason of the Warning event on a
+// hand-written NAD refused because an earlier NAD of its network defines
+// the network differently.
+const ReasonNetworkConfigMismatch = "NetworkConfigMismatch"
+
+// agree refuses a hand-written NAD that names a network an earlier NAD
+// (the oldest by creation, then by namespace/name; a refused NAD does not
+// count) defines differently, as OVN-Kubernetes does: it marks it with
+// NetworkConflictAnnotation, naming the first NAD and every field that
+// differs, and records a Warning event; the first NAD keeps working. A NAD
+// that agrees (again) loses the mark. It reports whether nad is refused.
+func (r *handwrittenReconciler) agree(ctx context.Context, nad *nadv1.NetworkAttachmentDefinition, conf *netconf.NetConf) (bool, error) {
+	var list nadv1.NetworkAttachmentDefinitionList
+	if err := r.client.List(ctx, &list); err != nil {
+		return false, fmt.Errorf("list NetworkAttachmentDefinitions: %w", err)
+	}
+	var first *nadv1.NetworkAttachmentDefinition
+	var firstConf *netconf.NetConf
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.DeletionTimestamp != nil || o.UID == nad.UID || !earlier(o, nad) {
+			continue
+		}
+		if _, refused := o.Annotations[udn.NetworkConflictAnnotation]; refused {
+			continue
+		}
+		oc, err := netconf.Parse(o.Spec.Config)
+		if err != nil || oc == nil || oc.Name != conf.Name {
+			continue
+		}
+		if first == nil || earlier(o, first) {
+			first, firstConf = o, oc
+		}
+	}
+	msg := ""
+	if first != nil {
+		if d := netconf.Diff(firstConf, conf); len(d) > 0 {
+			msg = fmt.Sprintf("NAD %s/%s CNI config does not match that of network %s, which NAD %s/%s defined first: %s; "+
+				"kvnet serves the network as %s/%s defines it, and no pod gets an interface from this NAD until it agrees",
+				nad.Namespace, nad.Name, conf.Name, first.Namespace, first.Name, strings.Join(d, ", "), first.Namespace, first.Name)
+		}
+	}
+	have, marked := nad.Annotations[udn.NetworkConflictAnnotation]
+	if (msg == "" && !marked) || (msg != "" && have == msg) {
+		return msg != "", nil
+	}
+	patch := client.MergeFrom(nad.DeepCopy())
+	if msg != "" {
+		if nad.Annotations == nil {
+			nad.Annotations = map[string]string{}
+		}
+		nad.Annotations[udn.NetworkConflictAnnotation] = msg
+	} else {
+		delete(nad.Annotations, udn.NetworkConflictAnnotation)
+	}
+	if err := r.client.Patch(ctx, nad, patch); err != nil {
+		return msg != "", client.IgnoreNotFound(err)
+	}
+	if msg != "" {
+		r.recorder.Eventf(nad, nil, corev1.EventTypeWarning, ReasonNetworkConfigMismatch, "Serve", "%s", msg)
+		log.FromContext(ctx).Info("refused a NetworkAttachmentDefinition that disagrees with its network's first", "nad", client.ObjectKeyFromObject(nad).String(), "reason", msg)
+	}
+	return msg != "", nil
+}
+
+// earlier orders NADs by creation, then namespace/name.
+func earlier(a, b *nadv1.NetworkAttachmentDefinition) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+}
+
+// checkBridgeMapping records a Warning NoBridgeMapping event on a
+// hand-written localnet NAD, when it is first served, if no node maps its
+// physical network (its physicalNetworkName, else its network name) to a
+// bridge: kvnet-node attaches it nowhere until one does.
+func (r *handwrittenReconciler) checkBridgeMapping(ctx context.Context, nad *nadv1.NetworkAttachmentDefinition, conf *netconf.NetConf) error {
+	var nodes corev1.NodeList
+	if err := r.client.List(ctx, &nodes); err != nil {
+		return fmt.Errorf("list nodes for their bridge mappings: %w", err)
+	}
+	for i := range nodes.Items {
+		if m, err := physnet.ParseBridgeMappings(nodes.Items[i].Annotations[physnet.BridgeMappingsAnnotation]); err == nil && m[conf.PhysicalNetworkName] != "" {
+			return nil
+		}
+	}
+	r.recorder.Eventf(nad, nil, corev1.EventTypeWarning, ReasonNoBridgeMapping, "Serve",
+		"no node maps physical network %q to a bridge: annotate the nodes on that network with %s=%s:<bridge>",
+		conf.PhysicalNetworkName, physnet.BridgeMappingsAnnotation, conf.PhysicalNetworkName)
+	return nil
 }
 
 // notServedMessage is what a NAD written for OVN-Kubernetes is told.

@@ -21,6 +21,7 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/reserved"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -64,6 +65,10 @@ type networks struct {
 	apiReader client.Reader
 	recorder  events.EventRecorder
 	ids       *udn.IDAllocator
+	// namespaces says which namespaces a network may serve; reserved
+	// are the cluster's reserved subnets. Both are set once, at setup.
+	namespaces udn.NamespaceRule
+	reserved   reserved.Subnets
 
 	initMu sync.Mutex // guards following
 	inited bool
@@ -84,6 +89,7 @@ func newNetworks(c client.Client, apiReader client.Reader, rec events.EventRecor
 		recorder:  rec,
 		ids:       udn.NewIDAllocator(),
 		primary:   map[string]primaryClaim{},
+		reserved:  reserved.Default(),
 	}
 }
 
@@ -134,6 +140,14 @@ func (n *networks) init(ctx context.Context) error {
 
 // ensureNAD creates or repairs the NAD of a network in namespace.
 func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec, netName, namespace string) (*nadv1.NetworkAttachmentDefinition, error) {
+	if err := n.namespaces.Check(namespace); err != nil {
+		// A NAD rendered there before the rule applied (a changed
+		// --global-namespaces) goes, unless pods still use it.
+		if derr := n.deleteNAD(ctx, owner.Object, spec, namespace); derr != nil && !isInUse(derr) {
+			return nil, derr
+		}
+		return nil, &userError{err: err}
+	}
 	if spec.IsPrimary() {
 		var ns corev1.Namespace
 		if err := n.client.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err != nil {
@@ -143,7 +157,7 @@ func (n *networks) ensureNAD(ctx context.Context, owner udn.Owner, spec udn.Spec
 			return nil, userErrorf("invalid primary network state for namespace %q: a valid primary user defined network or network attachment definition custom resource, and required namespace label %q must both be present", namespace, udn.PrimaryNamespaceLabel)
 		}
 	}
-	conf, err := udn.Render(spec, netName, namespace+"/"+owner.GetName())
+	conf, err := udn.RenderReserved(spec, netName, namespace+"/"+owner.GetName(), n.reserved)
 	if err != nil {
 		return nil, &userError{fmt.Errorf("failed to generate NetworkAttachmentDefinition: %w", err)}
 	}

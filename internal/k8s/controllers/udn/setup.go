@@ -22,6 +22,8 @@ import (
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/reserved"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // Options configures the UDN controllers.
@@ -32,6 +34,13 @@ type Options struct {
 	// SkipNameValidation allows registering the controllers again in one
 	// process (tests that restart the controller).
 	SkipNameValidation bool
+	// GlobalNamespaces no UDN or CUDN may serve, besides default and
+	// openshift-* (udn.NamespaceRule); nil means
+	// udn.DefaultGlobalNamespaces.
+	GlobalNamespaces []string
+	// Reserved are the cluster's reserved subnets; zero means the
+	// defaults.
+	Reserved reserved.Subnets
 }
 
 // Setup registers the UserDefinedNetwork and ClusterUserDefinedNetwork
@@ -41,6 +50,14 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts.MaxConcurrentReconciles = 16
 	}
 	n := newNetworks(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("kvnet-udn-controller"))
+	n.namespaces = udn.NamespaceRule{Global: opts.GlobalNamespaces}
+	if opts.GlobalNamespaces == nil {
+		n.namespaces.Global = udn.DefaultGlobalNamespaces
+	}
+	n.reserved = opts.Reserved
+	if len(n.reserved.Masquerade) == 0 {
+		n.reserved = reserved.Default()
+	}
 	c := mgr.GetClient()
 
 	err := ctrl.NewControllerManagedBy(mgr).
