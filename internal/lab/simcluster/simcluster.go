@@ -401,7 +401,13 @@ func (c *Cluster) AgentPIDFile(n string) string { return filepath.Join(c.nodeDir
 func (c *Cluster) AgentLog(n string) string { return c.cfg.AgentLog(n) }
 
 // KubeletConfig is the simulated kubelet configuration of node n.
-func (c *Cluster) KubeletConfig(n string) simkubelet.Config { return c.cfg.KubeletConfig(n) }
+func (c *Cluster) KubeletConfig(n string) simkubelet.Config {
+	kc := c.cfg.KubeletConfig(n)
+	if nd, err := c.Node(n); err == nil {
+		kc.NodeIP = nd.IP // reported as the Node's InternalIP
+	}
+	return kc
+}
 
 // Agent is node n's in-process kvnet-node, or nil (process mode, or
 // stopped).

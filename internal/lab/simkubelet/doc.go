@@ -25,6 +25,12 @@
 //     UID precondition), as kubelet does; a pod that vanished (force
 //     deletion) is torn down the same way.
 //
+// It reports its node as kubelet does: the Node (created when missing)
+// is Ready (reason KubeletReady) with Config.NodeIP as its InternalIP and
+// its name as Hostname, NodeInfo saying it is the lab's simulated kubelet,
+// and every Config.HeartbeatInterval (10 s) it renews the Ready
+// condition's lastHeartbeatTime and the node's Lease in kube-node-lease.
+//
 // No containers run: a pod is its network namespace, so tests `ip netns
 // exec` (or nl.Do) into [PodNetNS] to ping from a pod.
 //

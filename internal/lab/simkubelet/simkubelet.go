@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -81,6 +83,12 @@ type Config struct {
 	// Runtime runs what a pod's containers would, once its network is up;
 	// nil runs nothing (a pod is only its network namespace).
 	Runtime Runtime
+	// NodeIP is the node's address on the underlay, reported as its
+	// InternalIP; unset reports only the Hostname address.
+	NodeIP netip.Addr
+	// HeartbeatInterval is how often the node's Ready condition and Lease
+	// are renewed (default 10s, kubelet's node status update frequency).
+	HeartbeatInterval time.Duration
 	// Log receives what happens; the zero value discards.
 	Log logr.Logger
 }
@@ -171,6 +179,7 @@ type kubelet struct {
 	// clusterDefault is the parsed Config.ClusterDefaultNetwork (Multus
 	// mode), or nil.
 	clusterDefault *libcni.NetworkConfigList
+	bootID         string // NodeInfo.BootID: new on every Run
 	store          cache.Store
 	queue          workqueue.TypedRateLimitingInterface[string]
 
@@ -231,7 +240,8 @@ func Run(ctx context.Context, cfg Config) error {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "simkubelet-" + cfg.NodeName}),
-		pods: map[string]*podState{},
+		pods:   map[string]*podState{},
+		bootID: string(uuid.NewUUID()),
 	}
 	// On return: stop everything started below and wait for it.
 	var wg sync.WaitGroup
@@ -277,6 +287,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil // ctx done
 	}
 	k.gc(ctx)
+	wg.Go(func() { k.heartbeat(ctx) })
 	log.Info("simkubelet running", "netns", cfg.NodeNetNS, "pods", len(k.store.ListKeys()))
 	for range cfg.Workers {
 		wg.Add(1)
