@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -289,7 +291,7 @@ func TestVMChecks(t *testing.T) {
 		return ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet", podIface: "ovn-udn1", specMAC: specMAC},
 			claimed: claimed, addrs: addrs, mac: mac}
 	}
-	good := iface(pfx("10.0.0.5/24", "2001:db8::5/60"), pfx("2001:db8::5/60", "10.0.0.5/24"), "0a:58:0a:00:00:05", "")
+	good := iface(pfx("10.0.0.5/24", "2001:db8::5/60"), pfx("2001:db8::5/60", "10.0.0.5/24"), "0a:58:0a:00:00:05", "0A:58:0A:00:00:05")
 	if err := checkPlumbed(good); err != nil {
 		t.Errorf("claim and kernel agree: %v", err)
 	}
@@ -302,6 +304,7 @@ func TestVMChecks(t *testing.T) {
 		"kernel has one more":        iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24", "10.0.0.7/24"), "0a:58:0a:00:00:05", ""),
 		"claim empty":                iface(nil, nil, "0a:58:0a:00:00:05", ""),
 		"MAC not the VM's":           iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24"), "0a:58:0a:00:00:05", "02:00:00:00:00:01"),
+		"VMI names no MAC":           iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24"), "0a:58:0a:00:00:05", ""),
 	} {
 		if err := checkPlumbed(f); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -313,8 +316,8 @@ func TestVMChecks(t *testing.T) {
 	if err := compareMigration(before, after); err != nil {
 		t.Errorf("a good migration: %v", err)
 	}
-	moved := iface(pfx("10.0.0.9/24", "2001:db8::5/60"), pfx("10.0.0.9/24", "2001:db8::5/60"), "0a:58:0a:00:00:05", "")
-	newMAC := iface(good.claimed, good.addrs, "0a:58:0a:00:00:09", "")
+	moved := iface(pfx("10.0.0.9/24", "2001:db8::5/60"), pfx("10.0.0.9/24", "2001:db8::5/60"), "0a:58:0a:00:00:05", good.specMAC)
+	newMAC := iface(good.claimed, good.addrs, "0a:58:0a:00:00:09", good.specMAC)
 	for name, a := range map[string]vmState{
 		"same node":      {node: "node-1", pod: "launcher-b", ifaces: []ifaceState{good}},
 		"IP changed":     {node: "node-2", pod: "launcher-b", ifaces: []ifaceState{moved}},
@@ -322,6 +325,39 @@ func TestVMChecks(t *testing.T) {
 		"interface gone": {node: "node-2", pod: "launcher-b"},
 	} {
 		if err := compareMigration(before, a); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestCheckLease: the guest's DHCP lease is checked against the VMI's MAC
+// and the claim's address; a lease for the MAC the guest has (the guest
+// agreeing with itself) but not the VMI's is wrong.
+func TestCheckLease(t *testing.T) {
+	f := ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet", specMAC: "0a:58:0a:00:00:05"},
+		claimed: pfx("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"}
+	lease := func(mac, addr string) guest.Lease {
+		m, err := net.ParseMAC(mac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return guest.Lease{Iface: "eth0", MAC: m, Addr: netip.MustParsePrefix(addr)}
+	}
+	if err := checkLease(0, f, lease("0a:58:0a:00:00:05", "10.0.0.5/24")); err != nil {
+		t.Errorf("lease matching the claim and the VMI's MAC: %v", err)
+	}
+	wrongGuest := f
+	wrongGuest.mac = "02:00:00:00:00:09" // the guest runs with a MAC the VMI does not have
+	for name, tc := range map[string]struct {
+		f ifaceState
+		l guest.Lease
+	}{
+		"guest's own MAC, not the VMI's": {wrongGuest, lease("02:00:00:00:00:09", "10.0.0.5/24")},
+		"another address":                {f, lease("0a:58:0a:00:00:05", "10.0.0.6/24")},
+		"VMI names no MAC": {ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet"}, claimed: pfx("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"},
+			lease("0a:58:0a:00:00:05", "10.0.0.5/24")},
+	} {
+		if err := checkLease(0, tc.f, tc.l); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

@@ -41,7 +41,7 @@ type vmIface struct {
 	network  string // the VM network's name
 	claim    string // IPAMClaim name
 	podIface string // interface in the launcher pod
-	specMAC  string // the VMI spec's macAddress (the MAC pool's), "" when the pod's own
+	specMAC  string // the VMI's MAC: spec macAddress (the MAC pool's), else status.interfaces' (kvnet's allocation)
 }
 
 // vmIfaces returns the VMI's networks with their claims and launcher pod
@@ -117,16 +117,33 @@ func (s vmState) ipv4(network string) string {
 }
 
 // checkPlumbed returns an error unless the interface carries exactly the
-// addresses its claim holds, and the MAC the VM spec names, if it names one.
+// addresses its claim holds, and the MAC the VMI has for it (the spec's
+// macAddress, else status.interfaces' mac: what kvnet allocated to the
+// claim's owner), read independently of the guest.
 func checkPlumbed(f ifaceState) error {
 	if len(f.claimed) == 0 {
 		return fmt.Errorf("IPAMClaim %s/%s has no status.ips", demoVMNamespace, f.claim)
 	}
+	if f.specMAC == "" {
+		return fmt.Errorf("network %s: VirtualMachineInstance %s/%s names no MAC for it (spec macAddress or status.interfaces mac)", f.network, demoVMNamespace, demoVM)
+	}
 	if !samePrefixes(f.claimed, f.addrs) {
 		return fmt.Errorf("network %s: IPAMClaim %s holds %s, but %s in the launcher pod has %s", f.network, f.claim, prefixes(f.claimed), f.podIface, prefixes(f.addrs))
 	}
-	if f.specMAC != "" && !strings.EqualFold(f.specMAC, f.mac) {
-		return fmt.Errorf("network %s: the VM's interface has MAC %s, but %s in the launcher pod has %s", f.network, f.specMAC, f.podIface, f.mac)
+	if !strings.EqualFold(f.specMAC, f.mac) {
+		return fmt.Errorf("network %s: the VMI's interface has MAC %s, but the guest's eth has %s", f.network, f.specMAC, f.mac)
+	}
+	return nil
+}
+
+// checkLease returns an error unless the DHCP lease the guest reported on
+// eth<i> is the address its IPAMClaim holds, for the MAC the VMI has for
+// the interface (not the guest's own idea of its MAC: the lease is the
+// guest's, so comparing with the guest would compare it with itself).
+func checkLease(i int, f ifaceState, l guest.Lease) error {
+	if !samePrefixes([]netip.Prefix{l.Addr}, f.claimed) || f.specMAC == "" || !strings.EqualFold(l.MAC.String(), f.specMAC) {
+		return fmt.Errorf("network %s: the guest's DHCP lease on eth%d is %s for MAC %s, but IPAMClaim %s holds %s and the VMI has MAC %q",
+			f.network, i, l.Addr, l.MAC, f.claim, prefixes(f.claimed), f.specMAC)
 	}
 	return nil
 }
@@ -420,9 +437,8 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 		if !ok {
 			return fmt.Errorf("the guest's console shows no DHCP lease on eth%d (network %s)", i, f.network)
 		}
-		if !samePrefixes([]netip.Prefix{l.Addr}, f.claimed) || !strings.EqualFold(l.MAC.String(), f.mac) {
-			return fmt.Errorf("network %s: the guest's DHCP lease on eth%d is %s for MAC %s, but IPAMClaim %s holds %s for MAC %s",
-				f.network, i, l.Addr, l.MAC, f.claim, prefixes(f.claimed), f.mac)
+		if err := checkLease(i, f, l); err != nil {
+			return err
 		}
 		router := "none"
 		if l.Router.IsValid() {
