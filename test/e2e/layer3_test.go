@@ -143,7 +143,7 @@ func TestLabLayer3(t *testing.T) {
 
 	netnsOf := func(p *corev1.Pod) string { return simkubelet.PodNetNS(lab.KubeletConfig(dir, p.Spec.NodeName), p) }
 	ping := func(p *corev1.Pod, dst netip.Addr) error {
-		out, err := exec.Command("nsenter", "--net="+netnsOf(p), "ping", "-c", "2", "-W", "2", dst.String()).CombinedOutput()
+		out, err := exec.Command("nsenter", "--net="+netnsOf(p), "busybox", "ping", "-c", "2", "-W", "2", dst.String()).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("ping %s from %s/%s: %v: %s", dst, p.Namespace, p.Name, err, out)
 		}

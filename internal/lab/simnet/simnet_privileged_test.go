@@ -22,23 +22,19 @@ func TestMain(m *testing.M) {
 }
 
 // pingCommand returns the command line that pings dst once from the
-// namespace at ns: `ip netns exec <name> ping -c 1 -W 1 <dst>`, with
-// busybox's ping where there is no ping.
+// namespace at ns: `ip netns exec <name> busybox ping -c 1 -W 1 <dst>`
+// (busybox's: a fresh machine has no iputils-ping).
 func pingCommand(t *testing.T, ns string, dst netip.Addr) []string {
 	t.Helper()
 	ip, err := exec.LookPath("ip")
 	if err != nil {
 		t.Fatal("needs iproute2's ip in PATH: ", err)
 	}
-	cmd := []string{ip, "netns", "exec", filepath.Base(ns)}
-	if p, err := exec.LookPath("ping"); err == nil {
-		cmd = append(cmd, p)
-	} else if bb, err := exec.LookPath("busybox"); err == nil {
-		cmd = append(cmd, bb, "ping")
-	} else {
-		t.Fatal("needs ping or busybox in PATH")
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Fatal("needs busybox in PATH (hack/install-deps.sh installs it): ", err)
 	}
-	return append(cmd, "-c", "1", "-W", "1", dst.String())
+	return []string{ip, "netns", "exec", filepath.Base(ns), bb, "ping", "-c", "1", "-W", "1", dst.String()}
 }
 
 // pingOnce sends one echo request to dst from the namespace at ns and
