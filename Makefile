@@ -78,6 +78,10 @@ local-up: deps tools guest-image build ## Start the lab (control plane + kvnet) 
 local-down: ## Stop the lab
 	@if [ -x $(BIN)/kvnet-lab ]; then $(BIN)/kvnet-lab down --dir $(LAB_DIR); fi
 
+.PHONY: local-clean
+local-clean: build ## Stop the lab and remove its state (etcd data, logs, kubeconfig): the next local-up starts from a clean slate
+	$(BIN)/kvnet-lab down --purge --dir $(LAB_DIR)
+
 .PHONY: demo
 demo: local-up ## Start the lab, apply examples/ and show the result
 	$(BIN)/kvnet-lab demo --kubeconfig $(LAB_DIR)/kubeconfig --examples examples

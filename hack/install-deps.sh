@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages kvnet's tests and lab use, when missing:
-# iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client,
+# iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client
+# and the applets tests use (ping, nslookup, wget: no iputils-ping needed),
+# util-linux for nsenter and setpriv,
 # qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
 # is built from Debian packages by hack/guest/build.sh).
 # Go modules come from the module proxy; control-plane binaries are built by
@@ -11,6 +13,9 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)
 command -v make >/dev/null || need+=(make)
+# util-linux: nsenter (tests enter pod namespaces with it) and setpriv (the
+# control plane starts etcd and kube-apiserver under a parent-death signal).
+{ command -v nsenter >/dev/null && command -v setpriv >/dev/null; } || need+=(util-linux)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 # skopeo: the images test checks that an independent OCI tool reads what
 # make images writes.

@@ -30,6 +30,14 @@ import (
 // that fails the test on a non-zero exit.
 func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 	t.Helper()
+	root, _, run := buildKvnetIn(t)
+	return root, run
+}
+
+// buildKvnetIn is buildKvnet that also returns the directory of the
+// binaries.
+func buildKvnetIn(t testing.TB) (string, string, func(args ...string) string) {
+	t.Helper()
 	root, err := repo.Root()
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +62,7 @@ func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 		}
 		return out.String()
 	}
-	return root, run
+	return root, binDir, run
 }
 
 // showLabLogOnFailure logs the end of the lab's log in dir when the test

@@ -7,6 +7,12 @@
 // deletion) rather than fakes, and so that the lab runs the same thing. It
 // uses controller-runtime's envtest to start etcd and the apiserver, and adds
 // kube-controller-manager, which envtest does not run.
+//
+// Its processes die with the process that started them, even one killed
+// with SIGKILL (see spawn.go: a parent-death signal, etcd and
+// kube-apiserver through util-linux's setpriv), and Start names a process
+// still holding a kept etcd data directory rather than timing out on its
+// lock ([ProcessesUsing]).
 package controlplane
 
 import (
@@ -75,6 +81,7 @@ type ControlPlane struct {
 	apiLog  *os.File // kube-apiserver's log in Config.LogDir, or nil
 	dir     string   // scratch directory owned by the control plane
 	certDir string   // kube-apiserver's certificates, under dir
+	spawner *spawner // forks every child (see spawn.go)
 }
 
 // ServiceCIDR is the lab's and tests' Service cluster IP range.
@@ -100,8 +107,25 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	setpriv, err := setprivBinary()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	wrapDir := filepath.Join(dir, "bin")
+	if err := os.Mkdir(wrapDir, 0o755); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	wrapped := map[string]string{}
+	for _, name := range []string{"etcd", "kube-apiserver"} {
+		if wrapped[name], err = writeDeathWrapper(wrapDir, name, setpriv, filepath.Join(binDir, name)); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory:    binDir,
+		BinaryAssetsDirectory:    wrapDir,
 		CRDs:                     cfg.CRDs,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
@@ -113,9 +137,17 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		if err := os.MkdirAll(cfg.EtcdDataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("etcd data directory: %w", err)
 		}
+		if err := checkStaleEtcd(cfg.EtcdDataDir); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: cfg.EtcdDataDir}
 	}
-	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	if env.ControlPlane.Etcd == nil {
+		env.ControlPlane.Etcd = &envtest.Etcd{}
+	}
+	env.ControlPlane.Etcd.Path = wrapped["etcd"]
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir, Path: wrapped["kube-apiserver"]}
 	// Cluster IPs from kubeadm's default range, not envtest's 10.0.0.0/24,
 	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
 	// subnet is reached on-link, never through the network's router.
@@ -130,15 +162,21 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		}
 		env.ControlPlane.APIServer.Out, env.ControlPlane.APIServer.Err = apiLog, apiLog
 	}
-	restCfg, err := env.Start()
+	sp := newSpawner()
+	var restCfg *rest.Config
+	err = sp.do(func() (err error) {
+		restCfg, err = env.Start()
+		return err
+	})
 	if err != nil {
+		sp.stop()
 		if apiLog != nil {
 			_ = apiLog.Close()
 		}
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir, apiLog: apiLog}
+	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir, apiLog: apiLog, spawner: sp}
 	ok := false
 	defer func() {
 		if !ok {
@@ -211,7 +249,9 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 		}
 		cmd.Stdout, cmd.Stderr = f, f
 	}
-	if err := cmd.Start(); err != nil {
+	// It dies with its parent (see spawn.go).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cp.spawner.do(cmd.Start); err != nil {
 		return fmt.Errorf("start kube-controller-manager: %w", err)
 	}
 	cp.kcm = cmd
@@ -260,7 +300,7 @@ func (cp *ControlPlane) RestartAPIServer() error {
 			return fmt.Errorf("stop kube-apiserver: %w", err)
 		}
 	}
-	if err := s.Start(); err != nil {
+	if err := cp.spawner.do(s.Start); err != nil {
 		return fmt.Errorf("start kube-apiserver again: %w", err)
 	}
 	return nil
@@ -308,6 +348,10 @@ func (cp *ControlPlane) Stop() error {
 			errs = append(errs, err)
 		}
 		cp.Env = nil
+	}
+	if cp.spawner != nil {
+		cp.spawner.stop()
+		cp.spawner = nil
 	}
 	if cp.apiLog != nil {
 		_ = cp.apiLog.Close()

@@ -2,7 +2,11 @@
 // machine. "up" starts etcd, kube-apiserver, kube-controller-manager
 // (built by hack/build-tools.sh) and kvnet-controller, installs kvnet's CRDs,
 // policies and RBAC, and writes an admin kubeconfig into the lab directory;
-// "down" stops it. kvnet-controller (and kvnet-node, below) run as their
+// "down" stops it ("down --purge" also removes its state from the
+// directory: a clean slate). Every process the lab starts ends with it,
+// even when the lab is killed with SIGKILL (parent-death signals, see
+// internal/lab/controlplane), and "up" names any process that still holds
+// the lab directory rather than waiting on it. kvnet-controller (and kvnet-node, below) run as their
 // service accounts, bound only by the RBAC kvnet ships (config/rbac,
 // config/node/rbac.yaml, embedded in the binary), so the lab fails on a
 // missing permission as a cluster would.
@@ -45,6 +49,13 @@ import (
 	"kvnet.io/kvnet/internal/lab/simnet"
 )
 
+// labState is what a lab keeps in its directory (globs), which down
+// --purge removes.
+var labState = []string{
+	"etcd", KubeconfigFile, "*.kubeconfig", "*.log", pidFile, readyFile, failedFile,
+	"netns-prefix", "nodes", "cni", "vms",
+}
+
 // Files in the lab directory.
 const (
 	KubeconfigFile = "kubeconfig"
@@ -86,13 +97,21 @@ func NewCommands() []*cobra.Command {
 	up.Flags().BoolVar(&flags.multus, "multus", false, "attach primary networks as on a cluster with stock Multus: pods keep eth0 on a stand-in cluster default network, "+
 		"kvnet's webhook selects the primary network as ovn-udn1 (kvnet-controller --primary-network-attachment=multus); default: as OVN-Kubernetes does")
 	up.Flags().IntVar(&flags.nodes, "nodes", 3, "simulated nodes (network namespaces, each with kvnet-node and a simulated kubelet); needs root, 0 for none")
+	var purge bool
 	down := &cobra.Command{
 		Use:   "down",
-		Short: "Stop the lab",
+		Short: "Stop the lab (--purge: and remove its state, to start from a clean slate)",
 		RunE: func(*cobra.Command, []string) error {
-			return stop(flags.dir)
+			if err := stop(flags.dir); err != nil {
+				return err
+			}
+			if purge {
+				return purgeDir(flags.dir)
+			}
+			return nil
 		},
 	}
+	down.Flags().BoolVar(&purge, "purge", false, "also remove the lab's state from its directory: etcd data (every object), logs, kubeconfigs, VM consoles, CNI state, leftover network namespaces")
 	var namespace string
 	console := &cobra.Command{
 		Use:   "console <vmi>",
@@ -120,17 +139,36 @@ func Running(dir string) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	if err := syscall.Kill(pid, 0); err != nil {
+	if !alive(pid) {
 		return 0, false
 	}
 	_, err = os.Stat(filepath.Join(dir, readyFile))
 	return pid, err == nil
 }
 
+// alive reports whether process pid runs: it exists and is no zombie (a
+// lab killed after its starter exited is reparented, and a parent that
+// does not reap leaves it a zombie, which signal 0 still finds).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return true // no /proc to tell: signal 0 says it exists
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) == 0 || (f[0] != "Z" && f[0] != "X")
+}
+
 func startBackground(flags *flagpole) error {
 	if pid, ok := Running(flags.dir); ok {
 		fmt.Printf("kvnet-lab: already running (pid %d); kubeconfig: %s\n", pid, filepath.Join(flags.dir, KubeconfigFile))
 		return nil
+	}
+	if err := checkStale(flags.dir); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(flags.dir, 0o755); err != nil {
 		return err
@@ -193,6 +231,9 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		return err
 	}
 	abs, _ := filepath.Abs(dir)
+	if err := checkStale(dir); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return err
 	}
@@ -337,6 +378,28 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	return nil
 }
 
+// checkStale fails, naming each with its PID, when processes still use
+// the lab directory: an etcd, a kube-apiserver, a kvnet-node or a QEMU
+// left by a lab that was killed before it could stop them. A new lab
+// would otherwise wait for etcd's lock until "timeout waiting for process
+// etcd to start". Logs held open (someone's tail -f) do not count.
+func checkStale(dir string) error {
+	if _, err := os.Stat(dir); err != nil {
+		return nil //nolint:nilerr // no directory: nobody uses it
+	}
+	procs, err := controlplane.ProcessesUsing(dir, controlplane.UsageOptions{
+		IgnoreFile: func(p string) bool { return strings.HasSuffix(p, ".log") },
+	})
+	if err != nil || len(procs) == 0 {
+		return nil //nolint:nilerr // no /proc: nothing to tell
+	}
+	if pid, ok := Running(dir); ok {
+		return fmt.Errorf("a lab runs in %s already (pid %d)", dir, pid)
+	}
+	abs, _ := filepath.Abs(dir)
+	return controlplane.StaleError("lab directory", abs, procs)
+}
+
 // freePorts returns n distinct free TCP ports of 127.0.0.1.
 func freePorts(n int) ([]int, error) {
 	var ports []int
@@ -377,7 +440,7 @@ func stop(dir string) error {
 		return nil
 	}
 	for range 300 {
-		if syscall.Kill(pid, 0) != nil {
+		if !alive(pid) {
 			fmt.Println("kvnet-lab: stopped")
 			return nil
 		}
@@ -385,6 +448,53 @@ func stop(dir string) error {
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	return fmt.Errorf("lab (pid %d) did not stop in 30s; killed", pid)
+}
+
+// purgeDir removes a stopped lab's state from dir (labState), then dir
+// itself when nothing else is in it; a process still using the directory
+// (left from a lab killed before it could stop it) is an error naming it.
+func purgeDir(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		fmt.Printf("kvnet-lab: nothing to purge in %s\n", dir)
+		return nil
+	}
+	// The lab's children die with it, which takes them a moment.
+	var procs []controlplane.Process
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		procs, err = controlplane.ProcessesUsing(dir, controlplane.UsageOptions{})
+		if err != nil || len(procs) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err == nil && len(procs) > 0 {
+		abs, _ := filepath.Abs(dir)
+		return controlplane.StaleError("lab directory", abs, procs)
+	}
+	if os.Geteuid() == 0 {
+		// A lab killed with SIGKILL leaves its network namespaces.
+		if err := simnet.Cleanup(netnsPrefix(dir)); err != nil {
+			return fmt.Errorf("purge: remove the lab's network namespaces: %w", err)
+		}
+	}
+	var errs []error
+	for _, pattern := range labState {
+		matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, m := range matches {
+			if err := os.RemoveAll(m); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("purge %s: %w", dir, err)
+	}
+	if err := os.Remove(dir); err != nil {
+		fmt.Printf("kvnet-lab: purged the lab's state; %s keeps files that are not the lab's\n", dir)
+		return nil //nolint:nilerr // someone else's files: left alone
+	}
+	fmt.Printf("kvnet-lab: purged %s\n", dir)
+	return nil
 }
 
 func waitReadyz(ctx context.Context, url string, errc <-chan error) error {
