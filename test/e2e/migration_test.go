@@ -28,6 +28,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/cli/lab"
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -160,17 +161,29 @@ func TestLabMigrationFailureKeepsSource(t *testing.T) {
 	if err := c.Create(ctx, mig); err != nil {
 		t.Fatal(err)
 	}
+	// Kill the target in the middle of the stream: once the source QEMU
+	// reports the transfer active with bytes sent (query-migrate, which
+	// the source launcher keeps in its progress file), and before it is
+	// done (4 MiB/s for the guest's memory takes many seconds).
 	var killed int
-	testenv.Eventually(t, time.Minute, "the target QEMU is receiving", func() error {
-		pids := incomingQEMU(dir)
-		if len(pids) == 0 {
-			return fmt.Errorf("no QEMU with -incoming yet")
+	var sent simlauncher.MigrationProgress
+	progress := simlauncher.MigrationProgressFile(lab.VMsDir(dir), ns, "vm-1")
+	testenv.Eventually(t, time.Minute, "the migration's transfer has started", func() error {
+		p, err := simlauncher.ReadMigrationProgress(progress)
+		if err != nil {
+			return err
 		}
-		// Let the stream start, then kill the target in the middle of it.
-		time.Sleep(time.Second)
-		killed = pids[0]
+		if p.Status != "active" || p.Transferred == 0 {
+			return fmt.Errorf("source QEMU's migration %s with %d bytes transferred", p.Status, p.Transferred)
+		}
+		pids := incomingQEMU(dir)
+		if len(pids) != 1 {
+			return fmt.Errorf("QEMU processes with -incoming: %v, want one", pids)
+		}
+		killed, sent = pids[0], p
 		return syscall.Kill(killed, syscall.SIGKILL)
 	})
+	t.Logf("target QEMU %d killed with %d bytes transferred", killed, sent.Transferred)
 	testenv.Eventually(t, time.Minute, "migration Failed", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
 			return err
