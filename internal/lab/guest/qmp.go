@@ -336,12 +336,21 @@ func (q *QMP) QueryMigrate() (MigrationInfo, error) {
 // WaitMigration polls query-migrate until the migration completed, and
 // returns its last answer; a failed or cancelled migration is an error.
 func (q *QMP) WaitMigration(ctx context.Context) (MigrationInfo, error) {
+	return q.WaitMigrationFunc(ctx, nil)
+}
+
+// WaitMigrationFunc is WaitMigration that also passes every answer of
+// query-migrate to progress (when not nil), as the migration goes.
+func (q *QMP) WaitMigrationFunc(ctx context.Context, progress func(MigrationInfo)) (MigrationInfo, error) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
 		mi, err := q.QueryMigrate()
 		if err != nil {
 			return mi, err
+		}
+		if progress != nil {
+			progress(mi)
 		}
 		switch mi.Status {
 		case "completed":

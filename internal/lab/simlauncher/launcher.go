@@ -2,6 +2,7 @@ package simlauncher
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -108,6 +109,49 @@ func (l *Launcher) ConsoleLog(namespace, name string) string {
 // a launcher's state directory dir.
 func ConsoleLog(dir, namespace, name string) string {
 	return filepath.Join(dir, namespace+"_"+name+".log")
+}
+
+// MigrationProgressFile is the file in dir where the source launcher of
+// VMI namespace/name keeps the progress of its latest outgoing migration
+// (MigrationProgress, JSON), from QEMU's query-migrate, as it goes: what
+// KubeVirt's migration metrics tell, for tests and the curious.
+func MigrationProgressFile(dir, namespace, name string) string {
+	return filepath.Join(dir, namespace+"_"+name+".migration.json")
+}
+
+// MigrationProgress is the state of a migration as its source QEMU
+// reports it.
+type MigrationProgress struct {
+	Pod         string `json:"pod"`         // the source launcher pod
+	Status      string `json:"status"`      // query-migrate's: setup, active, completed, failed, ...
+	Transferred int64  `json:"transferred"` // RAM bytes sent so far
+}
+
+// ReadMigrationProgress reads a MigrationProgressFile.
+func ReadMigrationProgress(path string) (MigrationProgress, error) {
+	var p MigrationProgress
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("migration progress %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// writeProgress replaces the progress file at path (atomically: readers
+// never see half of it).
+func writeProgress(path string, p MigrationProgress) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Guest returns the guest running for launcher pod uid, nil when none.
@@ -294,7 +338,20 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	info, err := source.vm.QMP().WaitMigration(wctx)
+	progress := MigrationProgressFile(l.cfg.StateDir, source.vmi.Namespace, source.vmi.Name)
+	var last MigrationProgress
+	info, err := source.vm.QMP().WaitMigrationFunc(wctx, func(mi guest.MigrationInfo) {
+		p := MigrationProgress{Status: mi.Status, Pod: source.pod}
+		if mi.RAM != nil {
+			p.Transferred = mi.RAM.Transferred
+		}
+		if p != last {
+			last = p
+			if err := writeProgress(progress, p); err != nil {
+				l.cfg.Log.Error(err, "write migration progress", "vmi", source.vmi.String())
+			}
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s from pod %s: %w", source.vmi, source.pod, err)
 	}

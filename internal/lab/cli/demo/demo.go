@@ -99,6 +99,9 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 
 	fmt.Fprintf(out, "== Applying %s/ (server-side apply, as kubectl apply --server-side)\n", flags.examples)
 	rejected := 0
+	// What the demo applied: it waits for and checks these alone, not
+	// whatever else (a user's own pods, VMs, networks) the lab holds.
+	applied := appliedSet{}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -121,11 +124,12 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 				}
 				continue
 			}
+			applied.add(o.GetKind(), o.GetNamespace(), o.GetName())
 			fmt.Fprintf(out, "  applied  %-45s (%s)\n", id, filepath.Base(f))
 		}
 	}
 
-	if err := waitSettled(ctx, c, flags.timeout); err != nil {
+	if err := waitSettled(ctx, c, applied, flags.timeout); err != nil {
 		fmt.Fprintf(out, "warning: %v\n", err)
 	}
 	if err := printNetworks(ctx, out, c); err != nil {
@@ -139,7 +143,7 @@ func run(ctx context.Context, out io.Writer, flags *flagpole) error {
 	}
 	if simulated == 0 {
 		fmt.Fprintf(out, "\n== Traffic: the lab has no simulated nodes (they need root), so no pod runs\n")
-	} else if err := printTraffic(ctx, out, c, filepath.Dir(flags.kubeconfig), simulated, flags.timeout, execProber{tools: tl}, tl); err != nil {
+	} else if err := printTraffic(ctx, out, c, applied, filepath.Dir(flags.kubeconfig), simulated, flags.timeout, execProber{tools: tl}, tl); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%d manifest(s) rejected by the API server, as expected for examples/*invalid*.\n", rejected)
@@ -169,11 +173,18 @@ func causes(err error) []string {
 	return out
 }
 
-// waitSettled waits until every UDN and CUDN has a NetworkCreated condition.
-func waitSettled(ctx context.Context, c client.Client, timeout time.Duration) error {
+// appliedSet is what the demo applied, by kind and namespace/name.
+type appliedSet map[string]bool
+
+func (a appliedSet) add(kind, ns, name string)      { a[kind+" "+key(ns, name)] = true }
+func (a appliedSet) has(kind, ns, name string) bool { return a[kind+" "+key(ns, name)] }
+
+// waitSettled waits until every UDN and CUDN the demo applied has a
+// NetworkCreated condition.
+func waitSettled(ctx context.Context, c client.Client, applied appliedSet, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		pending, err := unsettled(ctx, c)
+		pending, err := unsettled(ctx, c, applied)
 		if err != nil {
 			return err
 		}
@@ -187,7 +198,7 @@ func waitSettled(ctx context.Context, c client.Client, timeout time.Duration) er
 	}
 }
 
-func unsettled(ctx context.Context, c client.Client) ([]string, error) {
+func unsettled(ctx context.Context, c client.Client, applied appliedSet) ([]string, error) {
 	var udns udnv1.UserDefinedNetworkList
 	if err := c.List(ctx, &udns); err != nil {
 		return nil, err
@@ -198,12 +209,12 @@ func unsettled(ctx context.Context, c client.Client) ([]string, error) {
 	}
 	var pending []string
 	for _, u := range udns.Items {
-		if meta.FindStatusCondition(u.Status.Conditions, "NetworkCreated") == nil {
+		if applied.has("UserDefinedNetwork", u.Namespace, u.Name) && meta.FindStatusCondition(u.Status.Conditions, "NetworkCreated") == nil {
 			pending = append(pending, key(u.Namespace, u.Name))
 		}
 	}
 	for _, u := range cudns.Items {
-		if meta.FindStatusCondition(u.Status.Conditions, "NetworkCreated") == nil {
+		if applied.has("ClusterUserDefinedNetwork", "", u.Name) && meta.FindStatusCondition(u.Status.Conditions, "NetworkCreated") == nil {
 			pending = append(pending, u.Name)
 		}
 	}

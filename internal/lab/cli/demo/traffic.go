@@ -227,8 +227,8 @@ func evaluate(ctx context.Context, pr prober, st step) verdict {
 // nodes, that tenants are isolated and that egress works. It returns an
 // error when traffic does not behave as it must, or when a check cannot be
 // made (a pod missing, a probe that cannot run, a broken source).
-func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir string, simulated int, timeout time.Duration, pr prober, tl tools) error {
-	pods, err := waitPods(ctx, c, labDir, expectedPods(checks), timeout)
+func printTraffic(ctx context.Context, out io.Writer, c client.Client, applied appliedSet, labDir string, simulated int, timeout time.Duration, pr prober, tl tools) error {
+	pods, err := waitPods(ctx, c, labDir, applied, expectedPods(checks), timeout)
 	if err != nil {
 		return err
 	}
@@ -295,11 +295,12 @@ func printTraffic(ctx context.Context, out io.Writer, c client.Client, labDir st
 	return printVMService(ctx, out, c, labDir, byName, pr, timeout)
 }
 
-// waitPods waits until every pod bound to a node runs and has its
-// allocation, and returns them. A pod of expected that does not exist, or
-// is bound to no node, is an error at once; one that does not run in time
-// is an error naming it.
-func waitPods(ctx context.Context, c client.Client, labDir string, expected []string, timeout time.Duration) ([]labPod, error) {
+// waitPods waits until every pod the demo applied, and every pod of
+// expected, runs and has its allocation, and returns them; other pods (a
+// user's own, VMs' launcher pods) are neither waited for nor returned. A
+// pod of expected that does not exist, or is bound to no node, is an error
+// at once; one that does not run in time is an error naming it.
+func waitPods(ctx context.Context, c client.Client, labDir string, applied appliedSet, expected []string, timeout time.Duration) ([]labPod, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		var list corev1.PodList
@@ -312,6 +313,9 @@ func waitPods(ctx context.Context, c client.Client, labDir string, expected []st
 		var pods []labPod
 		var waiting []string
 		for _, pod := range list.Items {
+			if !applied.has("Pod", pod.Namespace, pod.Name) && !slices.Contains(expected, key(pod.Namespace, pod.Name)) {
+				continue // not the demo's
+			}
 			if pod.Spec.NodeName == "" || pod.Labels[kubevirtv1.AppLabel] == simvirt.HandlerValue {
 				continue // unbound, or KubeVirt's per-node handler (no primary network)
 			}
