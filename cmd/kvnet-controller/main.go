@@ -17,62 +17,66 @@ import (
 )
 
 func main() {
-	var opts manager.Options
-	flag.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
-	flag.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
-	flag.BoolVar(&opts.LeaderElection, "leader-elect", true, "elect a leader among replicas")
-	webhookPort := flag.Int("webhook-port", 9443, "port of the admission webhooks; 0 disables them")
-	primaryAttachment := flag.String("primary-network-attachment", manager.PrimaryByMultus,
-		"how pods get their namespace's primary network: multus (kvnet's webhook selects it in k8s.v1.cni.cncf.io/networks as ovn-udn1; "+
-			"the cluster default network stays eth0) or default-network (the cluster's default network plugin attaches it)")
-	defaultNAD := flag.String("default-network-nad", "", "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
-		"required in default-network mode (OVN-Kubernetes: ovn-kubernetes/default), unused with multus")
-	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease (default: the pod's)")
-	reservedSubnets := reserved.Flags(flag.CommandLine)
-	globalNS := flag.String("global-namespaces", strings.Join(udn.DefaultGlobalNamespaces, ","),
-		"comma-separated namespaces (or prefixes ending in *) no UserDefinedNetwork or ClusterUserDefinedNetwork may serve, besides default and openshift-*, which never are")
+	options := bindFlags(flag.CommandLine)
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
 	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := checkDefaultNetworkNAD(*primaryAttachment, *defaultNAD); err != nil {
-		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
-		os.Exit(2)
-	}
-	var err error
-	if opts.ReservedSubnets, err = reservedSubnets(); err == nil {
-		opts.GlobalNamespaces, err = udn.ParseGlobalNamespaces(*globalNS)
-	}
+	opts, err := options(os.Getenv("POD_NAMESPACE"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
 		os.Exit(2)
 	}
-	if *webhookPort != 0 {
-		opts.Webhook = &manager.WebhookOptions{Port: *webhookPort, Namespace: os.Getenv("POD_NAMESPACE"),
-			PrimaryAttachment: *primaryAttachment, DefaultNetworkNAD: *defaultNAD}
-	}
-
 	if err := manager.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), opts); err != nil {
 		ctrl.Log.Error(err, "kvnet-controller failed")
 		os.Exit(1)
 	}
 }
 
-// checkDefaultNetworkNAD: in default-network mode the cluster default
-// network's NAD is the user's to name (kvnet cannot tell which it is);
-// it must be <namespace>/<name>.
-func checkDefaultNetworkNAD(mode, nad string) error {
-	if mode != manager.PrimaryByDefaultNetwork {
-		return nil
+// bindFlags defines kvnet-controller's flags on fs, each defaulting to
+// manager.DefaultOptions (the one place defaults are kept), and returns
+// what builds the options once fs is parsed: podNamespace (the pod's
+// namespace, "" when unknown) holds the webhook's certificate and MAC
+// range, else the default's. The options are validated as manager.New
+// validates them, naming the flag.
+func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, error) {
+	opts := manager.DefaultOptions()
+	w := *opts.Webhook
+	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, "address of the Prometheus metrics endpoint; 0 disables it")
+	fs.StringVar(&opts.ProbeAddr, "health-probe-bind-address", opts.ProbeAddr, "address of /healthz and /readyz; 0 disables them")
+	fs.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
+	fs.IntVar(&w.Port, "webhook-port", w.Port, "port of the admission webhooks; 0 disables them")
+	fs.StringVar(&w.PrimaryAttachment, "primary-network-attachment", w.PrimaryAttachment,
+		"how pods get their namespace's primary network: "+manager.PrimaryByMultus+" (kvnet's webhook selects it in k8s.v1.cni.cncf.io/networks as ovn-udn1; "+
+			"the cluster default network stays eth0) or "+manager.PrimaryByDefaultNetwork+" (the cluster's default network plugin attaches it)")
+	fs.StringVar(&w.DefaultNetworkNAD, "default-network-nad", w.DefaultNetworkNAD, "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
+		"required in "+manager.PrimaryByDefaultNetwork+" mode (OVN-Kubernetes: ovn-kubernetes/default), unused with "+manager.PrimaryByMultus)
+	fs.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader lease (default: the pod's)")
+	reservedSubnets := reserved.Flags(fs)
+	globalNS := fs.String("global-namespaces", strings.Join(opts.GlobalNamespaces, ","),
+		"comma-separated namespaces (or prefixes ending in *) no UserDefinedNetwork or ClusterUserDefinedNetwork may serve, besides default and openshift-*, which never are")
+	return func(podNamespace string) (manager.Options, error) {
+		var err error
+		if opts.ReservedSubnets, err = reservedSubnets(); err != nil {
+			return manager.Options{}, err
+		}
+		if opts.GlobalNamespaces, err = udn.ParseGlobalNamespaces(*globalNS); err != nil {
+			return manager.Options{}, err
+		}
+		if w.Port == 0 {
+			opts.Webhook = nil
+			return opts, nil
+		}
+		if podNamespace != "" {
+			w.Namespace = podNamespace
+		}
+		if err := w.Validate(); err != nil {
+			return manager.Options{}, fmt.Errorf("webhook flags (--webhook-port, --primary-network-attachment, --default-network-nad): %w", err)
+		}
+		ww := w
+		opts.Webhook = &ww
+		return opts, nil
 	}
-	if nad == "" {
-		return fmt.Errorf("--default-network-nad is required with --primary-network-attachment=%s: the <namespace>/<name> of the cluster default network's NAD (OVN-Kubernetes: ovn-kubernetes/default)", mode)
-	}
-	ns, name, ok := strings.Cut(nad, "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return fmt.Errorf("--default-network-nad %q: want <namespace>/<name>", nad)
-	}
-	return nil
 }

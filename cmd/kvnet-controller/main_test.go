@@ -1,31 +1,77 @@
 package main
 
 import (
+	"flag"
+	"io"
+	"reflect"
 	"strings"
 	"testing"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
 )
 
-func TestCheckDefaultNetworkNAD(t *testing.T) {
-	for _, tc := range []struct {
-		mode, nad string
-		err       string // substring; "" means valid
-	}{
-		{manager.PrimaryByMultus, "", ""},
-		{manager.PrimaryByMultus, "junk", ""},
-		{manager.PrimaryByDefaultNetwork, "ovn-kubernetes/default", ""},
-		{manager.PrimaryByDefaultNetwork, "", "--default-network-nad is required with --primary-network-attachment=default-network"},
-		{manager.PrimaryByDefaultNetwork, "default", `--default-network-nad "default": want <namespace>/<name>`},
-		{manager.PrimaryByDefaultNetwork, "/default", `--default-network-nad "/default"`},
-		{manager.PrimaryByDefaultNetwork, "a/b/c", `--default-network-nad "a/b/c"`},
+func parse(t *testing.T, podNamespace string, args ...string) (manager.Options, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("kvnet-controller", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	options := bindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return options(podNamespace)
+}
+
+// TestFlagDefaultsAreTheLibrarys: without flags, the binary runs with
+// manager.DefaultOptions, field for field (the defaults are kept in one
+// place), and those options pass manager's validation.
+func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
+	got, err := parse(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := manager.DefaultOptions(); !reflect.DeepEqual(got, want) {
+		t.Errorf("flag defaults %+v (webhook %+v),\nwant manager.DefaultOptions %+v (webhook %+v)", got, *got.Webhook, want, *want.Webhook)
+	}
+	if err := got.Webhook.Validate(); err != nil {
+		t.Errorf("default webhook options invalid: %v", err)
+	}
+	fs := flag.NewFlagSet("kvnet-controller", flag.ContinueOnError)
+	bindFlags(fs)
+	d := manager.DefaultOptions()
+	for name, want := range map[string]string{
+		"primary-network-attachment": d.Webhook.PrimaryAttachment, "default-network-nad": d.Webhook.DefaultNetworkNAD,
+		"metrics-bind-address": d.MetricsAddr, "health-probe-bind-address": d.ProbeAddr,
 	} {
-		err := checkDefaultNetworkNAD(tc.mode, tc.nad)
-		switch {
-		case tc.err == "" && err != nil:
-			t.Errorf("%s %q: %v", tc.mode, tc.nad, err)
-		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
-			t.Errorf("%s %q: error %v, want it to contain %q", tc.mode, tc.nad, err, tc.err)
+		if f := fs.Lookup(name); f == nil || f.DefValue != want {
+			t.Errorf("--%s shows default %v, want %q", name, f, want)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	o, err := parse(t, "tenant-ops", "--primary-network-attachment=default-network", "--default-network-nad=ovn-kubernetes/default")
+	if err != nil || o.Webhook.PrimaryAttachment != manager.PrimaryByDefaultNetwork || o.Webhook.DefaultNetworkNAD != "ovn-kubernetes/default" ||
+		o.Webhook.Namespace != "tenant-ops" {
+		t.Errorf("default-network mode: %+v, %v", o.Webhook, err)
+	}
+	if o, err := parse(t, "", "--webhook-port=0"); err != nil || o.Webhook != nil {
+		t.Errorf("--webhook-port=0: webhook %+v, %v; want none", o.Webhook, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--primary-network-attachment=default-network"}, "default network NAD is required with primary network attachment default-network"},
+		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=default"}, `default network NAD "default": want <namespace>/<name>`},
+		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=/default"}, `default network NAD "/default"`},
+		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=a/b/c"}, `default network NAD "a/b/c"`},
+		{[]string{"--primary-network-attachment="}, `primary network attachment "": want "multus" or "default-network"`},
+		{[]string{"--primary-network-attachment=bogus"}, `primary network attachment "bogus"`},
+		{[]string{"--webhook-port=70000"}, "webhook port 70000"},
+	} {
+		_, err := parse(t, "", tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%v: error %v, want it to contain %q", tc.args, err, tc.err)
 		}
 	}
 }

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,15 +27,16 @@ import (
 )
 
 // localnetCUDN makes namespace ns and a localnet CUDN name on the lab's
-// physical network (its host's address excluded), with VLAN vlan unless
-// 0, and returns the CUDN and its NAD in ns.
-func localnetCUDN(t *testing.T, ns, name string, vlan int32) (*udnv1.ClusterUserDefinedNetwork, *nadv1.NetworkAttachmentDefinition) {
+// physical network with subnet (host, the datacenter host's address there,
+// excluded), with access VLAN vlan unless 0, and returns the CUDN and its
+// NAD in ns.
+func localnetCUDN(t *testing.T, ns, name string, vlan int32, subnet netip.Prefix, host netip.Addr) (*udnv1.ClusterUserDefinedNetwork, *nadv1.NetworkAttachmentDefinition) {
 	t.Helper()
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"localnet-test": ns}}})
 	ln := &udnv1.LocalnetConfig{
 		Role: udnv1.NetworkRoleSecondary, PhysicalNetworkName: simnet.PhysicalNetwork,
-		Subnets:        udnv1.DualStackCIDRs{udnv1.CIDR(simnet.DatacenterSubnet.String())},
-		ExcludeSubnets: []udnv1.CIDR{udnv1.CIDR(simnet.DatacenterHostIP.String() + "/32")},
+		Subnets:        udnv1.DualStackCIDRs{udnv1.CIDR(subnet.String())},
+		ExcludeSubnets: []udnv1.CIDR{udnv1.CIDR(host.String() + "/32")},
 	}
 	if vlan != 0 {
 		ln.VLAN = &udnv1.VLANConfig{Mode: udnv1.VLANModeAccess, Access: &udnv1.AccessVLANConfig{ID: vlan}}
@@ -72,12 +75,15 @@ func serveRemoteAddr(t *testing.T, nsPath string, port int) {
 // the physical network from kvnet's IPAM, reach the datacenter host with
 // them (it sees the allocated address, no NAT) and each other through the
 // physical network; a pod of a tunnelled network does not reach it. On
-// this machine's kernel (no 8021q) a localnet network with a VLAN is
-// refused: kvnet-node publishes the missing feature, the CUDN's condition
-// names it, and kvnet-cni refuses the pod with the reason.
+// a kernel with 8021q (datapath.ProbeVLAN, as the agent probes), pods of
+// a localnet network with access VLAN 100 reach the datacenter host's
+// VLAN 100 sub-interface and each other, tagged; on a kernel without it
+// (this machine's) such a network is refused: kvnet-node publishes the
+// missing feature, the CUDN's condition names it, and kvnet-cni refuses
+// the pod with the reason.
 func TestAgentLocalnet(t *testing.T) {
 	l := newLab(t, "n1", "n2")
-	_, nad := localnetCUDN(t, "ln-plain", "agent-ln", 0)
+	_, nad := localnetCUDN(t, "ln-plain", "agent-ln", 0, simnet.DatacenterSubnet, simnet.DatacenterHostIP)
 	p1 := l.runPodOn(nad, "ln1", "n1", "net1", selecting("agent-ln"))
 	p2 := l.runPodOn(nad, "ln2", "n2", "net1", selecting("agent-ln"))
 	if !simnet.DatacenterSubnet.Contains(netipOf(t, p1.ip())) || p1.ip() == simnet.DatacenterHostIP.String() {
@@ -126,15 +132,117 @@ func TestAgentLocalnet(t *testing.T) {
 		}
 	}
 
-	// VLAN 100 on a kernel without 8021q.
-	supported, err := datapath.ProbeVLAN(l.node("n1").NS)
+	// VLAN 100: carried tagged on a kernel with 8021q, refused without.
+	// The branch is the agent's own probe, run where the agent runs.
+	vlanOK, err := datapath.ProbeVLAN(l.node("n1").NS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if supported {
-		t.Log("this kernel has 8021q: the refusal of a VLAN network is not exercised here")
-		return
+	if vlanOK {
+		t.Log("this kernel has 8021q: testing tagged traffic on VLAN 100")
+		testLocalnetVLANAccess(t, l, port)
+	} else {
+		t.Log("this kernel lacks 8021q: testing the refusal of a VLAN network")
+		testLocalnetVLANRefused(t, l)
 	}
+}
+
+// VLAN 100's subnet on the physical network and the datacenter host's
+// address there, on a VLAN sub-interface of its side of the segment.
+var (
+	vlanSubnet = netip.MustParsePrefix("192.168.51.0/24")
+	vlanHostIP = netip.MustParseAddr("192.168.51.1")
+)
+
+// testLocalnetVLANAccess (a kernel with 8021q): the datacenter side gets a
+// VLAN 100 sub-interface holding vlanHostIP and answers ARP only on the
+// interface that holds the address (arp_ignore 1), so only frames tagged
+// 100 reach it. Pods of a localnet CUDN with access VLAN 100 on two nodes
+// reach that address (the host sees their allocated addresses: the
+// server of port, serving on every address of the physical namespace)
+// and each other.
+func testLocalnetVLANAccess(t *testing.T, l *lab, port int) {
+	t.Helper()
+	if err := nl.Do(l.Sim.Physical, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/conf/all/arp_ignore", []byte("1"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := nl.NewHandle(l.Sim.Physical)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	segment := datacenterLink(t, h)
+	vlanLink := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "dc.100", ParentIndex: segment.Attrs().Index}, VlanId: 100}
+	if err := h.LinkAdd(vlanLink); err != nil {
+		t.Fatalf("VLAN 100 on the datacenter side: %v", err)
+	}
+	if err := h.AddrAdd(vlanLink, &netlink.Addr{IPNet: &net.IPNet{IP: vlanHostIP.AsSlice(), Mask: net.CIDRMask(vlanSubnet.Bits(), 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(vlanLink); err != nil {
+		t.Fatal(err)
+	}
+
+	cudn, nad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100, vlanSubnet, vlanHostIP)
+	eventually(t, "the VLAN CUDN is created", func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
+			return err
+		}
+		if cond := meta.FindStatusCondition(cudn.Status.Conditions, "NetworkCreated"); cond == nil || cond.Status != metav1.ConditionTrue {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		return nil
+	})
+	v1 := l.runPodOn(nad, "lnv1", "n1", "net1", selecting("agent-ln-vlan"))
+	v2 := l.runPodOn(nad, "lnv2", "n2", "net1", selecting("agent-ln-vlan"))
+	if !vlanSubnet.Contains(netipOf(t, v1.ip())) {
+		t.Fatalf("VLAN pod address %s: want one of %s", v1.ip(), vlanSubnet)
+	}
+	addr := net.JoinHostPort(vlanHostIP.String(), fmt.Sprint(port))
+	eventually(t, "the datacenter host sees "+v1.name+"'s address on VLAN 100", func() error {
+		got, err := tokenAt(v1, addr)
+		if err != nil {
+			return err
+		}
+		if got != v1.ip() {
+			return fmt.Errorf("host saw %s, want %s", got, v1.ip())
+		}
+		return nil
+	})
+	serveToken(t, v2)
+	eventually(t, "lnv1 reaches lnv2 on VLAN 100", func() error { return answeredBy(v1, v2.ip(), "lnv2") })
+}
+
+// datacenterLink is the link of the physical namespace holding
+// simnet.DatacenterHostIP: the datacenter side of the segment.
+func datacenterLink(t *testing.T, h *nl.Handle) netlink.Link {
+	t.Helper()
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, link := range links {
+		addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if a.IP.Equal(simnet.DatacenterHostIP.AsSlice()) {
+				return link
+			}
+		}
+	}
+	t.Fatalf("no link holds %s in the physical namespace", simnet.DatacenterHostIP)
+	return nil
+}
+
+// testLocalnetVLANRefused (a kernel without 8021q): kvnet-node publishes
+// the missing feature, the CUDN's condition names it, kvnet-cni refuses
+// the pod with the reason, and no VLAN device is made.
+func testLocalnetVLANRefused(t *testing.T, l *lab) {
+	t.Helper()
 	eventually(t, "kvnet-node publishes the missing 8021q", func() error {
 		var nd corev1.Node
 		if err := c.Get(context.Background(), client.ObjectKey{Name: l.nodeName("n1")}, &nd); err != nil {
@@ -145,7 +253,7 @@ func TestAgentLocalnet(t *testing.T) {
 		}
 		return nil
 	})
-	cudn, vnad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100)
+	cudn, vnad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100, vlanSubnet, vlanHostIP)
 	eventually(t, "the VLAN CUDN's condition names 8021q", func() error {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
 			return err

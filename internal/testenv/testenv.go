@@ -159,10 +159,9 @@ func (e *Env) WebhookOptions(ctx context.Context) (manager.Options, error) {
 	if err := controlplane.InstallWebhooks(ctx, e.Client, "kvnet-system", port, false); err != nil {
 		return manager.Options{}, err
 	}
-	return manager.Options{Webhook: &manager.WebhookOptions{
-		Host: "127.0.0.1", Port: port, Namespace: "kvnet-system",
-		IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, MACPendingTimeout: 2 * time.Second,
-	}}, nil
+	w := controlplane.WebhookOptions(port, false)
+	w.MACPendingTimeout = 2 * time.Second
+	return manager.Options{Webhook: w}, nil
 }
 
 func freePort() (int, error) {

@@ -1,8 +1,9 @@
 // Package vmclaims decides, for a KubeVirt VM, which IPAMClaims it needs
 // and how its virt-launcher pods reference them (the ipam-extensions role):
-// one claim "<vm>.<network>" per VM network whose NAD allows persistent IPs,
-// a multus secondary network or the pod network when the namespace's
-// primary UDN is persistent.
+// one claim "<vm>.<network>" (composed as ipam-extensions composes it, see
+// ClaimName) per VM network whose NAD allows persistent IPs, a multus
+// secondary network or the pod network when the namespace's primary UDN is
+// persistent.
 //
 // It holds no Kubernetes client: the claims controller and the launcher-pod
 // webhook in internal/k8s feed it objects.
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,18 +33,33 @@ const Finalizer = "kubevirt.io/persistent-ipam"
 // ErrDeny marks a launcher pod that must not be admitted.
 var ErrDeny = errors.New("launcher pod denied")
 
-// ClaimName composes "<vm>.<network>": lowercased, only the parts that are
-// valid DNS subdomains kept, at most 253 characters.
+// ErrClaimName marks a VM whose networks compose IPAMClaim names that
+// cannot be used: not a valid object name, or one name for two networks.
+// Such a VM's claims are not created and its launcher pods are denied
+// (the error also wraps ErrDeny).
+var ErrClaimName = errors.New("unusable IPAMClaim name")
+
+// claimNameRuns matches what ipam-extensions (kubevirt-ipam-controller)
+// keeps of the lowercased "<vm>.<network>": DNS labels (letters, digits
+// and inner hyphens), each optionally followed by more labels joined by a
+// backslash and any one character. That join is what its pattern says
+// (a "\\." in a raw string, meant as "\."): in practice names carry no
+// backslash, so every label stands alone and dots, underscores and other
+// characters only separate labels. Kept as is, so that kvnet's names
+// stay the ones ipam-extensions gives the same VM.
+var claimNameRuns = regexp.MustCompile(`[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*`)
+
+// ClaimName composes the IPAMClaim name of a VM network as ipam-extensions
+// does: "<vm>.<network>" lowercased, its runs of DNS labels (see
+// claimNameRuns) joined with ".", cut at 253 characters. A network "my_net"
+// of VM "vm1" gives "vm1.my.net". The result can be empty or end in "." or
+// "-" (when cut): Claims refuses such a name, and two networks of one VM
+// giving one name.
 func ClaimName(vm, network string) string {
-	var parts []string
-	for _, p := range []string{strings.ToLower(vm), strings.ToLower(network)} {
-		if len(validation.IsDNS1123Subdomain(p)) == 0 {
-			parts = append(parts, p)
-		}
-	}
-	name := strings.Join(parts, ".")
+	runs := claimNameRuns.FindAllString(strings.ToLower(vm+"."+network), -1)
+	name := strings.Join(runs, ".")
 	if len(name) > validation.DNS1123SubdomainMaxLength {
-		name = strings.TrimRight(name[:validation.DNS1123SubdomainMaxLength], ".-")
+		name = name[:validation.DNS1123SubdomainMaxLength]
 	}
 	return name
 }
@@ -63,8 +80,30 @@ type NADLookup func(key string) (*netconf.Served, bool, error)
 // Claims returns the claims vmi needs. vmName is the VM's name (the VMI's
 // name for VMs; the VMI's own for standalone ones). primaryKey is the
 // namespace's primary NAD ("" when none). Interfaces with state absent keep
-// their claims: unplug never deletes one, so they are still listed.
+// their claims: unplug never deletes one, so they are still listed. A claim
+// name that is not a valid object name, or shared by two of the VM's
+// networks, is an error wrapping ErrClaimName and ErrDeny.
 func Claims(vmi *kubevirtv1.VirtualMachineInstance, vmName, primaryKey string, lookup NADLookup) ([]Claim, error) {
+	out, err := claims(vmi, vmName, primaryKey, lookup)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]string{} // claim name -> VM network
+	for _, c := range out {
+		if errs := validation.IsDNS1123Subdomain(c.Name); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: %w: VM %q network %q composes IPAMClaim name %q, which is not a valid object name (%s): rename the network",
+				ErrDeny, ErrClaimName, vmName, c.LogicalNet, c.Name, strings.Join(errs, "; "))
+		}
+		if other, ok := byName[c.Name]; ok {
+			return nil, fmt.Errorf("%w: %w: VM %q networks %q and %q both compose IPAMClaim name %q: rename one of them",
+				ErrDeny, ErrClaimName, vmName, other, c.LogicalNet, c.Name)
+		}
+		byName[c.Name] = c.LogicalNet
+	}
+	return out, nil
+}
+
+func claims(vmi *kubevirtv1.VirtualMachineInstance, vmName, primaryKey string, lookup NADLookup) ([]Claim, error) {
 	var out []Claim
 	for _, n := range vmi.Spec.Networks {
 		switch {

@@ -21,33 +21,74 @@ func TestClaimName(t *testing.T) {
 	long := func(c string, n int) string { return strings.Repeat(c, n) }
 	for _, tc := range []struct {
 		name, vm, network, want string
+		valid                   bool // a usable object name
 	}{
-		{"vm dot network", "vm1", "blue-net", "vm1.blue-net"},
-		{"lowercased", "MyVM", "Blue", "myvm.blue"},
-		{"dotted vm name", "web.prod", "net", "web.prod.net"},
-		// Only the parts that are DNS subdomains are kept (as ipam-extensions).
-		{"invalid network dropped", "vm1", "blue_net", "vm1"},
-		{"invalid vm dropped", "-vm", "net", "net"},
-		{"nothing valid", "a_b", "c d", ""},
-		{"fits exactly", long("a", 249), "net", long("a", 249) + ".net"},
-		// Truncated to 253 characters, then trailing dots and dashes trimmed
-		// so the result stays a DNS subdomain.
-		{"truncated", long("a", 240), long("b", 63), long("a", 240) + "." + long("b", 12)},
-		{"trailing dot trimmed", long("a", 252), "net", long("a", 252)},
-		{"trailing dash trimmed", long("a", 250), "b-c", long("a", 250) + ".b"},
+		{"vm dot network", "vm1", "blue-net", "vm1.blue-net", true},
+		{"lowercased", "MyVM", "Blue", "myvm.blue", true},
+		{"dotted vm name", "web.prod", "net", "web.prod.net", true},
+		// As ipam-extensions: characters outside DNS labels separate
+		// labels, which are joined with dots.
+		{"underscore", "vm1", "my_net", "vm1.my.net", true},
+		{"several invalid characters", "vm1", "a__b c", "vm1.a.b.c", true},
+		{"leading and trailing hyphens dropped", "-vm-", "-net-", "vm.net", true},
+		{"inner hyphens kept", "vm1", "a--b", "vm1.a--b", true},
+		{"nothing of the network", "vm1", "__", "vm1", true},
+		{"nothing valid", "_", "-", "", false},
+		// A backslash and the character after it join two labels (what
+		// ipam-extensions' pattern says): not a valid name.
+		{"backslash joins", "vm1", `a\xb`, `vm1.a\xb`, false},
+		{"fits exactly", long("a", 249), "net", long("a", 249) + ".net", true},
+		// Cut at 253 characters, nothing trimmed: the cut can leave a dot
+		// or a hyphen at the end, which Claims refuses.
+		{"cut", long("a", 240), long("b", 63), long("a", 240) + "." + long("b", 12), true},
+		{"cut at a dot", long("a", 252), "net", long("a", 252) + ".", false},
+		{"cut at a hyphen", long("a", 250), "b-c", long("a", 250) + ".b-", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := vmclaims.ClaimName(tc.vm, tc.network)
 			if got != tc.want {
 				t.Fatalf("ClaimName(%q, %q) = %q, want %q", tc.vm, tc.network, got, tc.want)
 			}
-			if got != "" {
-				if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
-					t.Errorf("%q is no DNS subdomain: %v", got, errs)
-				}
+			if errs := validation.IsDNS1123Subdomain(got); (len(errs) == 0) != tc.valid {
+				t.Errorf("%q: valid %v, want %v (%v)", got, len(errs) == 0, tc.valid, errs)
 			}
-			if again := vmclaims.ClaimName(tc.vm, tc.network); again != got {
-				t.Errorf("not deterministic: %q then %q", got, again)
+		})
+	}
+}
+
+// TestClaimsRefuseUnusableNames: a VM whose networks compose one claim
+// name twice, or a name that is no object name, gets an error naming the
+// VM, the networks and the name, wrapping ErrClaimName and ErrDeny.
+func TestClaimsRefuseUnusableNames(t *testing.T) {
+	served, err := netconf.ParseServed(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"ns_blue","netAttachDefName":"ns/blue","topology":"layer2","role":"secondary","subnets":"10.1.0.0/24","allowPersistentIPs":true}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(string) (*netconf.Served, bool, error) { return served, true, nil }
+	vmi := func(networks ...string) *kubevirtv1.VirtualMachineInstance {
+		v := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm1"}}
+		for _, n := range networks {
+			v.Spec.Networks = append(v.Spec.Networks, kubevirtv1.Network{Name: n, Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}})
+		}
+		return v
+	}
+	got, err := vmclaims.Claims(vmi("my_net", "other"), "vm1", "", lookup)
+	if err != nil || len(got) != 2 || got[0].Name != "vm1.my.net" || got[0].LogicalNet != "my_net" || got[1].Name != "vm1.other" {
+		t.Fatalf("claims of networks my_net and other: %+v, %v", got, err)
+	}
+	for _, tc := range []struct {
+		name     string
+		networks []string
+		want     string
+	}{
+		{"collision", []string{"my_net", "My-net", "my.net"}, `VM "vm1" networks "my_net" and "my.net" both compose IPAMClaim name "vm1.my.net": rename one of them`},
+		{"case collision", []string{"Blue", "blue"}, `VM "vm1" networks "Blue" and "blue" both compose IPAMClaim name "vm1.blue"`},
+		{"invalid name", []string{"ok", `a\xb`}, `VM "vm1" network "a\\xb" composes IPAMClaim name "vm1.a\\xb", which is not a valid object name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := vmclaims.Claims(vmi(tc.networks...), "vm1", "", lookup)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, vmclaims.ErrClaimName) || !errors.Is(err, vmclaims.ErrDeny) {
+				t.Fatalf("Claims(%q) = %+v, %v; want an ErrClaimName error containing %q", tc.networks, got, err, tc.want)
 			}
 		})
 	}

@@ -491,6 +491,17 @@ func TestVM(t *testing.T) {
 		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "sec", binding: "bridge", nad: "sec"}, vmIface{name: "hot", binding: "bridge", nad: "sec"})
 		expect(t, diagnoseV(f), NADSelectedTwice, `VM networks "sec" and "hot" both select NAD t/sec`, `give VM network "hot" a network of its own`)
 	})
+	t.Run("claim names", func(t *testing.T) {
+		// my_net and my.net both compose vm1.my.net (as ipam-extensions
+		// composes claim names): no claims, the launcher pod denied.
+		f := vmWorld(t)
+		f.NADs["t/sec"] = kvnetNAD("t", "sec", netConf{role: "secondary", subnets: "10.1.0.0/24", persistent: true})
+		f.NADs["t/sec2"] = kvnetNAD("t", "sec2", netConf{role: "secondary", subnets: "10.2.0.0/24", persistent: true})
+		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "my_net", binding: "bridge", nad: "sec"})
+		expect(t, diagnoseV(f), "")
+		f.VMI.Spec = vmiSpec(vmIface{name: "pod", binding: "l2bridge"}, vmIface{name: "my_net", binding: "bridge", nad: "sec"}, vmIface{name: "my.net", binding: "bridge", nad: "sec2"})
+		expect(t, diagnoseV(f), ClaimNameUnusable, `VM "vm1" networks "my_net" and "my.net" both compose IPAMClaim name "vm1.my.net"`, "rename the VM network")
+	})
 	t.Run("l2bridge expects a primary network", func(t *testing.T) {
 		f := vmWorld(t)
 		f.Namespace = namespace("t", false)

@@ -63,6 +63,9 @@ const (
 	ClaimIgnored Code = "ClaimIgnored"
 	// NADSelectedTwice: two networks of a VM select the same kvnet NAD.
 	NADSelectedTwice Code = "NADSelectedTwice"
+	// ClaimNameUnusable: a VM's networks compose an IPAMClaim name twice,
+	// or one that is no valid object name.
+	ClaimNameUnusable Code = "ClaimNameUnusable"
 	// ClaimReferenceMissing: a VM's launcher pod lacks the claim
 	// reference kvnet's webhook adds.
 	ClaimReferenceMissing Code = "ClaimReferenceMissing"

@@ -2,16 +2,19 @@ package why
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/vmclaims"
 )
 
 // domainAttachmentManagedTap is the binding-plugin type whose tap
@@ -112,6 +115,9 @@ func diagnoseVM(r *Report, f *vmFacts) {
 			return
 		}
 		selectedBy[key] = n.Name
+	}
+	if checkClaimNames(r, f, spec, primaryKey) {
+		return
 	}
 	if checkBindings(r, f, spec, networks, served, plugins) {
 		return
@@ -323,4 +329,26 @@ func checkMigration(r *Report, f *vmFacts) bool {
 		r.ok("migration", "in progress to node %s (target pod %s)", orDefault(ms.TargetNode, "?"), ms.TargetPod)
 	}
 	return false
+}
+
+// checkClaimNames fails a VM whose networks compose IPAMClaim names that
+// cannot be used (vmclaims.ErrClaimName): kvnet-controller creates no
+// claims for it and the launcher-pod webhook denies its pods.
+func checkClaimNames(r *Report, f *vmFacts, spec *kubevirtv1.VirtualMachineInstanceSpec, primaryKey string) bool {
+	var name string
+	switch {
+	case f.VM != nil:
+		name = f.VM.Name
+	case f.VMI != nil:
+		name = f.VMI.Name
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: f.Namespace.Name, Name: name}, Spec: *spec}
+	_, err := vmclaims.Claims(vmi, name, primaryKey, f.lookup)
+	if !errors.Is(err, vmclaims.ErrClaimName) {
+		return false
+	}
+	return r.fail("network", "unusable IPAMClaim names", ClaimNameUnusable,
+		"rename the VM network so that each network with persistent IPs composes its own valid claim name (<vm>.<network>, lowercased, characters outside DNS labels separating labels; see docs/kubevirt.md), then restart the VM",
+		"%v: kvnet-controller creates no IPAMClaims for the VM (event InvalidIPAMClaimName) and kvnet's webhook denies its launcher pods",
+		strings.TrimPrefix(err.Error(), vmclaims.ErrDeny.Error()+": "))
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,6 +40,7 @@ import (
 	vmclaimscontroller "kvnet.io/kvnet/internal/k8s/controllers/vmclaims"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
 	"kvnet.io/kvnet/internal/reserved"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // NewScheme returns a scheme with the Kubernetes built-ins and every API
@@ -92,10 +95,57 @@ const (
 	PrimaryByDefaultNetwork = "default-network"
 )
 
-// WebhookOptions configures the webhook server.
+// DefaultOptions returns kvnet-controller's defaults, the one place
+// they are kept: cmd/kvnet-controller's flags default to them, and the
+// lab and tests start from them. Its Webhook is DefaultWebhookOptions.
+func DefaultOptions() Options {
+	w := DefaultWebhookOptions()
+	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", LeaderElection: true, Webhook: &w,
+		GlobalNamespaces: slices.Clone(udn.DefaultGlobalNamespaces), ReservedSubnets: reserved.Default()}
+}
+
+// DefaultWebhookOptions returns the webhook defaults: port 9443 in
+// kvnet-system, the primary network attached by Multus (no default
+// network NAD needed), the MAC range in kvnet-mac-range-config.
+func DefaultWebhookOptions() WebhookOptions {
+	return WebhookOptions{Port: 9443, Namespace: "kvnet-system", PrimaryAttachment: PrimaryByMultus,
+		MACRangeConfigMap: "kvnet-mac-range-config"}
+}
+
+// Validate reports the first setting that cannot work, naming it; New
+// refuses such options rather than fill in a value of its own.
+func (w *WebhookOptions) Validate() error {
+	switch {
+	case w.Port <= 0 || w.Port > 65535:
+		return fmt.Errorf("webhook port %d: want 1-65535", w.Port)
+	case w.Namespace == "":
+		return errors.New("webhook namespace is empty")
+	case w.MACRangeConfigMap == "":
+		return errors.New("MAC range ConfigMap name is empty")
+	}
+	switch w.PrimaryAttachment {
+	case PrimaryByMultus:
+		return nil
+	case PrimaryByDefaultNetwork:
+	default:
+		return fmt.Errorf("primary network attachment %q: want %q or %q", w.PrimaryAttachment, PrimaryByMultus, PrimaryByDefaultNetwork)
+	}
+	if w.DefaultNetworkNAD == "" {
+		return fmt.Errorf("default network NAD is required with primary network attachment %s: the <namespace>/<name> of the cluster default network's NAD (OVN-Kubernetes: ovn-kubernetes/default)", w.PrimaryAttachment)
+	}
+	ns, name, ok := strings.Cut(w.DefaultNetworkNAD, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("default network NAD %q: want <namespace>/<name>", w.DefaultNetworkNAD)
+	}
+	return nil
+}
+
+// WebhookOptions configures the webhook server. Start from
+// DefaultWebhookOptions: New fills in nothing but the certificate's DNS
+// names.
 type WebhookOptions struct {
 	Host string // listen address; "" = all
-	Port int    // default 9443
+	Port int    // must be set
 	// Namespace holds the certificate Secret and the MAC range ConfigMap.
 	Namespace string
 	// DNSNames and IPs of the serving certificate; default the Service's
@@ -106,15 +156,17 @@ type WebhookOptions struct {
 	// network: PrimaryByMultus (an element of the networks annotation that
 	// kvnet's webhook adds; the cluster default network stays eth0) or
 	// PrimaryByDefaultNetwork (the cluster's default network plugin
-	// attaches it, as OVN-Kubernetes does, and the lab's kubelet;
-	// the default when empty).
+	// attaches it, as OVN-Kubernetes does, and the lab's kubelet). It
+	// must be set: DefaultWebhookOptions has the default.
 	PrimaryAttachment string
-	// DefaultNetworkNAD is the cluster default network NAD written in
-	// launcher pods' default-network element in PrimaryByDefaultNetwork
-	// mode (default "ovn-kubernetes/default", as ipam-extensions).
+	// DefaultNetworkNAD is "<namespace>/<name>" of the cluster default
+	// network's NAD, written in launcher pods' default-network element;
+	// required in PrimaryByDefaultNetwork mode (kvnet cannot tell which
+	// NAD it is; OVN-Kubernetes': ovn-kubernetes/default), unused with
+	// PrimaryByMultus.
 	DefaultNetworkNAD string
-	// MACRangeConfigMap is the name of the MAC range ConfigMap (default
-	// kvnet-mac-range-config).
+	// MACRangeConfigMap is the name of the MAC range ConfigMap in
+	// Namespace.
 	MACRangeConfigMap string
 	// MACPendingTimeout: see macpool.Options.PendingTimeout.
 	MACPendingTimeout time.Duration
@@ -122,6 +174,11 @@ type WebhookOptions struct {
 
 // New builds the manager with every kvnet controller registered.
 func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
+	if opts.Webhook != nil {
+		if err := opts.Webhook.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	scheme, err := NewScheme()
 	if err != nil {
 		return nil, err
@@ -141,12 +198,6 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	var webhookServer webhook.Server
 	var certMgr *certs.Manager
 	if w := opts.Webhook; w != nil {
-		if w.Port == 0 {
-			w.Port = 9443
-		}
-		if w.Namespace == "" {
-			w.Namespace = "kvnet-system"
-		}
 		if len(w.DNSNames) == 0 && len(w.IPs) == 0 {
 			w.DNSNames = []string{"kvnet-webhook." + w.Namespace + ".svc", "kvnet-webhook." + w.Namespace + ".svc.cluster.local"}
 		}
@@ -231,19 +282,6 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 
 func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (healthz.Checker, error) {
 	w := opts.Webhook
-	switch w.PrimaryAttachment {
-	case "":
-		w.PrimaryAttachment = PrimaryByDefaultNetwork
-	case PrimaryByDefaultNetwork, PrimaryByMultus:
-	default:
-		return nil, fmt.Errorf("primary network attachment %q: want %q or %q", w.PrimaryAttachment, PrimaryByMultus, PrimaryByDefaultNetwork)
-	}
-	if w.DefaultNetworkNAD == "" {
-		w.DefaultNetworkNAD = "ovn-kubernetes/default"
-	}
-	if w.MACRangeConfigMap == "" {
-		w.MACRangeConfigMap = "kvnet-mac-range-config"
-	}
 	pool, err := macpoolcontroller.Setup(mgr, macpoolcontroller.Options{
 		ConfigMap:          types.NamespacedName{Namespace: w.Namespace, Name: w.MACRangeConfigMap},
 		PendingTimeout:     w.MACPendingTimeout,

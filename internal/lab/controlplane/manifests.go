@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"slices"
@@ -12,11 +13,32 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/manifests"
 )
 
 // FieldOwner is the server-side-apply field manager of manifests kvnet applies.
 const FieldOwner = "kvnet"
+
+// DefaultNetworkNAD is the cluster default network's NAD as the lab names
+// it (OVN-Kubernetes' name), which kvnet-controller writes in launcher
+// pods' default-network element when the lab's kubelet attaches primary
+// networks (manager.PrimaryByDefaultNetwork).
+const DefaultNetworkNAD = "ovn-kubernetes/default"
+
+// WebhookOptions returns kvnet-controller's webhook options for a
+// controller serving on 127.0.0.1:port in KvnetNamespace: the defaults
+// (manager.DefaultWebhookOptions) but for where it listens and, unless
+// multus, primary networks attached by the default network with
+// DefaultNetworkNAD.
+func WebhookOptions(port int, multus bool) *manager.WebhookOptions {
+	w := manager.DefaultWebhookOptions()
+	w.Host, w.Port, w.Namespace, w.IPs = "127.0.0.1", port, KvnetNamespace, []net.IP{net.IPv4(127, 0, 0, 1)}
+	if !multus {
+		w.PrimaryAttachment, w.DefaultNetworkNAD = manager.PrimaryByDefaultNetwork, DefaultNetworkNAD
+	}
+	return &w
+}
 
 // ApplyFiles server-side applies every object in the YAML files of dir
 // (kustomization.yaml excepted), in file-name order.

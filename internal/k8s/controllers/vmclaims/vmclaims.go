@@ -7,6 +7,7 @@ package vmclaims
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -194,6 +195,18 @@ func (r *reconciler) ensureClaims(ctx context.Context, vm *kubevirtv1.VirtualMac
 		return err
 	}
 	claims, err := vmclaims.Claims(vmi, vmi.Name, primaryKey, r.lookup(ctx))
+	if errors.Is(err, vmclaims.ErrClaimName) {
+		// The VM's networks cannot have claims (their names are not
+		// usable): say so on the VMI and VM; retrying cannot help, a
+		// change of the VMI reconciles again.
+		msg := err.Error()
+		r.recorder.Eventf(vmi, nil, corev1.EventTypeWarning, "InvalidIPAMClaimName", "CreateIPAMClaim", "%s", msg)
+		if vm != nil {
+			r.recorder.Eventf(vm, nil, corev1.EventTypeWarning, "InvalidIPAMClaimName", "CreateIPAMClaim", "%s", msg)
+		}
+		log.FromContext(ctx).Info(msg)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -437,3 +437,42 @@ func TestStoppedVMDeletion(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimNamesOfInvalidNetworkNames: a VM network named my_net gets the
+// claim ipam-extensions would create, vm5.my.net; a VM with networks
+// my_net and my.net, which compose one name, gets no claim and an
+// InvalidIPAMClaimName event on the VM saying which networks collide.
+func TestClaimNamesOfInvalidNetworkNames(t *testing.T) {
+	setup(t, "vmc-names")
+	withNets := func(t *testing.T, name string, nets ...string) *kubevirtv1.VirtualMachine {
+		vm := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "vmc-names", Name: name}}
+		var spec kubevirtv1.VirtualMachineInstanceSpec
+		for _, n := range nets {
+			spec.Networks = append(spec.Networks, kubevirtv1.Network{Name: n, Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}})
+			spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: n, Bridge: &kubevirtv1.InterfaceBridge{}})
+		}
+		vm.Spec.Template = &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: spec}
+		create(t, vm)
+		startVMI(t, vm)
+		return vm
+	}
+	withNets(t, "vm5", "my_net")
+	testenv.Eventually(t, timeout, "claim vm5.my.net", func() error { return finalized(t, "vmc-names", "vm5", "vm5.my.net") })
+
+	withNets(t, "vm6", "my_net", "my.net")
+	testenv.Eventually(t, timeout, "InvalidIPAMClaimName event", func() error {
+		var evs corev1.EventList
+		if err := c.List(context.Background(), &evs, client.InNamespace("vmc-names")); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "InvalidIPAMClaimName" && e.InvolvedObject.Kind == "VirtualMachine" && e.InvolvedObject.Name == "vm6" &&
+				strings.Contains(e.Message, `networks "my_net" and "my.net" both compose IPAMClaim name "vm6.my.net"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no InvalidIPAMClaimName event on VM vm6 yet (%d events)", len(evs.Items))
+	})
+	settle(t, "vmc-names", "vm6", "")
+	claimsHeld(t, "vmc-names", "vm6")
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -159,7 +158,7 @@ func newChaosControllerCommand() *cobra.Command {
 			defer cancel()
 			return manager.Run(ctx, cfg, manager.Options{
 				MetricsAddr: "0", ProbeAddr: probeAddr,
-				Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}},
+				Webhook: controlplane.WebhookOptions(webhookPort, false),
 			})
 		},
 	}

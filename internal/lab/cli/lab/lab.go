@@ -296,8 +296,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 	}
 	mgr, err := manager.New(ctrlCfg, manager.Options{
 		MetricsAddr: metricsAddr, ProbeAddr: probeAddr,
-		Webhook: &manager.WebhookOptions{Host: "127.0.0.1", Port: webhookPort, Namespace: controlplane.KvnetNamespace, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
-			PrimaryAttachment: primaryAttachment(flags.multus)},
+		Webhook: controlplane.WebhookOptions(webhookPort, flags.multus),
 	})
 	if err != nil {
 		return err
@@ -534,13 +533,4 @@ func printConsole(w io.Writer, dir, namespace, name string) error {
 	defer f.Close()
 	_, err = io.Copy(w, f)
 	return err
-}
-
-// primaryAttachment is the controller's primary network attachment mode
-// for the lab (see flagpole.multus).
-func primaryAttachment(multus bool) string {
-	if multus {
-		return manager.PrimaryByMultus
-	}
-	return manager.PrimaryByDefaultNetwork
 }
