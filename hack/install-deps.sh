@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kvnet's tests and lab use, when missing:
 # iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client,
+# dhcpcd-base for dhcpcd, the DHCPv6 client the DHCPv6 server is tested with,
 # qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
 # is built from Debian packages by hack/guest/build.sh).
 # Go modules come from the module proxy; control-plane binaries are built by
@@ -10,6 +11,7 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)
+command -v dhcpcd >/dev/null || need+=(dhcpcd-base)
 command -v make >/dev/null || need+=(make)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 # skopeo: the images test checks that an independent OCI tool reads what
