@@ -116,8 +116,9 @@ func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UI
 // Plan is what the node should look like.
 type Plan struct {
 	State datapath.State
-	// DHCP holds, per local primary network with an IPv4 subnet, what its
-	// DHCP server hands out.
+	// DHCP holds, per local primary network, what its DHCP servers hand
+	// out: DHCPv4 where it has an IPv4 subnet, router advertisements and
+	// DHCPv6 where it has an IPv6 one.
 	DHCP []DHCPNetwork
 	// Exhausted lists networks whose NAD says the pool is exhausted.
 	Exhausted []string
@@ -137,8 +138,13 @@ type Plan struct {
 type DHCPNetwork struct {
 	Network  string
 	ID       int
-	ServerIP netip.Addr // the network's IPv4 gateway
-	Leases   map[string]dhcp.Lease
+	ServerIP netip.Addr // the network's IPv4 gateway; invalid: no DHCPv4
+	// Prefixes6 are the network's IPv6 subnets on this node, advertised
+	// on-link; none: no router advertisements or DHCPv6. MTU is the
+	// advertised MTU.
+	Prefixes6 []netip.Prefix
+	MTU       int
+	Leases    map[string]dhcp.Lease
 }
 
 // network is a kvnet network as the NADs describe it.
@@ -461,7 +467,8 @@ func Desired(in Input) Plan {
 
 		var leases map[string]dhcp.Lease
 		serverIP := firstIPv4(n.gateways)
-		if dn.Primary && serverIP.IsValid() {
+		prefixes6 := ipv6Prefixes(n.subnets)
+		if dn.Primary && (serverIP.IsValid() || len(prefixes6) > 0) {
 			leases = map[string]dhcp.Lease{}
 		}
 		localMAC := map[string]bool{} // MACs with a port on this node
@@ -506,7 +513,8 @@ func Desired(in Input) Plan {
 			}
 		}
 		if leases != nil {
-			plan.DHCP = append(plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases})
+			plan.DHCP = append(plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases,
+				Prefixes6: prefixes6, MTU: cmp.Or(n.conf.MTU, in.MTU)})
 		}
 	}
 	return plan
@@ -580,30 +588,33 @@ func cmpBool(a, b bool) int {
 	}
 }
 
-// lease is what the DHCP server gives h: its IPv4 address with the
-// subnet's mask, the gateway as router, the pod interface's MTU (the
-// network's, else the node's pod MTU, as kvnet-cni sets it), and the VM's
-// name as hostname.
+// lease is what the DHCP servers give h: its IPv4 address with the
+// subnet's mask and its IPv6 address (DHCPv6), the gateway as router, the
+// pod interface's MTU (the network's, else the node's pod MTU, as
+// kvnet-cni sets it), and the VM's name as hostname.
 func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in Input) (dhcp.Lease, bool) {
 	if mtu == 0 {
 		mtu = in.MTU
 	}
+	host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+	if host == "" {
+		host = h.pod.Name
+	}
+	l := dhcp.Lease{Router: router, DNS: guestDNS(clusterDNS, in.DNS), MTU: mtu, Hostname: host}
+	if len(clusterDNS) > 0 {
+		l.Search = clusterSearch(h.pod.Namespace, in.ClusterDomain)
+	}
 	for _, s := range h.a.IPAddresses {
 		p, err := netip.ParsePrefix(s)
-		if err != nil || !p.Addr().Is4() {
-			continue
+		switch {
+		case err != nil:
+		case p.Addr().Is4() && !l.IP.IsValid():
+			l.IP = p
+		case p.Addr().Is6() && !l.IP6.IsValid():
+			l.IP6 = p.Addr()
 		}
-		host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
-		if host == "" {
-			host = h.pod.Name
-		}
-		l := dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}
-		if len(clusterDNS) > 0 {
-			l.DNS, l.Search = clusterDNS, clusterSearch(h.pod.Namespace, in.ClusterDomain)
-		}
-		return l, true
 	}
-	return dhcp.Lease{}, false
+	return l, l.IP.IsValid() || l.IP6.IsValid()
 }
 
 // GatewaysOf returns the gateway of each subnet of a primary network, as
