@@ -462,7 +462,7 @@ func readEnv(t *testing.T, path string) map[string]string {
 		k, v, _ := strings.Cut(sc.Text(), "=")
 		env[k] = strings.TrimSpace(v)
 	}
-	t.Logf("udhcpc %s: %v", filepath.Base(path), env)
+	t.Logf("client event %s: %v", filepath.Base(path), env)
 	return env
 }
 
@@ -470,7 +470,7 @@ func assertEnv(t *testing.T, got, want map[string]string) {
 	t.Helper()
 	for k, w := range want {
 		if got[k] != w {
-			t.Errorf("udhcpc %s = %q, want %q", k, got[k], w)
+			t.Errorf("client %s = %q, want %q", k, got[k], w)
 		}
 	}
 }

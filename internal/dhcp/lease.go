@@ -32,10 +32,15 @@ type Lease struct {
 	// IP is the guest address; the prefix length becomes option 1 (subnet
 	// mask). It must be IPv4.
 	IP netip.Prefix
+	// IP6 is the guest's IPv6 address, served by the DHCPv6 server
+	// (Server6) in an IA_NA; invalid (zero) serves no IPv6 address. IP may
+	// then be zero, for a guest on an IPv6-only network.
+	IP6 netip.Addr
 	// Router is option 3. Invalid (zero) omits it.
 	Router netip.Addr
 	// DNS is option 6. Only IPv4 entries are sent: option 6 cannot carry
 	// IPv6 addresses, and a resolv.conf-derived list may contain them.
+	// The IPv6 entries are DHCPv6's option 23.
 	DNS []netip.Addr
 	// MTU is option 26; 0 omits it.
 	MTU int
@@ -43,7 +48,8 @@ type Lease struct {
 	Hostname string
 	// Domain is option 15; "" omits it.
 	Domain string
-	// Search is option 119 (RFC 3397 domain search list); empty omits it.
+	// Search is option 119 (RFC 3397 domain search list) and DHCPv6's
+	// option 24; empty omits it.
 	Search []string
 	// Routes is option 121 (RFC 3442 classless static routes). When it is
 	// not empty and Router is set, the reply appends the default route via
@@ -52,7 +58,8 @@ type Lease struct {
 	// ignore option 3, so without it the guest would lose its default
 	// route.
 	Routes []Route
-	// LeaseTime is option 51; 0 means DefaultLeaseTime.
+	// LeaseTime is option 51 and the lifetimes of the DHCPv6 address; 0
+	// means DefaultLeaseTime.
 	LeaseTime time.Duration
 }
 

@@ -1,5 +1,5 @@
-// Package dhcp is the DHCPv4 server kvnet runs for VMs on a primary Layer2
-// network.
+// Package dhcp is the DHCPv4 server (Server), and the router advertisement
+// and DHCPv6 server (Server6), kvnet runs for VMs on a primary network.
 //
 // Upstream OVN-Kubernetes answers DHCP on the logical switch port of a VM
 // on a primary Layer2 UDN, and KubeVirt's l2bridge (managedTap) binding
@@ -15,6 +15,14 @@
 // reply at all, so several nodes' servers can share a Layer2 segment. The
 // options served follow KubeVirt's built-in server (subnet mask, router,
 // DNS, hostname, domain, search list, MTU, classless static routes).
+//
+// On a network with an IPv6 subnet, Server6 does for IPv6 what OVN does on
+// such a port: router advertisements with the Managed flag, the gateway's
+// link-local address as default router, the subnet on-link but never for
+// SLAAC, and the MTU; and stateful DHCPv6 handing each known MAC its
+// Lease.IP6 in an IA_NA, with DNS servers and search list. Its DUID is
+// derived from the gateway interface's MAC, which kvnet makes the same on
+// every node, so a guest that migrated renews with its new node's server.
 package dhcp
 
 import (

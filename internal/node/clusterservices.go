@@ -144,20 +144,16 @@ func ptrOr[T any](p *T, def T) T {
 	return *p
 }
 
-// clusterDNSServers returns the IPv4 cluster IPs of the cluster DNS
-// Service dns among svcs (clusterServices' result), which DHCP hands to
-// guests on primary networks, if it exists.
+// clusterDNSServers returns the cluster IPs of the cluster DNS Service
+// dns among svcs (clusterServices' result), which DHCP (IPv4) and DHCPv6
+// (IPv6) hand to guests on primary networks, if it exists.
 func clusterDNSServers(svcs []*corev1.Service, dns types.NamespacedName) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range svcs {
 		if s.Namespace != dns.Namespace || s.Name != dns.Name {
 			continue
 		}
-		for _, a := range clusterIPs(s) {
-			if a.Is4() {
-				out = append(out, a)
-			}
-		}
+		out = append(out, clusterIPs(s)...)
 	}
 	return out
 }

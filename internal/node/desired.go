@@ -119,8 +119,9 @@ func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UI
 // Plan is what the node should look like.
 type Plan struct {
 	State datapath.State
-	// DHCP holds, per local primary network with an IPv4 subnet, what its
-	// DHCP server hands out.
+	// DHCP holds, per local primary network, what its DHCP servers hand
+	// out: DHCPv4 where it has an IPv4 subnet, router advertisements and
+	// DHCPv6 where it has an IPv6 one.
 	DHCP []DHCPNetwork
 	// Exhausted lists networks whose NAD says the pool is exhausted.
 	Exhausted []string
@@ -140,8 +141,13 @@ type Plan struct {
 type DHCPNetwork struct {
 	Network  string
 	ID       int
-	ServerIP netip.Addr // the network's IPv4 gateway
-	Leases   map[string]dhcp.Lease
+	ServerIP netip.Addr // the network's IPv4 gateway; invalid: no DHCPv4
+	// Prefixes6 are the network's IPv6 subnets on this node, advertised
+	// on-link; none: no router advertisements or DHCPv6. MTU is the
+	// advertised MTU.
+	Prefixes6 []netip.Prefix
+	MTU       int
+	Leases    map[string]dhcp.Lease
 }
 
 // Desired computes the node's plan from the API's view. It never fails:

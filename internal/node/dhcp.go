@@ -5,9 +5,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"kvnet.io/kvnet/internal/datapath"
@@ -15,8 +17,9 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 )
 
-// dhcpServers runs one DHCP server per local primary network, in the
-// network's router namespace, on its gateway interface.
+// dhcpServers runs, per local primary network, a DHCPv4 server and a
+// router advertisement and DHCPv6 server (dhcp6.go), in the network's
+// router namespace, on its gateway interface.
 type dhcpServers struct {
 	node    datapath.NodeConfig
 	running map[int]*dhcpServer // network ID -> server
@@ -25,6 +28,8 @@ type dhcpServers struct {
 type dhcpServer struct {
 	network  string
 	serverIP netip.Addr
+	prefix6  []netip.Prefix // with mtu: what the advertisements say
+	mtu      int
 	nsIno    uint64 // inode of the router namespace it serves in
 	leases   *dhcp.StaticLeases
 	macs     map[string]bool // MACs set in leases
@@ -53,29 +58,29 @@ func (d *dhcpServers) sync(ctx context.Context, want []DHCPNetwork) {
 			continue
 		}
 		s := d.running[w.ID]
-		if s != nil && (s.nsIno != ino || s.serverIP != w.ServerIP) {
+		if s != nil && (s.nsIno != ino || s.serverIP != w.ServerIP || !slices.Equal(s.prefix6, w.Prefixes6) || s.mtu != w.MTU) {
 			d.stop(w.ID)
 			s = nil
 		}
 		if s == nil {
-			leases := dhcp.NewStaticLeases()
-			srv, err := dhcp.New(dhcp.Config{
-				NetNS: nsPath, Interface: datapath.RouterGatewayInterface, ServerIP: w.ServerIP,
-				Leases: leases, Log: logger.WithValues("network", w.Network),
-			})
+			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			s = &dhcpServer{network: w.Network, serverIP: w.ServerIP, prefix6: w.Prefixes6, mtu: w.MTU, nsIno: ino,
+				leases: dhcp.NewStaticLeases(), macs: map[string]bool{}, cancel: cancel}
+			var err error
+			if w.ServerIP.IsValid() {
+				err = startDHCPv4(sctx, s, w, nsPath, logger)
+			}
+			if err == nil && len(w.Prefixes6) > 0 {
+				err = startDHCPv6(sctx, s, w, nsPath, logger)
+			}
 			if err != nil {
+				// Both or neither: the next sync retries.
+				cancel()
+				s.done.Wait()
 				logger.Error(err, "DHCP: start server", "network", w.Network)
 				continue
 			}
-			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-			s = &dhcpServer{network: w.Network, serverIP: w.ServerIP, nsIno: ino, leases: leases, macs: map[string]bool{}, cancel: cancel}
-			s.done.Go(func() {
-				if err := srv.Serve(sctx); err != nil && sctx.Err() == nil {
-					logger.Error(err, "DHCP server stopped", "network", w.Network)
-				}
-			})
 			d.running[w.ID] = s
-			logger.Info("DHCP server started", "network", w.Network, "serverIP", w.ServerIP.String())
 		}
 		for mac := range s.macs {
 			if _, ok := w.Leases[mac]; !ok {
@@ -98,6 +103,25 @@ func (d *dhcpServers) sync(ctx context.Context, want []DHCPNetwork) {
 			d.stop(id)
 		}
 	}
+}
+
+// startDHCPv4 opens network w's DHCPv4 server and runs it under s until
+// ctx ends.
+func startDHCPv4(ctx context.Context, s *dhcpServer, w DHCPNetwork, nsPath string, logger logr.Logger) error {
+	srv, err := dhcp.New(dhcp.Config{
+		NetNS: nsPath, Interface: datapath.RouterGatewayInterface, ServerIP: w.ServerIP,
+		Leases: s.leases, Log: logger.WithValues("network", w.Network),
+	})
+	if err != nil {
+		return err
+	}
+	s.done.Go(func() {
+		if err := srv.Serve(ctx); err != nil && ctx.Err() == nil {
+			logger.Error(err, "DHCP server stopped", "network", w.Network)
+		}
+	})
+	logger.Info("DHCP server started", "network", w.Network, "serverIP", w.ServerIP.String())
+	return nil
 }
 
 func (d *dhcpServers) stop(id int) {

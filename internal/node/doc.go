@@ -23,7 +23,8 @@
 // as a pure function. The Agent recomputes and applies it whenever anything
 // changes (API events, a link appearing) and every resync period; the
 // datapath reads the kernel each time, so the agent keeps no state that can
-// go stale and a restart reconciles from scratch. It runs one DHCP server
+// go stale and a restart reconciles from scratch. It runs DHCP servers
+// (DHCPv4, and router advertisements + DHCPv6 where the network has IPv6)
 // per local primary network in the network's router namespace, and writes
 // the status file kvnet-cni's STATUS verb reads.
 package node

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"net/netip"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
@@ -13,12 +14,14 @@ import (
 // live local one (and for a live migration's target on this node, on
 // standby until its guest announces itself), a remote MAC for each live
 // remote one where the topology needs it (remoteMACPinned), and, on a
-// primary network with an IPv4 gateway, a DHCP lease per live local port.
+// primary network with an IPv4 gateway or an IPv6 subnet, a DHCP lease
+// (DHCPv4 and DHCPv6) per live local port.
 func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 	name := n.conf.Name
 	var leases map[string]dhcp.Lease
 	serverIP := firstIPv4(n.gateways)
-	if dn.Primary && serverIP.IsValid() {
+	prefixes6 := ipv6Prefixes(n.subnets)
+	if dn.Primary && (serverIP.IsValid() || len(prefixes6) > 0) {
 		leases = map[string]dhcp.Lease{}
 	}
 	localMAC := map[string]bool{} // MACs with a port on this node
@@ -62,7 +65,8 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 		}
 	}
 	if leases != nil {
-		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases})
+		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases,
+			Prefixes6: prefixes6, MTU: cmp.Or(n.conf.MTU, p.in.MTU)})
 	}
 }
 
@@ -72,28 +76,31 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 // node.
 func remoteMACPinned(t topology) bool { return t == layer2 }
 
-// lease is what the DHCP server gives h: its IPv4 address with the
-// subnet's mask, the gateway as router, the pod interface's MTU (the
-// network's, else the node's pod MTU, as kvnet-cni sets it), and the VM's
-// name as hostname.
+// lease is what the DHCP servers give h: its IPv4 address with the
+// subnet's mask and its IPv6 address (DHCPv6), the gateway as router, the
+// pod interface's MTU (the network's, else the node's pod MTU, as
+// kvnet-cni sets it), and the VM's name as hostname.
 func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in Input) (dhcp.Lease, bool) {
 	if mtu == 0 {
 		mtu = in.MTU
 	}
+	host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+	if host == "" {
+		host = h.pod.Name
+	}
+	l := dhcp.Lease{Router: router, DNS: guestDNS(clusterDNS, in.DNS), MTU: mtu, Hostname: host}
+	if len(clusterDNS) > 0 {
+		l.Search = clusterSearch(h.pod.Namespace, in.ClusterDomain)
+	}
 	for _, s := range h.a.IPAddresses {
 		p, err := netip.ParsePrefix(s)
-		if err != nil || !p.Addr().Is4() {
-			continue
+		switch {
+		case err != nil:
+		case p.Addr().Is4() && !l.IP.IsValid():
+			l.IP = p
+		case p.Addr().Is6() && !l.IP6.IsValid():
+			l.IP6 = p.Addr()
 		}
-		host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
-		if host == "" {
-			host = h.pod.Name
-		}
-		l := dhcp.Lease{IP: p, Router: router, DNS: in.DNS, MTU: mtu, Hostname: host}
-		if len(clusterDNS) > 0 {
-			l.DNS, l.Search = clusterDNS, clusterSearch(h.pod.Namespace, in.ClusterDomain)
-		}
-		return l, true
 	}
-	return dhcp.Lease{}, false
+	return l, l.IP.IsValid() || l.IP6.IsValid()
 }
