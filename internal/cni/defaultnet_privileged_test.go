@@ -21,6 +21,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestDefaultNetworkOptOut: a pod on a primary UDN also has eth0 on the
@@ -148,24 +149,7 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 // nsPath with name and a newline, until the test ends.
 func serveName(t *testing.T, nsPath, ip, name string) {
 	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", ip+":8080")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(conn, name)
-			conn.Close()
-		}
-	}()
+	nstest.ServeLine(t, nsPath, ip+":8080", func(net.Conn) string { return name })
 }
 
 // reachName connects from the namespace at nsPath to ip:8080 and expects
@@ -174,23 +158,10 @@ func serveName(t *testing.T, nsPath, ip, name string) {
 func reachName(nsPath, ip, name string, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := nl.Do(nsPath, func() error {
-			conn, err := net.DialTimeout("tcp4", ip+":8080", time.Second)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			_ = conn.SetDeadline(time.Now().Add(time.Second))
-			buf := make([]byte, 64)
-			n, err := conn.Read(buf)
-			if err != nil {
-				return err
-			}
-			if got := string(buf[:n]); got != name+"\n" {
-				return fmt.Errorf("answered by %q, not %s", got, name)
-			}
-			return nil
-		})
+		got, err := nstest.ReadLine(nsPath, ip+":8080", time.Second)
+		if err == nil && got != name {
+			err = fmt.Errorf("answered by %q, not %s", got, name)
+		}
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}

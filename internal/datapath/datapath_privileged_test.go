@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 func primaryNet(name string, id int, subnet, gw string) Network {
@@ -106,7 +107,7 @@ func TestTenantIsolation(t *testing.T) {
 			if err := ping(pods["a1"].ns, netip.Addr{}, u.to, time.Second, true); !errors.Is(err, errTimeout) {
 				t.Fatalf("ping %s: %v, want a timeout", u.to, err)
 			}
-			if conn, err := dial(pods["a1"].ns, netip.AddrPortFrom(u.to, echoPort).String(), time.Second); err == nil {
+			if conn, err := nstest.Dial(pods["a1"].ns, netip.AddrPortFrom(u.to, echoPort).String(), time.Second); err == nil {
 				conn.Close()
 				t.Fatalf("TCP to %s connected", u.to)
 			}
@@ -153,8 +154,8 @@ func TestTenantIsolation(t *testing.T) {
 func TestEgress(t *testing.T) {
 	t.Parallel()
 	c, pods, _ := twoTenants(t)
-	ln := listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
+	nstest.Serve(ln, func(conn net.Conn) {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		fmt.Fprintf(conn, "%s\n", host)
 	})
@@ -171,7 +172,7 @@ func TestEgress(t *testing.T) {
 			if err := ping(p.ns, netip.Addr{}, internetIP, 3*time.Second, true); err != nil {
 				t.Fatal(err)
 			}
-			conn, err := dial(p.ns, netip.AddrPortFrom(internetIP, 8080).String(), 2*time.Second)
+			conn, err := nstest.Dial(p.ns, netip.AddrPortFrom(internetIP, 8080).String(), 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

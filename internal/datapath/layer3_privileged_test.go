@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // layer3Net is network id on node i (0-based) of a Layer3 cluster where
@@ -111,12 +112,12 @@ func TestLayer3(t *testing.T) {
 	}
 
 	// Egress through the pod's own node.
-	ln := listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
+	nstest.Serve(ln, func(conn net.Conn) {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		fmt.Fprintf(conn, "%s\n", host)
 	})
-	conn, err := dial(pods["a2"].ns, netip.AddrPortFrom(internetIP, 8080).String(), 3*time.Second)
+	conn, err := nstest.Dial(pods["a2"].ns, netip.AddrPortFrom(internetIP, 8080).String(), 3*time.Second)
 	if err != nil {
 		t.Fatalf("a2 egress: %v", err)
 	}

@@ -7,7 +7,6 @@ package node_test
 // busybox ping and udhcpc. Needs root.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -44,6 +43,7 @@ import (
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -311,17 +311,8 @@ func (l *lab) deletePod(nad *nadv1.NetworkAttachmentDefinition, p *pod) {
 	}
 }
 
-func inNS(nsPath string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", filepath.Base(nsPath)}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
 func ping(from *pod, ip string) error {
-	return inNS(from.netns, "busybox", "ping", "-c", "1", "-W", "1", ip)
+	return nstest.Ping(from.netns, ip)
 }
 
 func mustReach(t *testing.T, from *pod, ip string) {
@@ -346,31 +337,7 @@ const tokenPort = 7777
 // p's name, until the test ends.
 func serveToken(t *testing.T, p *pod) {
 	t.Helper()
-	serveLine(t, p.netns, tokenPort, func(net.Conn) string { return p.name })
-}
-
-// serveLine answers each TCP connection to port in the namespace at nsPath
-// with the line answer gives for it, until the test ends.
-func serveLine(t *testing.T, nsPath string, port int, answer func(net.Conn) string) {
-	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(conn, answer(conn))
-			conn.Close()
-		}
-	}()
+	nstest.ServeLine(t, p.netns, fmt.Sprintf(":%d", tokenPort), func(net.Conn) string { return p.name })
 }
 
 // answeredBy connects from p to ip's token server and fails unless want
@@ -388,25 +355,7 @@ func answeredBy(from *pod, ip, want string) error {
 
 // tokenAt connects from p to addr and returns the token its server sends.
 func tokenAt(from *pod, addr string) (string, error) {
-	return tokenFrom(from.netns, addr)
-}
-
-// tokenFrom is tokenAt from the namespace at nsPath (a node's, say).
-func tokenFrom(nsPath, addr string) (string, error) {
-	var conn net.Conn
-	if err := nl.Do(nsPath, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr, 2*time.Second)
-		return err
-	}); err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	got, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return "", fmt.Errorf("read token from %s: %w", addr, err)
-	}
-	return strings.TrimSpace(got), nil
+	return nstest.ReadLine(from.netns, addr, 2*time.Second)
 }
 
 func linkExists(nsPath, name string) bool {
@@ -566,7 +515,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 
 	t.Run("DHCP hands out the allocation", func(t *testing.T) {
 		// The VM asks DHCP: drop what kvnet-cni configured in the pod.
-		if err := inNS(src.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+		if err := nstest.Exec(src.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
 		out := filepath.Join(tmpDir, "udhcpc-"+src.name)
@@ -575,7 +524,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, "DHCP lease", func() error {
-			return inNS(src.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", script)
+			return nstest.Exec(src.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", script)
 		})
 		b, err := os.ReadFile(out)
 		if err != nil {
@@ -628,7 +577,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 				t.Fatalf("connection %d after the switch-over: %v", i+1, err)
 			}
 		}
-		if err := inNS(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
+		if err := nstest.Exec(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
 	})

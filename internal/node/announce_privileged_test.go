@@ -17,6 +17,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestAgentOpensTargetOnGuestFrame: during a live migration whose VMI the
@@ -81,7 +82,7 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 			guestMAC := tc.dst.a.MACAddress
 			eventually(t, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
 			// The source guest pauses: only the target can answer now.
-			if err := inNS(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
+			if err := nstest.Exec(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
 				t.Fatal(err)
 			}
 			if err := arping(peer, tc.dst.ip()); err == nil {
@@ -125,7 +126,7 @@ func targetPort(l *lab, guestMAC string, standby bool) func() error {
 
 // arping asks, from p, for ip's MAC once and fails unless answered.
 func arping(from *pod, ip string) error {
-	return inNS(from.netns, "busybox", "arping", "-c", "1", "-w", "1", "-I", from.ifName, ip)
+	return nstest.Exec(from.netns, "busybox", "arping", "-c", "1", "-w", "1", "-I", from.ifName, ip)
 }
 
 func mac(t *testing.T, s string) net.HardwareAddr {

@@ -22,6 +22,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // serveDNS runs a DNS server on UDP addr in the namespace at nsPath that
@@ -141,7 +142,7 @@ func TestAgentClusterDNS(t *testing.T) {
 
 	// DHCP: the cluster DNS and the namespace's search list.
 	vm := l.runPod(nad, "vm", "n1", nil)
-	if err := inNS(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+	if err := nstest.Exec(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(tmpDir, "udhcpc-dns-"+vm.name)
@@ -150,7 +151,7 @@ func TestAgentClusterDNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "DHCP lease", func() error {
-		return inNS(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-O", "search", "-s", script)
+		return nstest.Exec(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-O", "search", "-s", script)
 	})
 	b, err := os.ReadFile(out)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // localnetCUDN makes namespace ns and a localnet CUDN name on the lab's
@@ -62,7 +63,7 @@ func selecting(name string) func(*corev1.Pod) {
 // nsPath with the connection's source address.
 func serveRemoteAddr(t *testing.T, nsPath string, port int) {
 	t.Helper()
-	serveLine(t, nsPath, port, func(conn net.Conn) string {
+	nstest.ServeLine(t, nsPath, fmt.Sprintf(":%d", port), func(conn net.Conn) string {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		return host
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // running marks pod p Running and Ready, as its kubelet would.
@@ -77,7 +79,7 @@ func TestAgentServices(t *testing.T) {
 	for _, from := range clients {
 		seen := map[string]int{}
 		eventually(t, from.name+" reaches both endpoints through "+from.addr, func() error {
-			token, err := tokenFrom(from.ns, from.addr)
+			token, err := nstest.ReadLine(from.ns, from.addr, 2*time.Second)
 			if err != nil {
 				return err
 			}

@@ -37,6 +37,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 var (
@@ -779,33 +780,15 @@ const probePort = "9090"
 // namespace at nsPath until the test ends.
 func listenIn(t *testing.T, nsPath string) {
 	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", ":"+probePort)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
+	nstest.Serve(nstest.Listen(t, nsPath, ":"+probePort), func(net.Conn) {})
 }
 
 // connect opens a TCP connection from the namespace at nsPath to
 // dst:probePort.
 func connect(nsPath, dst string) error {
-	return nl.Do(nsPath, func() error {
-		conn, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, probePort), time.Second)
-		if err != nil {
-			return err
-		}
-		return conn.Close()
-	})
+	conn, err := nstest.Dial(nsPath, net.JoinHostPort(dst, probePort), time.Second)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }

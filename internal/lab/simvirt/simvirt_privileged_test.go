@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,6 +33,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 var (
@@ -103,14 +103,6 @@ func (l *lab) podNetNS(t *testing.T, pod *corev1.Pod) string {
 		t.Fatal(err)
 	}
 	return filepath.Base(ns)
-}
-
-func ping(nsName, ip string) error {
-	out, err := exec.Command("ip", "netns", "exec", nsName, "busybox", "ping", "-c", "1", "-W", "1", ip).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ping %s from %s: %v: %s", ip, nsName, err, out)
-	}
-	return nil
 }
 
 func get(o client.Object, ns, name string) error {
@@ -271,7 +263,7 @@ func TestVMLifecycle(t *testing.T) {
 		t.Fatalf("allocation %+v, VMI interface %+v", a, addr)
 	}
 	waitVMStatus(t, ns, "vm1", kubevirtv1.VirtualMachineStatus{PrintableStatus: "Running", Ready: true, Created: true})
-	eventually(t, "peer pings the VM on "+n1, func() error { return ping(peerNS, addr.IP) })
+	eventually(t, "peer pings the VM on "+n1, func() error { return nstest.Ping(peerNS, addr.IP) })
 
 	t.Run("stop and start keep IP and MAC", func(t *testing.T) {
 		setRunStrategy(t, ns, "vm1", simvirt.RunStrategyHalted)
@@ -297,7 +289,7 @@ func TestVMLifecycle(t *testing.T) {
 			t.Fatalf("after restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
 		}
 		vmi = again
-		eventually(t, "peer pings the restarted VM", func() error { return ping(peerNS, addr.IP) })
+		eventually(t, "peer pings the restarted VM", func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 
 	t.Run("launcher pod loss restarts the VM", func(t *testing.T) {
@@ -314,7 +306,7 @@ func TestVMLifecycle(t *testing.T) {
 			t.Fatalf("after the restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
 		}
 		vmi = again
-		eventually(t, "peer pings the VM started anew", func() error { return ping(peerNS, addr.IP) })
+		eventually(t, "peer pings the VM started anew", func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 
 	t.Run("live migration", func(t *testing.T) {
@@ -367,7 +359,7 @@ func TestVMLifecycle(t *testing.T) {
 		if len(pods) != 1 || pods[0].Name != ms.TargetPod || pods[0].Spec.NodeName != target || pods[0].Labels[simvirt.MigrationJobUIDLabel] == "" {
 			t.Fatalf("launcher pods after migration: %d (target %s)", len(pods), ms.TargetPod)
 		}
-		eventually(t, "peer pings the VM on "+target, func() error { return ping(peerNS, addr.IP) })
+		eventually(t, "peer pings the VM on "+target, func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 }
 
