@@ -21,6 +21,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
@@ -184,8 +185,8 @@ var tenantA = primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")
 func (c *cluster) tenantAPair(a, b string) (*pod, *pod) {
 	c.tb.Helper()
 	rt := gatewayRoutes("10.1.1.1")
-	pa := c.addPod(c.nodes[0], a, "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	pb := c.addPod(c.nodes[1], b, "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	pa := c.addPod(c.nodes[0], a, "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	pb := c.addPod(c.nodes[1], b, "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
 	c.applyAll([]Network{tenantA})
 	return pa, pb
 }
