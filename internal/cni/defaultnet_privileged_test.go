@@ -21,6 +21,7 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
@@ -35,7 +36,7 @@ import (
 // Either way the primary-UDN pod's own connections over eth0 work (the
 // control: the bridge and eth0 carry traffic).
 func TestDefaultNetworkOptOut(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-defnet"
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
@@ -46,7 +47,7 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.86.0.0/24"}}},
 	})
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD", func() error {
+	testenv.Eventually(t, waitTimeout, "NAD", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
 	})
 	statusFile := filepath.Join(t.TempDir(), "status.json")

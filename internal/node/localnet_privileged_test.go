@@ -48,7 +48,7 @@ func localnetCUDN(t *testing.T, ns, name string, vlan int32) (*udnv1.ClusterUser
 	}
 	testenv.Create(t, c, cudn)
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD of "+name, func() error {
+	testenv.Eventually(t, waitTimeout, "NAD of "+name, func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nad)
 	})
 	return cudn, &nad
@@ -88,7 +88,7 @@ func TestAgentLocalnet(t *testing.T) {
 	serveRemoteAddr(t, l.Sim.Physical, port)
 	host := simnet.DatacenterHostIP.String()
 	mustReach(t, p1, host)
-	eventually(t, "the datacenter host sees "+p1.name+"'s address", func() error {
+	testenv.Eventually(t, waitTimeout, "the datacenter host sees "+p1.name+"'s address", func() error {
 		var conn net.Conn
 		if err := nl.Do(p1.netns, func() (err error) {
 			conn, err = net.DialTimeout("tcp4", net.JoinHostPort(host, fmt.Sprint(port)), 2*time.Second)
@@ -107,7 +107,7 @@ func TestAgentLocalnet(t *testing.T) {
 		return nil
 	})
 	serveToken(t, p2)
-	eventually(t, "ln1 reaches ln2 over the physical network", func() error { return answeredBy(p1, p2.ip(), "ln2") })
+	testenv.Eventually(t, waitTimeout, "ln1 reaches ln2 over the physical network", func() error { return answeredBy(p1, p2.ip(), "ln2") })
 	// No tunnel: the bridge's only way off the node is the physical patch.
 	id := networkID(t, nad)
 	if linkExists(l.node("n1").NS, datapath.VXLANName(id)) {
@@ -136,7 +136,7 @@ func TestAgentLocalnet(t *testing.T) {
 		t.Log("this kernel has 8021q: the refusal of a VLAN network is not exercised here")
 		return
 	}
-	eventually(t, "kvnet-node publishes the missing 8021q", func() error {
+	testenv.Eventually(t, waitTimeout, "kvnet-node publishes the missing 8021q", func() error {
 		var nd corev1.Node
 		if err := c.Get(context.Background(), client.ObjectKey{Name: l.nodeName("n1")}, &nd); err != nil {
 			return err
@@ -147,7 +147,7 @@ func TestAgentLocalnet(t *testing.T) {
 		return nil
 	})
 	cudn, vnad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100)
-	eventually(t, "the VLAN CUDN's condition names 8021q", func() error {
+	testenv.Eventually(t, waitTimeout, "the VLAN CUDN's condition names 8021q", func() error {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
 			return err
 		}
@@ -159,7 +159,7 @@ func TestAgentLocalnet(t *testing.T) {
 		return nil
 	})
 	v := l.allocatedPod(vnad, "lnvlan", "n1", "net1", selecting("agent-ln-vlan"))
-	eventually(t, "kvnet-cni refuses the VLAN network with the reason", func() error {
+	testenv.Eventually(t, waitTimeout, "kvnet-cni refuses the VLAN network with the reason", func() error {
 		err := l.tryCNI("ADD", vnad, v)
 		if err == nil {
 			l.cni("DEL", vnad, v)

@@ -78,7 +78,7 @@ func TestAgentServices(t *testing.T) {
 	}
 	for _, from := range clients {
 		seen := map[string]int{}
-		eventually(t, from.name+" reaches both endpoints through "+from.addr, func() error {
+		testenv.Eventually(t, waitTimeout, from.name+" reaches both endpoints through "+from.addr, func() error {
 			token, err := nstest.ReadLine(from.ns, from.addr, 2*time.Second)
 			if err != nil {
 				return err
@@ -105,7 +105,7 @@ func TestAgentServices(t *testing.T) {
 	}
 
 	l.deletePod(nad, e2)
-	eventually(t, "only e1 answers once e2 is gone", func() error {
+	testenv.Eventually(t, waitTimeout, "only e1 answers once e2 is gone", func() error {
 		for range 6 {
 			token, err := tokenAt(client1, vip)
 			if err != nil {
