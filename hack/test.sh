@@ -11,9 +11,9 @@ GO=${GO:-go}
 "$GO" test "$@" ./...
 rc=$?
 if [ "$(id -u)" != 0 ]; then
-	# Every package with a test that calls testenv.NeedsRoot (directly or
-	# through a helper named needRoot/requirePrivileged).
-	pkgs=$(grep -rlE --include='*_test.go' --exclude-dir=.cache 'NeedsRoot\(|needRoot\(|requirePrivileged\(' . | xargs -n1 dirname | sort -u | sed 's#^\./##' | tr '\n' ' ')
+	# Every package with a test that calls testenv.NeedsRoot (directly,
+	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
+	pkgs=$(grep -rlE --include='*_test.go' --exclude-dir=.cache 'NeedsRoot\(|NeedsFixture\(|needRoot\(|requirePrivileged\(' . | xargs -n1 dirname | sort -u | sed 's#^\./##' | tr '\n' ' ')
 	echo "kvnet: privileged tests NOT RUN (need root; CI runs them as root) in: ${pkgs% }"
 fi
 exit $rc

@@ -41,7 +41,7 @@ var (
 
 // TestMain builds the fixture (control plane, kvnet-cni) only as root and
 // not under "go test -fuzz"; as any other user the unit tests run, the
-// privileged ones skip (needsRoot) and one line says so.
+// privileged ones skip (testenv.NeedsFixture) and one line says so.
 func TestMain(m *testing.M) {
 	if !testenv.Privileged() || testenv.Fuzzing() {
 		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/cni")
@@ -64,20 +64,8 @@ func run(m *testing.M, fx *testenv.Fixture) int {
 	return m.Run()
 }
 
-// needsRoot skips (or, in CI, fails) a privileged test when not root, and
-// fails it when TestMain did not build the fixture.
-func needsRoot(tb testing.TB) {
-	tb.Helper()
-	testenv.NeedsRoot(tb)
-	if cniCfg == nil {
-		tb.Fatal("no control plane: TestMain did not build the fixture")
-	}
-}
-
-func eventually(t testing.TB, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 30*time.Second, what, f)
-}
+// waitTimeout bounds every wait for the system to converge.
+const waitTimeout = 30 * time.Second
 
 func create(t testing.TB, o client.Object) {
 	t.Helper()
@@ -94,7 +82,7 @@ func network(t testing.TB, ns, subnet string) *nadv1.NetworkAttachmentDefinition
 			Role: udnv1.NetworkRoleSecondary, MTU: 1400, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
 	})
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD", func() error {
+	testenv.Eventually(t, waitTimeout, "NAD", func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
 	})
 	return &nad
@@ -108,7 +96,7 @@ func annotatedPod(t testing.TB, ns, name, selection string) podnetworks.Attachme
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
 	})
 	var a podnetworks.Attachment
-	eventually(t, "annotation of "+name, func() error {
+	testenv.Eventually(t, waitTimeout, "annotation of "+name, func() error {
 		var p corev1.Pod
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
 			return err
@@ -159,7 +147,7 @@ func confList(t testing.TB, config string) *libcni.NetworkConfigList {
 }
 
 func TestVerbs(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	nad := network(t, "cni-verbs", "10.90.0.0/24")
 	alloc := annotatedPod(t, "cni-verbs", "p1", "net")
@@ -240,7 +228,7 @@ func TestVerbs(t *testing.T) {
 }
 
 func TestGC(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	nad := network(t, "cni-gc", "10.91.0.0/24")
 	annotatedPod(t, "cni-gc", "keep", "net")
@@ -265,7 +253,7 @@ func TestGC(t *testing.T) {
 }
 
 func TestStatus(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	dir := t.TempDir()
 	statusFile := filepath.Join(dir, "status.json")
@@ -300,7 +288,7 @@ func TestStatus(t *testing.T) {
 }
 
 func TestIPAMOnlyUnderBridge(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cni-ipam"}})
 	config := `{"cniVersion":"1.0.0","type":"bridge","name":"migration","bridge":"kvtestmig0","isGateway":false,` +
@@ -343,7 +331,7 @@ func TestIPAMOnlyUnderBridge(t *testing.T) {
 }
 
 func TestAddWithoutAllocationFailsClearly(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	config := `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"cni-none_net","topology":"layer2","role":"secondary","subnets":"10.94.0.0/24","annotationTimeout":"1s"}`
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cni-none"}})
@@ -365,7 +353,7 @@ func TestAddWithoutAllocationFailsClearly(t *testing.T) {
 // BenchmarkAdd measures CNI ADD (via libcni and the real binary) once the
 // annotation exists; reports p50 and p99.
 func BenchmarkAdd(b *testing.B) {
-	needsRoot(b)
+	testenv.NeedsFixture(b, cniCfg != nil)
 	ctx := context.Background()
 	ns := fmt.Sprintf("cni-bench-%d", time.Now().UnixNano()%1e9)
 	nad := network(b, ns, "10.95.0.0/16")
@@ -395,7 +383,7 @@ func BenchmarkAdd(b *testing.B) {
 // node (its status file) is refused by ADD and STATUS with kvnet-node's
 // reason, and ADD makes nothing; once served, the same ADD works.
 func TestUnservedNetwork(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	nad := network(t, "cni-unserved", "10.94.0.0/24")
 	annotatedPod(t, "cni-unserved", "p1", "net")
@@ -439,7 +427,7 @@ func TestUnservedNetwork(t *testing.T) {
 // kvnet-node has said, ready, whether this node can attach it (its bridge
 // mapping, VLAN support); then it works, with localnet's MTU of 1500.
 func TestLocalnetWaitsForNode(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	statusFile := filepath.Join(t.TempDir(), "status.json")
 	config := fmt.Sprintf(`{"cniVersion":"1.1.0","type":"kvnet-cni","name":"cni-localnet_ln","netAttachDefName":"cni-localnet/ln","topology":"localnet","role":"secondary","subnets":"10.95.0.0/24","physicalNetworkName":"physnet","statusFile":%q}`, statusFile)

@@ -21,6 +21,8 @@ import (
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestDefaultNetworkOptOut: a pod on a primary UDN also has eth0 on the
@@ -34,7 +36,7 @@ import (
 // Either way the primary-UDN pod's own connections over eth0 work (the
 // control: the bridge and eth0 carry traffic).
 func TestDefaultNetworkOptOut(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-defnet"
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
@@ -45,7 +47,7 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.86.0.0/24"}}},
 	})
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD", func() error {
+	testenv.Eventually(t, waitTimeout, "NAD", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
 	})
 	statusFile := filepath.Join(t.TempDir(), "status.json")
@@ -148,24 +150,7 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 // nsPath with name and a newline, until the test ends.
 func serveName(t *testing.T, nsPath, ip, name string) {
 	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", ip+":8080")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(conn, name)
-			conn.Close()
-		}
-	}()
+	nstest.ServeLine(t, nsPath, ip+":8080", func(net.Conn) string { return name })
 }
 
 // reachName connects from the namespace at nsPath to ip:8080 and expects
@@ -174,23 +159,10 @@ func serveName(t *testing.T, nsPath, ip, name string) {
 func reachName(nsPath, ip, name string, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := nl.Do(nsPath, func() error {
-			conn, err := net.DialTimeout("tcp4", ip+":8080", time.Second)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			_ = conn.SetDeadline(time.Now().Add(time.Second))
-			buf := make([]byte, 64)
-			n, err := conn.Read(buf)
-			if err != nil {
-				return err
-			}
-			if got := string(buf[:n]); got != name+"\n" {
-				return fmt.Errorf("answered by %q, not %s", got, name)
-			}
-			return nil
-		})
+		got, err := nstest.ReadLine(nsPath, ip+":8080", time.Second)
+		if err == nil && got != name {
+			err = fmt.Errorf("answered by %q, not %s", got, name)
+		}
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // transferSize is what each iteration sends over each path.
@@ -110,8 +111,8 @@ const sinkPort = 5001
 // startSink runs a TCP server in ns that reads each connection to EOF and
 // then acknowledges with one byte, so the sender times full delivery.
 func startSink(tb testing.TB, ns string) {
-	ln := listen(tb, ns, fmt.Sprintf(":%d", sinkPort))
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(tb, ns, fmt.Sprintf(":%d", sinkPort))
+	nstest.Serve(ln, func(conn net.Conn) {
 		if _, err := io.Copy(io.Discard, conn); err == nil {
 			_, _ = conn.Write([]byte{1})
 		}
@@ -121,7 +122,7 @@ func startSink(tb testing.TB, ns string) {
 // transfer sends transferSize bytes from ns to the sink at to and returns
 // the time until the sink acknowledged.
 func transfer(ns string, to netip.Addr) (time.Duration, error) {
-	conn, err := dial(ns, netip.AddrPortFrom(to, sinkPort).String(), 3*time.Second)
+	conn, err := nstest.Dial(ns, netip.AddrPortFrom(to, sinkPort).String(), 3*time.Second)
 	if err != nil {
 		return 0, err
 	}

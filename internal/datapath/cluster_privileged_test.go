@@ -21,6 +21,8 @@ import (
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // This file runs the datapath on a cluster simulated by package simnet
@@ -183,8 +185,8 @@ var tenantA = primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")
 func (c *cluster) tenantAPair(a, b string) (*pod, *pod) {
 	c.tb.Helper()
 	rt := gatewayRoutes("10.1.1.1")
-	pa := c.addPod(c.nodes[0], a, "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	pb := c.addPod(c.nodes[1], b, "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	pa := c.addPod(c.nodes[0], a, "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	pb := c.addPod(c.nodes[1], b, "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
 	c.applyAll([]Network{tenantA})
 	return pa, pb
 }
@@ -286,58 +288,17 @@ func inetChecksum(b []byte) uint16 {
 	return ^uint16(sum)
 }
 
-// listen opens a TCP listener inside the namespace at ns. The socket keeps
-// the namespace; Accept may then run on any goroutine.
-func listen(tb testing.TB, ns, addr string) net.Listener {
-	tb.Helper()
-	var ln net.Listener
-	if err := nl.Do(ns, func() (err error) {
-		ln, err = net.Listen("tcp4", addr)
-		return err
-	}); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	return ln
-}
-
-// serve runs handle for every connection ln accepts until ln closes.
-func serve(ln net.Listener, handle func(net.Conn)) {
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				handle(conn)
-			}()
-		}
-	}()
-}
-
 // echoPort is where every test pod runs its echo server.
 const echoPort = 7
 
 // startEcho runs a TCP echo server in pod p that first sends p's name (the
 // token telling which pod answered), then echoes every line.
 func startEcho(tb testing.TB, p *pod) {
-	ln := listen(tb, p.ns, fmt.Sprintf(":%d", echoPort))
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(tb, p.ns, fmt.Sprintf(":%d", echoPort))
+	nstest.Serve(ln, func(conn net.Conn) {
 		fmt.Fprintf(conn, "%s\n", p.name)
 		_, _ = io.Copy(conn, conn)
 	})
-}
-
-// dial connects from the namespace at ns to addr.
-func dial(ns, addr string, timeout time.Duration) (net.Conn, error) {
-	var conn net.Conn
-	err := nl.Do(ns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr, timeout)
-		return err
-	})
-	return conn, err
 }
 
 // echoSession connects from p to dst's echo server, returns the token it
@@ -355,7 +316,7 @@ func echoSessionTo(p *pod, dst netip.AddrPort, rounds int) (string, error) {
 
 // echoFrom is echoSessionTo from the namespace at ns, a client called who.
 func echoFrom(ns, who string, dst netip.AddrPort, rounds int) (string, error) {
-	conn, err := dial(ns, dst.String(), 2*time.Second)
+	conn, err := nstest.Dial(ns, dst.String(), 2*time.Second)
 	if err != nil {
 		return "", err
 	}

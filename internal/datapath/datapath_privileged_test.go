@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 func primaryNet(name string, id int, subnet, gw string) Network {
@@ -22,8 +24,6 @@ func primaryNet(name string, id int, subnet, gw string) Network {
 		Subnets:  []netip.Prefix{netip.MustParsePrefix(subnet)},
 		Gateways: []netip.Addr{netip.MustParseAddr(gw)}}
 }
-
-func pfx(s string) []netip.Prefix { return []netip.Prefix{netip.MustParsePrefix(s)} }
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
@@ -43,11 +43,11 @@ func twoTenants(t *testing.T) (*cluster, map[string]*pod, []Network) {
 	rt := gatewayRoutes("10.1.1.1")
 	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
 	pods := map[string]*pod{
-		"a1": c.addPod(n1, "a1", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt),
-		"b1": c.addPod(n1, "b1", "tenant-b_udn", nil, pfx("10.1.1.3/24"), rt),
-		"a2": c.addPod(n2, "a2", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt),
-		"b3": c.addPod(n2, "b3", "tenant-b_udn", nil, pfx("10.1.1.4/24"), rt),
-		"b2": c.addPod(n3, "b2", "tenant-b_udn", nil, pfx("10.1.1.2/24"), rt),
+		"a1": c.addPod(n1, "a1", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt),
+		"b1": c.addPod(n1, "b1", "tenant-b_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt),
+		"a2": c.addPod(n2, "a2", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt),
+		"b3": c.addPod(n2, "b3", "tenant-b_udn", nil, netiptest.MustPrefixes("10.1.1.4/24"), rt),
+		"b2": c.addPod(n3, "b2", "tenant-b_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt),
 	}
 	c.applyAll(nets)
 	for _, p := range pods {
@@ -106,7 +106,7 @@ func TestTenantIsolation(t *testing.T) {
 			if err := ping(pods["a1"].ns, netip.Addr{}, u.to, time.Second, true); !errors.Is(err, errTimeout) {
 				t.Fatalf("ping %s: %v, want a timeout", u.to, err)
 			}
-			if conn, err := dial(pods["a1"].ns, netip.AddrPortFrom(u.to, echoPort).String(), time.Second); err == nil {
+			if conn, err := nstest.Dial(pods["a1"].ns, netip.AddrPortFrom(u.to, echoPort).String(), time.Second); err == nil {
 				conn.Close()
 				t.Fatalf("TCP to %s connected", u.to)
 			}
@@ -153,8 +153,8 @@ func TestTenantIsolation(t *testing.T) {
 func TestEgress(t *testing.T) {
 	t.Parallel()
 	c, pods, _ := twoTenants(t)
-	ln := listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
+	nstest.Serve(ln, func(conn net.Conn) {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		fmt.Fprintf(conn, "%s\n", host)
 	})
@@ -171,7 +171,7 @@ func TestEgress(t *testing.T) {
 			if err := ping(p.ns, netip.Addr{}, internetIP, 3*time.Second, true); err != nil {
 				t.Fatal(err)
 			}
-			conn, err := dial(p.ns, netip.AddrPortFrom(internetIP, 8080).String(), 2*time.Second)
+			conn, err := nstest.Dial(p.ns, netip.AddrPortFrom(internetIP, 8080).String(), 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -400,9 +400,9 @@ func TestReconcileFromScratch(t *testing.T) {
 	a := primaryNet("tenant-a_udn", 1, "10.1.1.0/24", "10.1.1.1")
 	b := primaryNet("tenant-b_udn", 2, "10.2.2.0/24", "10.2.2.1")
 	l2 := Network{Name: "l2", ID: 3}
-	pa := c.addPod(n1, "pa", a.Name, nil, pfx("10.1.1.2/24"), gatewayRoutes("10.1.1.1"))
-	pb := c.addPod(n1, "pb", b.Name, nil, pfx("10.2.2.2/24"), gatewayRoutes("10.2.2.1"))
-	pl := c.addPod(n1, "pl", l2.Name, nil, pfx("192.0.2.1/24"), nil)
+	pa := c.addPod(n1, "pa", a.Name, nil, netiptest.MustPrefixes("10.1.1.2/24"), gatewayRoutes("10.1.1.1"))
+	pb := c.addPod(n1, "pb", b.Name, nil, netiptest.MustPrefixes("10.2.2.2/24"), gatewayRoutes("10.2.2.1"))
+	pl := c.addPod(n1, "pl", l2.Name, nil, netiptest.MustPrefixes("192.0.2.1/24"), nil)
 	pl.l2only = true
 	c.applyAll([]Network{a, b, l2})
 	if err := ping(pb.ns, netip.Addr{}, addr("10.2.2.1"), 3*time.Second, true); err != nil {
@@ -659,8 +659,8 @@ func TestSecondaryL2(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
 	nets := []Network{{Name: "ns1/l2", ID: 10}}
-	p1 := c.addPod(c.nodes[0], "s1", "ns1/l2", nil, pfx("192.0.2.1/24"), nil)
-	p2 := c.addPod(c.nodes[1], "s2", "ns1/l2", nil, pfx("192.0.2.2/24"), nil)
+	p1 := c.addPod(c.nodes[0], "s1", "ns1/l2", nil, netiptest.MustPrefixes("192.0.2.1/24"), nil)
+	p2 := c.addPod(c.nodes[1], "s2", "ns1/l2", nil, netiptest.MustPrefixes("192.0.2.2/24"), nil)
 	p1.l2only, p2.l2only = true, true
 	c.applyAll(nets)
 	startEcho(t, p2)
@@ -697,13 +697,13 @@ func TestSetupPodInterfaceIdempotent(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 1)
 	nd := c.nodes[0]
-	p := c.addPod(nd, "i1", "x", nil, pfx("10.9.0.2/24"), gatewayRoutes("10.9.0.1"))
+	p := c.addPod(nd, "i1", "x", nil, netiptest.MustPrefixes("10.9.0.2/24"), gatewayRoutes("10.9.0.1"))
 	setup := func(ips []netip.Prefix) error {
 		return nl.Do(nd.ns, func() error {
 			return SetupPodInterface(p.ns, "eth0", p.hostIf, p.mac, ips, gatewayRoutes("10.9.0.1"), 1400)
 		})
 	}
-	if err := setup(pfx("10.9.0.3/24")); err != nil {
+	if err := setup(netiptest.MustPrefixes("10.9.0.3/24")); err != nil {
 		t.Fatal(err)
 	}
 	if err := podLink(p, func(h *nl.Handle, l netlink.Link) error {

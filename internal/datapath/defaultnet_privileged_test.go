@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestDefaultNetworkRestriction: pods a and b are on primary UDNs of two
@@ -58,15 +59,15 @@ func TestDefaultNetworkRestriction(t *testing.T) {
 			}
 			return h.LinkSetUp(l)
 		}))
-		ln := listen(t, p.ns, ip+":8080")
-		serve(ln, func(conn net.Conn) { fmt.Fprintf(conn, "%s\n", name) })
+		ln := nstest.Listen(t, p.ns, ip+":8080")
+		nstest.Serve(ln, func(conn net.Conn) { fmt.Fprintf(conn, "%s\n", name) })
 		return p
 	}
 	a, b, cp := mk("a", "10.88.0.10", 10), mk("b", "10.88.0.11", 11), mk("c", "10.88.0.12", 12)
 	startDNS(t, cp.ns, cp.ip+":53")
 
 	reach := func(fromNS string, to defPod) error {
-		conn, err := dial(fromNS, to.ip+":8080", 500*time.Millisecond)
+		conn, err := nstest.Dial(fromNS, to.ip+":8080", 500*time.Millisecond)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // layer3Net is network id on node i (0-based) of a Layer3 cluster where
@@ -24,7 +26,7 @@ func layer3Net(name string, id, i int, vteps []netip.Addr, peers []int) Network 
 	host := func(k int) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100, byte(k), 0}), 24) }
 	own, mac := overlay(i)
 	n := Network{Name: name, ID: id, Primary: true, Subnets: []netip.Prefix{host(i)}, Gateways: []netip.Addr{host(i).Addr().Next()},
-		Layer3: &Layer3{ClusterSubnets: pfx("10.100.0.0/16"), Addrs: []netip.Prefix{own}, MAC: mac}}
+		Layer3: &Layer3{ClusterSubnets: netiptest.MustPrefixes("10.100.0.0/16"), Addrs: []netip.Prefix{own}, MAC: mac}}
 	for _, k := range peers {
 		a, m := overlay(k)
 		n.Layer3.Peers = append(n.Layer3.Peers, Layer3Peer{VTEP: vteps[k], Addrs: []netip.Addr{a.Addr()}, MAC: m, Subnets: []netip.Prefix{host(k)}})
@@ -48,10 +50,10 @@ func TestLayer3(t *testing.T) {
 		return []Network{layer3Net("l3-a", 1, i, vteps, peers), layer3Net("l3-b", 2, i, vteps, peers)}
 	}
 	pods := map[string]*pod{
-		"a1": c.addPod(c.nodes[0], "a1", "l3-a", nil, pfx("10.100.0.5/24"), gatewayRoutes("10.100.0.1")),
-		"b1": c.addPod(c.nodes[0], "b1", "l3-b", nil, pfx("10.100.0.6/24"), gatewayRoutes("10.100.0.1")),
-		"a2": c.addPod(c.nodes[1], "a2", "l3-a", nil, pfx("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
-		"b2": c.addPod(c.nodes[1], "b2", "l3-b", nil, pfx("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
+		"a1": c.addPod(c.nodes[0], "a1", "l3-a", nil, netiptest.MustPrefixes("10.100.0.5/24"), gatewayRoutes("10.100.0.1")),
+		"b1": c.addPod(c.nodes[0], "b1", "l3-b", nil, netiptest.MustPrefixes("10.100.0.6/24"), gatewayRoutes("10.100.0.1")),
+		"a2": c.addPod(c.nodes[1], "a2", "l3-a", nil, netiptest.MustPrefixes("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
+		"b2": c.addPod(c.nodes[1], "b2", "l3-b", nil, netiptest.MustPrefixes("10.100.1.5/24"), gatewayRoutes("10.100.1.1")),
 	}
 	// apply applies s on node i with the node's pods as ports.
 	apply := func(i int, s State) {
@@ -111,12 +113,12 @@ func TestLayer3(t *testing.T) {
 	}
 
 	// Egress through the pod's own node.
-	ln := listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
-	serve(ln, func(conn net.Conn) {
+	ln := nstest.Listen(t, c.ext, netip.AddrPortFrom(internetIP, 8080).String())
+	nstest.Serve(ln, func(conn net.Conn) {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		fmt.Fprintf(conn, "%s\n", host)
 	})
-	conn, err := dial(pods["a2"].ns, netip.AddrPortFrom(internetIP, 8080).String(), 3*time.Second)
+	conn, err := nstest.Dial(pods["a2"].ns, netip.AddrPortFrom(internetIP, 8080).String(), 3*time.Second)
 	if err != nil {
 		t.Fatalf("a2 egress: %v", err)
 	}

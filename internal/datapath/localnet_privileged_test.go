@@ -13,6 +13,7 @@ import (
 
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 )
 
 // serveDatacenter runs an echo server answering "dc" on the simulated
@@ -49,9 +50,9 @@ func TestLocalnet(t *testing.T) {
 	serveDatacenter(t, c)
 	ln := Network{Name: "physnet_ln", ID: 20, Physical: simnet.PhysicalBridge, MTU: 1500}
 	tunnelled := []Network{{Name: "ns1/l2", ID: 21}}
-	p1 := c.addPod(c.nodes[0], "ln1", ln.Name, nil, pfx("192.168.50.11/24"), nil)
-	p2 := c.addPod(c.nodes[1], "ln2", ln.Name, nil, pfx("192.168.50.12/24"), nil)
-	other := c.addPod(c.nodes[0], "tun1", "ns1/l2", nil, pfx("192.168.50.13/24"), nil)
+	p1 := c.addPod(c.nodes[0], "ln1", ln.Name, nil, netiptest.MustPrefixes("192.168.50.11/24"), nil)
+	p2 := c.addPod(c.nodes[1], "ln2", ln.Name, nil, netiptest.MustPrefixes("192.168.50.12/24"), nil)
+	other := c.addPod(c.nodes[0], "tun1", "ns1/l2", nil, netiptest.MustPrefixes("192.168.50.13/24"), nil)
 	other.l2only = true
 	apply := func(n Network) error {
 		var errs []error

@@ -13,6 +13,7 @@ import (
 
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 )
 
 // migrationState is node nd's State while VM x (MAC shared by src on one
@@ -50,9 +51,9 @@ func TestMigratingMACFollowsFirstFrame(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 3)
 	rt := gatewayRoutes("10.1.1.1")
-	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
-	z := c.addPod(c.nodes[1], "z", "tenant-a_udn", nil, pfx("10.1.1.4/24"), rt)
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
+	z := c.addPod(c.nodes[1], "z", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.4/24"), rt)
 	nets := []Network{tenantA}
 	c.applyAll(nets)
 	startEcho(t, x)
@@ -150,8 +151,8 @@ func TestActivateOpensStandbyPort(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 3)
 	rt := gatewayRoutes("10.1.1.1")
-	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
 	nets := []Network{tenantA}
 	c.applyAll(nets)
 	xIP := addr("10.1.1.3")
@@ -228,8 +229,8 @@ func TestStandbyPassesGuestFirstFrame(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 3)
 	rt := gatewayRoutes("10.1.1.1")
-	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
 	nets := []Network{tenantA}
 	c.applyAll(nets)
 	startEcho(t, x)

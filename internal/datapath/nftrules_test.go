@@ -2,16 +2,13 @@ package datapath
 
 import (
 	"errors"
-	"flag"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite golden files in testdata/")
+	"kvnet.io/kvnet/internal/testenv/golden"
+)
 
 // goldenState has one primary dual-stack network, one secondary L2
 // network, a port with IPv4+IPv6, a port with IPv4 only and an L2 port.
@@ -33,30 +30,12 @@ func goldenState() State {
 	}
 }
 
-func checkGolden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from golden file (go test -update to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
-}
-
 func TestNodeRulesGolden(t *testing.T) {
-	checkGolden(t, "node.nft", renderTables(nodeRules(goldenState())))
+	golden.CheckString(t, "node.nft", renderTables(nodeRules(goldenState())))
 }
 
 func TestRouterRulesGolden(t *testing.T) {
-	checkGolden(t, "router.nft", renderTables(routerRules(goldenState().Networks[1], nil)))
+	golden.CheckString(t, "router.nft", renderTables(routerRules(goldenState().Networks[1], nil)))
 }
 
 // goldenServices are services of goldenState's primary network: one TCP
@@ -88,7 +67,7 @@ func goldenServiceState() State {
 }
 
 func TestNodeServiceRulesGolden(t *testing.T) {
-	checkGolden(t, "node-services.nft", renderTables(nodeRules(goldenServiceState())))
+	golden.CheckString(t, "node-services.nft", renderTables(nodeRules(goldenServiceState())))
 }
 
 // withServiceAddrs gives goldenState's primary network node 2's service
@@ -101,7 +80,7 @@ func withServiceAddrs(s State) State {
 }
 
 func TestRouterServiceRulesGolden(t *testing.T) {
-	checkGolden(t, "router-services.nft", renderTables(routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices())))
+	golden.CheckString(t, "router-services.nft", renderTables(routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices())))
 }
 
 func TestValidateServices(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 )
 
 // Applying the state a node already has changes no link: kvnet-node
@@ -21,9 +22,9 @@ func TestApplyUnchangedStateIsQuiet(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
 	rt := gatewayRoutes("10.1.1.1")
-	c.addPod(c.nodes[0], "a", "tenant-a_udn", nil, pfx("10.1.1.2/24"), rt)
-	c.addPod(c.nodes[1], "b", "tenant-a_udn", nil, pfx("10.1.1.3/24"), rt)
-	x := c.addPod(c.nodes[0], "x", "tenant-a_udn", nil, pfx("10.1.1.4/24"), rt)
+	c.addPod(c.nodes[0], "a", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	c.addPod(c.nodes[1], "b", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
+	x := c.addPod(c.nodes[0], "x", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.4/24"), rt)
 	nets := []Network{tenantA}
 	nd := c.nodes[0]
 	// x migrates away: a Migrating port (learning on) next to ordinary

@@ -20,6 +20,7 @@ import (
 
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestServices: on twoTenants' networks, a service of tenant A with
@@ -56,7 +57,7 @@ func TestServices(t *testing.T) {
 	}
 	// No endpoints: refused at once (TCP reset), not a timeout.
 	start := time.Now()
-	if _, err := dial(pods["a1"].ns, "10.96.0.11:80", 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := nstest.Dial(pods["a1"].ns, "10.96.0.11:80", 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("service without endpoints: %v, want connection refused", err)
 	} else if time.Since(start) > time.Second {
 		t.Errorf("refusal took %s", time.Since(start))
@@ -325,7 +326,7 @@ func TestNodePorts(t *testing.T) {
 		}
 	}
 	// No endpoints: refused at once.
-	if _, err := dial(n2.ns, netip.AddrPortFrom(n1.ip, 30081).String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := nstest.Dial(n2.ns, netip.AddrPortFrom(n1.ip, 30081).String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("node port without endpoints: %v, want connection refused", err)
 	}
 	// Tenant B's node port: tenant B's pod, on another node.

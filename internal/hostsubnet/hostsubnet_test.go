@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"kvnet.io/kvnet/internal/netconf"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 )
 
 func l3(name string, subs ...string) Network {
@@ -17,14 +18,6 @@ func l3(name string, subs ...string) Network {
 	return Network{Name: name, Subnets: subnets}
 }
 
-func pfx(ss ...string) []netip.Prefix {
-	out := make([]netip.Prefix, len(ss))
-	for i, s := range ss {
-		out[i] = netip.MustParsePrefix(s)
-	}
-	return out
-}
-
 func TestAssignFreshNodes(t *testing.T) {
 	res := Assign([]Network{l3("a", "10.100.0.0/16/24", "fd00:10::/48"), l3("b", "10.100.0.0/16")},
 		[]Node{{Name: "n2"}, {Name: "n1"}, {Name: "n3"}})
@@ -32,9 +25,9 @@ func TestAssignFreshNodes(t *testing.T) {
 		t.Fatalf("problems: %v", res.Problems)
 	}
 	want := map[string]Subnets{
-		"n1": {"a": pfx("10.100.0.0/24", "fd00:10::/64"), "b": pfx("10.100.0.0/24")},
-		"n2": {"a": pfx("10.100.1.0/24", "fd00:10:0:1::/64"), "b": pfx("10.100.1.0/24")},
-		"n3": {"a": pfx("10.100.2.0/24", "fd00:10:0:2::/64"), "b": pfx("10.100.2.0/24")},
+		"n1": {"a": netiptest.MustPrefixes("10.100.0.0/24", "fd00:10::/64"), "b": netiptest.MustPrefixes("10.100.0.0/24")},
+		"n2": {"a": netiptest.MustPrefixes("10.100.1.0/24", "fd00:10:0:1::/64"), "b": netiptest.MustPrefixes("10.100.1.0/24")},
+		"n3": {"a": netiptest.MustPrefixes("10.100.2.0/24", "fd00:10:0:2::/64"), "b": netiptest.MustPrefixes("10.100.2.0/24")},
 	}
 	if !reflect.DeepEqual(res.Nodes, want) {
 		t.Fatalf("got %v\nwant %v", res.Nodes, want)
@@ -44,18 +37,18 @@ func TestAssignFreshNodes(t *testing.T) {
 func TestAssignKeepsAndRepairs(t *testing.T) {
 	nw := l3("a", "10.100.0.0/16/24")
 	res := Assign([]Network{nw}, []Node{
-		{Name: "n1", Current: Subnets{"a": pfx("10.100.7.0/24"), "gone": pfx("10.1.0.0/24")}},
-		{Name: "n2", Current: Subnets{"a": pfx("10.100.7.0/24")}}, // duplicate of n1's: replaced
-		{Name: "n3", Current: Subnets{"a": pfx("10.200.0.0/24")}}, // outside the cluster subnet
-		{Name: "n4", Current: Subnets{"a": pfx("10.100.9.0/25")}}, // wrong length
-		{Name: "n5", Current: Subnets{"a": pfx("10.100.0.0/24")}}, // valid: kept
+		{Name: "n1", Current: Subnets{"a": netiptest.MustPrefixes("10.100.7.0/24"), "gone": netiptest.MustPrefixes("10.1.0.0/24")}},
+		{Name: "n2", Current: Subnets{"a": netiptest.MustPrefixes("10.100.7.0/24")}}, // duplicate of n1's: replaced
+		{Name: "n3", Current: Subnets{"a": netiptest.MustPrefixes("10.200.0.0/24")}}, // outside the cluster subnet
+		{Name: "n4", Current: Subnets{"a": netiptest.MustPrefixes("10.100.9.0/25")}}, // wrong length
+		{Name: "n5", Current: Subnets{"a": netiptest.MustPrefixes("10.100.0.0/24")}}, // valid: kept
 	})
 	want := map[string]Subnets{
-		"n1": {"a": pfx("10.100.7.0/24")},
-		"n2": {"a": pfx("10.100.1.0/24")},
-		"n3": {"a": pfx("10.100.2.0/24")},
-		"n4": {"a": pfx("10.100.3.0/24")},
-		"n5": {"a": pfx("10.100.0.0/24")},
+		"n1": {"a": netiptest.MustPrefixes("10.100.7.0/24")},
+		"n2": {"a": netiptest.MustPrefixes("10.100.1.0/24")},
+		"n3": {"a": netiptest.MustPrefixes("10.100.2.0/24")},
+		"n4": {"a": netiptest.MustPrefixes("10.100.3.0/24")},
+		"n5": {"a": netiptest.MustPrefixes("10.100.0.0/24")},
 	}
 	if !reflect.DeepEqual(res.Nodes, want) {
 		t.Fatalf("got %v\nwant %v", res.Nodes, want)
@@ -74,12 +67,12 @@ func TestAssignKeepsAndRepairs(t *testing.T) {
 func TestAssignFreesRemovedNode(t *testing.T) {
 	nw := l3("a", "10.100.0.0/16/24")
 	res := Assign([]Network{nw}, []Node{
-		{Name: "n1", Current: Subnets{"a": pfx("10.100.0.0/24")}},
-		{Name: "n3", Current: Subnets{"a": pfx("10.100.2.0/24")}},
+		{Name: "n1", Current: Subnets{"a": netiptest.MustPrefixes("10.100.0.0/24")}},
+		{Name: "n3", Current: Subnets{"a": netiptest.MustPrefixes("10.100.2.0/24")}},
 		{Name: "n4"},
 	})
 	// n2 (10.100.1.0/24) is gone: its subnet is the lowest free one.
-	if got := res.Nodes["n4"]["a"]; !reflect.DeepEqual(got, pfx("10.100.1.0/24")) {
+	if got := res.Nodes["n4"]["a"]; !reflect.DeepEqual(got, netiptest.MustPrefixes("10.100.1.0/24")) {
 		t.Fatalf("n4 got %v, want the freed 10.100.1.0/24", got)
 	}
 }
@@ -113,7 +106,7 @@ func TestAssignInvalidNetwork(t *testing.T) {
 }
 
 func TestParseFormat(t *testing.T) {
-	s := Subnets{"b": pfx("10.1.0.0/24"), "a": pfx("10.100.3.0/24", "fd00::/64")}
+	s := Subnets{"b": netiptest.MustPrefixes("10.1.0.0/24"), "a": netiptest.MustPrefixes("10.100.3.0/24", "fd00::/64")}
 	v := Format(s)
 	if v != `{"a":["10.100.3.0/24","fd00::/64"],"b":["10.1.0.0/24"]}` {
 		t.Fatalf("Format = %s", v)

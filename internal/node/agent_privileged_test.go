@@ -7,7 +7,6 @@ package node_test
 // busybox ping and udhcpc. Needs root.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -44,6 +43,7 @@ import (
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 	"kvnet.io/kvnet/internal/udn"
 )
 
@@ -59,12 +59,12 @@ const dnsServer = "192.0.2.53"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if fuzzing() {
+	if testenv.Fuzzing() {
 		// Fuzz targets here are pure: no control plane for each worker.
 		os.Exit(m.Run())
 	}
 	if !testenv.Privileged() {
-		// The unit tests still run; the privileged ones skip (needsRoot).
+		// The unit tests still run; the privileged ones skip (testenv.NeedsFixture).
 		testenv.ReportPrivilegedNotRun("kvnet.io/kvnet/internal/node")
 		os.Exit(m.Run())
 	}
@@ -74,21 +74,8 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// fuzzing reports whether the test binary runs a fuzz target (as the
-// coordinator or as one of its workers).
-func fuzzing() bool {
-	for _, name := range []string{"test.fuzz", "test.fuzzworker"} {
-		if f := flag.Lookup(name); f != nil && f.Value.String() != "" && f.Value.String() != "false" {
-			return true
-		}
-	}
-	return false
-}
-
-func eventually(t testing.TB, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 30*time.Second, what, f)
-}
+// waitTimeout bounds every wait for the lab to converge.
+const waitTimeout = 30 * time.Second
 
 // lab is the simulated cluster of internal/lab/simcluster (the one the lab
 // runs) with in-process agents, whose plans the tests inspect; the tests
@@ -98,17 +85,9 @@ type lab struct {
 	*simcluster.Cluster
 }
 
-func needsRoot(t *testing.T) {
-	t.Helper()
-	testenv.NeedsRoot(t)
-	if env == nil {
-		t.Fatal("no control plane: TestMain did not build the fixture")
-	}
-}
-
 func newLab(t *testing.T, names ...string) *lab {
 	t.Helper()
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	return newLabAs(t, env.Config, kubeconfig, names...)
 }
 
@@ -203,7 +182,7 @@ func tenant(t *testing.T, ns, subnet string, persistent bool) *nadv1.NetworkAtta
 		Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: l2},
 	})
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD of "+ns, func() error {
+	testenv.Eventually(t, waitTimeout, "NAD of "+ns, func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "udn"}, &nad)
 	})
 	return &nad
@@ -252,7 +231,7 @@ func (l *lab) allocatedPod(nad *nadv1.NetworkAttachmentDefinition, name, n, ifNa
 	}
 	testenv.Create(l.t, c, obj)
 	p := &pod{ns: ns, name: name, node: n, ifName: ifName}
-	eventually(l.t, "allocation of "+name, func() error {
+	testenv.Eventually(l.t, waitTimeout, "allocation of "+name, func() error {
 		var got corev1.Pod
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), &got); err != nil {
 			return err
@@ -311,22 +290,13 @@ func (l *lab) deletePod(nad *nadv1.NetworkAttachmentDefinition, p *pod) {
 	}
 }
 
-func inNS(nsPath string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", filepath.Base(nsPath)}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
 func ping(from *pod, ip string) error {
-	return inNS(from.netns, "busybox", "ping", "-c", "1", "-W", "1", ip)
+	return nstest.Ping(from.netns, ip)
 }
 
 func mustReach(t *testing.T, from *pod, ip string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%s reaches %s", from.name, ip), func() error { return ping(from, ip) })
+	testenv.Eventually(t, waitTimeout, fmt.Sprintf("%s reaches %s", from.name, ip), func() error { return ping(from, ip) })
 }
 
 func mustNotReach(t *testing.T, from *pod, ip string) {
@@ -346,31 +316,7 @@ const tokenPort = 7777
 // p's name, until the test ends.
 func serveToken(t *testing.T, p *pod) {
 	t.Helper()
-	serveLine(t, p.netns, tokenPort, func(net.Conn) string { return p.name })
-}
-
-// serveLine answers each TCP connection to port in the namespace at nsPath
-// with the line answer gives for it, until the test ends.
-func serveLine(t *testing.T, nsPath string, port int, answer func(net.Conn) string) {
-	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(conn, answer(conn))
-			conn.Close()
-		}
-	}()
+	nstest.ServeLine(t, p.netns, fmt.Sprintf(":%d", tokenPort), func(net.Conn) string { return p.name })
 }
 
 // answeredBy connects from p to ip's token server and fails unless want
@@ -388,25 +334,7 @@ func answeredBy(from *pod, ip, want string) error {
 
 // tokenAt connects from p to addr and returns the token its server sends.
 func tokenAt(from *pod, addr string) (string, error) {
-	return tokenFrom(from.netns, addr)
-}
-
-// tokenFrom is tokenAt from the namespace at nsPath (a node's, say).
-func tokenFrom(nsPath, addr string) (string, error) {
-	var conn net.Conn
-	if err := nl.Do(nsPath, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr, 2*time.Second)
-		return err
-	}); err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	got, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return "", fmt.Errorf("read token from %s: %w", addr, err)
-	}
-	return strings.TrimSpace(got), nil
+	return nstest.ReadLine(from.netns, addr, 2*time.Second)
 }
 
 func linkExists(nsPath, name string) bool {
@@ -500,7 +428,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 		l.deletePod(nadB, b1)
 		l.startAgent("n1")
 		bridgeB := datapath.BridgeName(networkID(t, nadB))
-		eventually(t, "tenant b's bridge gone from n1", func() error {
+		testenv.Eventually(t, waitTimeout, "tenant b's bridge gone from n1", func() error {
 			if linkExists(l.node("n1").NS, bridgeB) {
 				return fmt.Errorf("%s still on n1", bridgeB)
 			}
@@ -512,13 +440,13 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 	t.Run("deleted pods leave nothing behind", func(t *testing.T) {
 		l.deletePod(nadA, a2)
 		bridgeA := datapath.BridgeName(networkID(t, nadA))
-		eventually(t, "tenant a's bridge gone from n2", func() error {
+		testenv.Eventually(t, waitTimeout, "tenant a's bridge gone from n2", func() error {
 			if linkExists(l.node("n2").NS, bridgeA) {
 				return fmt.Errorf("%s still on n2", bridgeA)
 			}
 			return nil
 		})
-		eventually(t, "n1 forgets a2", func() error {
+		testenv.Eventually(t, waitTimeout, "n1 forgets a2", func() error {
 			for _, m := range l.agent("n1").LastPlan().State.RemoteMACs {
 				if m.MAC.String() == a2.a.MACAddress {
 					return fmt.Errorf("n1 still sends %s to %s", m.MAC, m.VTEP)
@@ -534,7 +462,7 @@ func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 // from the node's DHCP server, and when the VMI moves to another node, the
 // other nodes' FDB follows.
 func TestAgentDHCPAndMigration(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	if _, err := os.Stat("/usr/bin/busybox"); err != nil {
 		t.Fatalf("busybox (for udhcpc) not found: %v", err)
 	}
@@ -566,7 +494,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 
 	t.Run("DHCP hands out the allocation", func(t *testing.T) {
 		// The VM asks DHCP: drop what kvnet-cni configured in the pod.
-		if err := inNS(src.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+		if err := nstest.Exec(src.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
 		out := filepath.Join(tmpDir, "udhcpc-"+src.name)
@@ -574,8 +502,8 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 		if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$1\" = bound ] || exit 0\nprintf 'ip=%s\\nmask=%s\\nrouter=%s\\ndns=%s\\nmtu=%s\\nhostname=%s\\n' \"$ip\" \"$mask\" \"$router\" \"$dns\" \"$mtu\" \"$hostname\" > "+out+"\nip addr add \"$ip/$mask\" dev \"$interface\"\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "DHCP lease", func() error {
-			return inNS(src.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", script)
+		testenv.Eventually(t, waitTimeout, "DHCP lease", func() error {
+			return nstest.Exec(src.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", script)
 		})
 		b, err := os.ReadFile(out)
 		if err != nil {
@@ -606,29 +534,29 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 		serveToken(t, src)
 		serveToken(t, dst)
 		// Before the switch-over the source runs the VM.
-		eventually(t, "n3 sends the VM's MAC to n1", func() error {
+		testenv.Eventually(t, waitTimeout, "n3 sends the VM's MAC to n1", func() error {
 			if got := vtepOnN3(); got != l.node("n1").IP.String() {
 				return fmt.Errorf("n3 sends it to %s", got)
 			}
 			return nil
 		})
-		eventually(t, "the peer reaches the source pod", func() error { return answeredBy(peer, src.ip(), src.name) })
+		testenv.Eventually(t, waitTimeout, "the peer reaches the source pod", func() error { return answeredBy(peer, src.ip(), src.name) })
 		setVMINode("n2")
-		eventually(t, "n3 sends the VM's MAC to n2", func() error {
+		testenv.Eventually(t, waitTimeout, "n3 sends the VM's MAC to n2", func() error {
 			if got := vtepOnN3(); got != l.node("n2").IP.String() {
 				return fmt.Errorf("n3 sends it to %s", got)
 			}
 			return nil
 		})
 		// The VM's address now answers from the target pod, not the source.
-		eventually(t, "the peer reaches the target pod", func() error { return answeredBy(peer, dst.ip(), dst.name) })
+		testenv.Eventually(t, waitTimeout, "the peer reaches the target pod", func() error { return answeredBy(peer, dst.ip(), dst.name) })
 		// And only the target: no connection goes back to the source.
 		for i := range 5 {
 			if err := answeredBy(peer, dst.ip(), dst.name); err != nil {
 				t.Fatalf("connection %d after the switch-over: %v", i+1, err)
 			}
 		}
-		if err := inNS(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
+		if err := nstest.Exec(src.netns, "ip", "link", "show", "ovn-udn1"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -639,7 +567,7 @@ func TestAgentDHCPAndMigration(t *testing.T) {
 // the agent writes from those credentials: every call both make must be
 // allowed by what we ship.
 func TestShippedNodeRBAC(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	ctx := context.Background()
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvnet-system"}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -698,7 +626,7 @@ func TestAgentReportsExhaustion(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, "STATUS fails for the full network", func() error {
+	testenv.Eventually(t, waitTimeout, "STATUS fails for the full network", func() error {
 		err := status(nad)
 		if err == nil {
 			return errors.New("STATUS succeeded")
@@ -717,5 +645,5 @@ func TestAgentReportsExhaustion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "STATUS succeeds again", func() error { return status(nad) })
+	testenv.Eventually(t, waitTimeout, "STATUS succeeds again", func() error { return status(nad) })
 }

@@ -17,6 +17,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // TestAgentOpensTargetOnGuestFrame: during a live migration whose VMI the
@@ -28,7 +29,7 @@ import (
 // the target pod can answer the peer's ARP for the VM's address, and its
 // answer passes only an open port.
 func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	ctx := context.Background()
 	l := newLab(t, "n1", "n2", "n3")
 	nad := tenant(t, "agent-frame", "10.6.0.0/24", true)
@@ -79,9 +80,9 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			guestMAC := tc.dst.a.MACAddress
-			eventually(t, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
+			testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
 			// The source guest pauses: only the target can answer now.
-			if err := inNS(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
+			if err := nstest.Exec(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
 				t.Fatal(err)
 			}
 			if err := arping(peer, tc.dst.ip()); err == nil {
@@ -90,10 +91,10 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 			if err := sendFrame(tc.dst, tc.frame); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the target's port opened by the guest's "+tc.name+" (the peer's ARP answered through it)", func() error {
+			testenv.Eventually(t, waitTimeout, "the target's port opened by the guest's "+tc.name+" (the peer's ARP answered through it)", func() error {
 				return arping(peer, tc.dst.ip())
 			})
-			eventually(t, "n2's plan keeps the target's port open", targetPort(l, guestMAC, false))
+			testenv.Eventually(t, waitTimeout, "n2's plan keeps the target's port open", targetPort(l, guestMAC, false))
 			// Nothing moved the VMI: the frame alone did it.
 			var vmi kubevirtv1.VirtualMachineInstance
 			if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: tc.vm}, &vmi); err != nil {
@@ -125,7 +126,7 @@ func targetPort(l *lab, guestMAC string, standby bool) func() error {
 
 // arping asks, from p, for ip's MAC once and fails unless answered.
 func arping(from *pod, ip string) error {
-	return inNS(from.netns, "busybox", "arping", "-c", "1", "-w", "1", "-I", from.ifName, ip)
+	return nstest.Exec(from.netns, "busybox", "arping", "-c", "1", "-w", "1", "-I", from.ifName, ip)
 }
 
 func mac(t *testing.T, s string) net.HardwareAddr {

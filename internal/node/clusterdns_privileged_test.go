@@ -22,6 +22,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // serveDNS runs a DNS server on UDP addr in the namespace at nsPath that
@@ -85,7 +86,7 @@ func nslookup(nsPath, server, name string) (string, error) {
 // shows the answer comes through them. DHCP then hands the Service's
 // cluster IP and the namespace's search list to the network's VMs.
 func TestAgentClusterDNS(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	// A cluster DNS of this test's own, so that other tests' DHCP keeps
 	// the lab's DNS server.
 	dnsName := types.NamespacedName{Namespace: "dns-test-sys", Name: "cluster-dns"}
@@ -104,7 +105,7 @@ func TestAgentClusterDNS(t *testing.T) {
 	server := svc.Spec.ClusterIP
 	const name = "web.dns-test.svc.cluster.local"
 	// Control: without endpoints the query gets no answer.
-	eventually(t, "c1's router knows the cluster DNS Service", func() error {
+	testenv.Eventually(t, waitTimeout, "c1's router knows the cluster DNS Service", func() error {
 		for _, s := range l.agent("n1").LastPlan().State.Services {
 			if s.VIP.Addr().String() == server && s.ViaNode {
 				return nil
@@ -124,7 +125,7 @@ func TestAgentClusterDNS(t *testing.T) {
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
 	})
 	for _, p := range []*pod{c1, c2} {
-		eventually(t, p.name+" resolves "+name+" through "+server, func() error {
+		testenv.Eventually(t, waitTimeout, p.name+" resolves "+name+" through "+server, func() error {
 			out, err := nslookup(p.netns, server, name)
 			if err != nil || !strings.Contains(out, web.String()) {
 				return fmt.Errorf("nslookup: %v\n%s", err, out)
@@ -141,7 +142,7 @@ func TestAgentClusterDNS(t *testing.T) {
 
 	// DHCP: the cluster DNS and the namespace's search list.
 	vm := l.runPod(nad, "vm", "n1", nil)
-	if err := inNS(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+	if err := nstest.Exec(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(tmpDir, "udhcpc-dns-"+vm.name)
@@ -149,8 +150,8 @@ func TestAgentClusterDNS(t *testing.T) {
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$1\" = bound ] || exit 0\nprintf 'dns=%s\\nsearch=%s\\n' \"$dns\" \"$search\" > "+out+"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "DHCP lease", func() error {
-		return inNS(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-O", "search", "-s", script)
+	testenv.Eventually(t, waitTimeout, "DHCP lease", func() error {
+		return nstest.Exec(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-O", "search", "-s", script)
 	})
 	b, err := os.ReadFile(out)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // localnetCUDN makes namespace ns and a localnet CUDN name on the lab's
@@ -50,7 +51,7 @@ func localnetCUDN(t *testing.T, ns, name string, vlan int32, subnet netip.Prefix
 	}
 	testenv.Create(t, c, cudn)
 	var nad nadv1.NetworkAttachmentDefinition
-	eventually(t, "NAD of "+name, func() error {
+	testenv.Eventually(t, waitTimeout, "NAD of "+name, func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &nad)
 	})
 	return cudn, &nad
@@ -65,7 +66,7 @@ func selecting(name string) func(*corev1.Pod) {
 // nsPath with the connection's source address.
 func serveRemoteAddr(t *testing.T, nsPath string, port int) {
 	t.Helper()
-	serveLine(t, nsPath, port, func(conn net.Conn) string {
+	nstest.ServeLine(t, nsPath, fmt.Sprintf(":%d", port), func(conn net.Conn) string {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		return host
 	})
@@ -93,7 +94,7 @@ func TestAgentLocalnet(t *testing.T) {
 	serveRemoteAddr(t, l.Sim.Physical, port)
 	host := simnet.DatacenterHostIP.String()
 	mustReach(t, p1, host)
-	eventually(t, "the datacenter host sees "+p1.name+"'s address", func() error {
+	testenv.Eventually(t, waitTimeout, "the datacenter host sees "+p1.name+"'s address", func() error {
 		var conn net.Conn
 		if err := nl.Do(p1.netns, func() (err error) {
 			conn, err = net.DialTimeout("tcp4", net.JoinHostPort(host, fmt.Sprint(port)), 2*time.Second)
@@ -112,7 +113,7 @@ func TestAgentLocalnet(t *testing.T) {
 		return nil
 	})
 	serveToken(t, p2)
-	eventually(t, "ln1 reaches ln2 over the physical network", func() error { return answeredBy(p1, p2.ip(), "ln2") })
+	testenv.Eventually(t, waitTimeout, "ln1 reaches ln2 over the physical network", func() error { return answeredBy(p1, p2.ip(), "ln2") })
 	// No tunnel: the bridge's only way off the node is the physical patch.
 	id := networkID(t, nad)
 	if linkExists(l.node("n1").NS, datapath.VXLANName(id)) {
@@ -186,7 +187,7 @@ func testLocalnetVLANAccess(t *testing.T, l *lab, port int) {
 	}
 
 	cudn, nad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100, vlanSubnet, vlanHostIP)
-	eventually(t, "the VLAN CUDN is created", func() error {
+	testenv.Eventually(t, waitTimeout, "the VLAN CUDN is created", func() error {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
 			return err
 		}
@@ -201,7 +202,7 @@ func testLocalnetVLANAccess(t *testing.T, l *lab, port int) {
 		t.Fatalf("VLAN pod address %s: want one of %s", v1.ip(), vlanSubnet)
 	}
 	addr := net.JoinHostPort(vlanHostIP.String(), fmt.Sprint(port))
-	eventually(t, "the datacenter host sees "+v1.name+"'s address on VLAN 100", func() error {
+	testenv.Eventually(t, waitTimeout, "the datacenter host sees "+v1.name+"'s address on VLAN 100", func() error {
 		got, err := tokenAt(v1, addr)
 		if err != nil {
 			return err
@@ -212,7 +213,7 @@ func testLocalnetVLANAccess(t *testing.T, l *lab, port int) {
 		return nil
 	})
 	serveToken(t, v2)
-	eventually(t, "lnv1 reaches lnv2 on VLAN 100", func() error { return answeredBy(v1, v2.ip(), "lnv2") })
+	testenv.Eventually(t, waitTimeout, "lnv1 reaches lnv2 on VLAN 100", func() error { return answeredBy(v1, v2.ip(), "lnv2") })
 }
 
 // datacenterLink is the link of the physical namespace holding
@@ -243,7 +244,7 @@ func datacenterLink(t *testing.T, h *nl.Handle) netlink.Link {
 // the pod with the reason, and no VLAN device is made.
 func testLocalnetVLANRefused(t *testing.T, l *lab) {
 	t.Helper()
-	eventually(t, "kvnet-node publishes the missing 8021q", func() error {
+	testenv.Eventually(t, waitTimeout, "kvnet-node publishes the missing 8021q", func() error {
 		var nd corev1.Node
 		if err := c.Get(context.Background(), client.ObjectKey{Name: l.nodeName("n1")}, &nd); err != nil {
 			return err
@@ -254,7 +255,7 @@ func testLocalnetVLANRefused(t *testing.T, l *lab) {
 		return nil
 	})
 	cudn, vnad := localnetCUDN(t, "ln-vlan", "agent-ln-vlan", 100, vlanSubnet, vlanHostIP)
-	eventually(t, "the VLAN CUDN's condition names 8021q", func() error {
+	testenv.Eventually(t, waitTimeout, "the VLAN CUDN's condition names 8021q", func() error {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(cudn), cudn); err != nil {
 			return err
 		}
@@ -266,7 +267,7 @@ func testLocalnetVLANRefused(t *testing.T, l *lab) {
 		return nil
 	})
 	v := l.allocatedPod(vnad, "lnvlan", "n1", "net1", selecting("agent-ln-vlan"))
-	eventually(t, "kvnet-cni refuses the VLAN network with the reason", func() error {
+	testenv.Eventually(t, waitTimeout, "kvnet-cni refuses the VLAN network with the reason", func() error {
 		err := l.tryCNI("ADD", vnad, v)
 		if err == nil {
 			l.cni("DEL", vnad, v)

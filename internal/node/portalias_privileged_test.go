@@ -15,6 +15,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simcluster"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/portalias"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // TestAgentAttachesPortLabelledWhileDown: kvnet-cni creates a pod's host
@@ -24,7 +25,7 @@ import (
 // the next resync (an hour here) or at some unrelated event. This is what
 // kept a live migration's target port unattached until the VMI moved.
 func TestAgentAttachesPortLabelledWhileDown(t *testing.T) {
-	needsRoot(t)
+	testenv.NeedsFixture(t, env != nil)
 	nad := tenant(t, "alias-late", "10.66.0.0/24", false)
 	l := newLabWith(t, env.Config, kubeconfig, func(cfg *simcluster.Config) { cfg.Resync = time.Hour }, "a")
 	p := l.allocatedPod(nad, "late", "a", "ovn-udn1", nil)
@@ -48,7 +49,7 @@ func TestAgentAttachesPortLabelledWhileDown(t *testing.T) {
 	}
 	// kvnet-node has seen the link and planned without it: the pod's
 	// attachment waits for its host interface.
-	eventually(t, "kvnet-node waiting for the pod's port", func() error {
+	testenv.Eventually(t, waitTimeout, "kvnet-node waiting for the pod's port", func() error {
 		if w := waitingPorts(t, l.nodeName("a")); w < 1 {
 			return fmt.Errorf("kvnet_node_waiting_ports = %v", w)
 		}
@@ -64,7 +65,7 @@ func TestAgentAttachesPortLabelledWhileDown(t *testing.T) {
 	if err := h.LinkSetAlias(link, portalias.Format(p.ns+"/"+p.name, p.ns+"/"+nad.Name)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the labelled port attached to the network's bridge", func() error {
+	testenv.Eventually(t, waitTimeout, "the labelled port attached to the network's bridge", func() error {
 		l, err := h.LinkByName(host)
 		if err != nil {
 			return err

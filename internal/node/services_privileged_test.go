@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 // running marks pod p Running and Ready, as its kubelet would.
@@ -76,8 +78,8 @@ func TestAgentServices(t *testing.T) {
 	}
 	for _, from := range clients {
 		seen := map[string]int{}
-		eventually(t, from.name+" reaches both endpoints through "+from.addr, func() error {
-			token, err := tokenFrom(from.ns, from.addr)
+		testenv.Eventually(t, waitTimeout, from.name+" reaches both endpoints through "+from.addr, func() error {
+			token, err := nstest.ReadLine(from.ns, from.addr, 2*time.Second)
 			if err != nil {
 				return err
 			}
@@ -103,7 +105,7 @@ func TestAgentServices(t *testing.T) {
 	}
 
 	l.deletePod(nad, e2)
-	eventually(t, "only e1 answers once e2 is gone", func() error {
+	testenv.Eventually(t, waitTimeout, "only e1 answers once e2 is gone", func() error {
 		for range 6 {
 			token, err := tokenAt(client1, vip)
 			if err != nil {

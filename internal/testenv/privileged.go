@@ -48,3 +48,14 @@ func ReportPrivilegedNotRun(pkg string) {
 	}
 	fmt.Printf("kvnet: privileged tests in %s NOT RUN: need root (run as root, as CI does)%s\n", pkg, suffix)
 }
+
+// NeedsFixture is NeedsRoot for a test that also needs what its package's
+// TestMain builds as root (a control plane, binaries): built false fails
+// the test, since running as root TestMain should have built it.
+func NeedsFixture(t testing.TB, built bool) {
+	t.Helper()
+	NeedsRoot(t)
+	if !built {
+		t.Fatal("no control plane: running as root, but TestMain did not build the fixture")
+	}
+}

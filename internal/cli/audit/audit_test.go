@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,9 +21,8 @@ import (
 	cliaudit "kvnet.io/kvnet/internal/cli/audit"
 	"kvnet.io/kvnet/internal/inventory/invtest"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 var (
 	c          client.Client
@@ -55,23 +53,6 @@ func kvnetAudit(t *testing.T, args ...string) (stdout, stderr string, err error)
 	cmd.SetArgs(append(args, "--kubeconfig", kubeconfig))
 	err = cmd.ExecuteContext(context.Background())
 	return out.String(), errb.String(), err
-}
-
-func golden(t *testing.T, file, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", file)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
-	}
 }
 
 func clean(t *testing.T) {
@@ -183,7 +164,7 @@ func TestAudit(t *testing.T) {
 	if stderr != wantSummary {
 		t.Errorf("stderr:\n%q\nwant:\n%q", stderr, wantSummary)
 	}
-	golden(t, "findings.golden", out)
+	golden.CheckString(t, "findings.golden", out)
 
 	// -o json is the report, and audit.Run returns the same.
 	out, _, err = kvnetAudit(t, "-o", "json")

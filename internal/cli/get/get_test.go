@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,9 +18,8 @@ import (
 	"kvnet.io/kvnet/internal/inventory"
 	"kvnet.io/kvnet/internal/inventory/invtest"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 var (
 	// kubeconfig is an admin kubeconfig whose current context has no
@@ -76,23 +74,6 @@ func kvnetGet(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	return out.String(), errb.String(), err
 }
 
-func golden(t *testing.T, file, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", file)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
-	}
-}
-
 func TestGolden(t *testing.T) {
 	for _, tt := range []struct {
 		file string
@@ -117,7 +98,7 @@ func TestGolden(t *testing.T) {
 			if err != nil || stderr != "" {
 				t.Fatalf("kvnet get %v: %v, stderr %q", tt.args, err, stderr)
 			}
-			golden(t, tt.file, out)
+			golden.CheckString(t, tt.file, out)
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/testenv"
 )
 
 // TestNodeStatus: the kubelet reports its node as a kubelet does — Ready,
@@ -19,7 +20,7 @@ import (
 // and keeps beating: the Ready condition's heartbeat and the node's Lease
 // in kube-node-lease are renewed while the transition time stays.
 func TestNodeStatus(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	nodeIP := netip.MustParseAddr("192.168.100.77")
 	k := startKubelet(t, func(cfg *simkubelet.Config) {
 		cfg.NodeIP = nodeIP
@@ -27,7 +28,7 @@ func TestNodeStatus(t *testing.T) {
 	})
 	ctx := context.Background()
 	var first corev1.NodeCondition
-	eventually(t, "node Ready with addresses and NodeInfo", func() error {
+	testenv.Eventually(t, waitTimeout, "node Ready with addresses and NodeInfo", func() error {
 		k.running(t)
 		var n corev1.Node
 		if err := c.Get(ctx, client.ObjectKey{Name: nodeName}, &n); err != nil {
@@ -50,7 +51,7 @@ func TestNodeStatus(t *testing.T) {
 		return nil
 	})
 	var lease coordinationv1.Lease
-	eventually(t, "node lease", func() error {
+	testenv.Eventually(t, waitTimeout, "node lease", func() error {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: simkubelet.NodeLeaseNamespace, Name: nodeName}, &lease); err != nil {
 			return err
 		}
@@ -64,7 +65,7 @@ func TestNodeStatus(t *testing.T) {
 	})
 	firstRenew := lease.Spec.RenewTime.Time
 	// Heartbeat times have a resolution of a second on the wire.
-	eventually(t, "heartbeat renewed", func() error {
+	testenv.Eventually(t, waitTimeout, "heartbeat renewed", func() error {
 		k.running(t)
 		var n corev1.Node
 		if err := c.Get(ctx, client.ObjectKey{Name: nodeName}, &n); err != nil {

@@ -56,7 +56,7 @@ func (r *recRuntime) get(uid types.UID) (string, bool, bool, bool) {
 // the pod reports Running, and stops them before the network goes; a
 // container that cannot start fails the pod with the runtime's error.
 func TestRuntime(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	ctx := context.Background()
 	const ns = "sk-runtime"
 	primaryNetwork(t, ns, "10.21.0.0/24")
@@ -72,7 +72,7 @@ func TestRuntime(t *testing.T) {
 	if err := c.Delete(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod ok gone", func() error {
+	testenv.Eventually(t, waitTimeout, "pod ok gone", func() error {
 		if _, err := getPod(ns, "ok"); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (err %v)", err)
 		}
@@ -85,7 +85,7 @@ func TestRuntime(t *testing.T) {
 	bad := newPod(ns, "bad", nil)
 	bad.Labels = map[string]string{"fail": "yes"}
 	testenv.Create(t, c, bad)
-	eventually(t, "pod bad Failed", func() error {
+	testenv.Eventually(t, waitTimeout, "pod bad Failed", func() error {
 		p, err := getPod(ns, "bad")
 		if err != nil {
 			return err

@@ -37,6 +37,7 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 var (
@@ -49,16 +50,6 @@ var (
 	nodeNS     string // the node's namespace name
 	privileged bool   // running as root, with the control plane up
 )
-
-// needRoot skips a test that needs root and the control plane (or fails
-// it where KVNET_REQUIRE_PRIVILEGED=1 forbids skipping).
-func needRoot(t *testing.T) {
-	t.Helper()
-	testenv.NeedsRoot(t)
-	if !privileged {
-		t.Fatal("running as root, but TestMain did not set up the control plane")
-	}
-}
 
 const nodeName = "sim-node-1"
 
@@ -163,10 +154,8 @@ func (k *kubelet) running(t *testing.T) {
 	}
 }
 
-func eventually(t testing.TB, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 60*time.Second, what, f)
-}
+// waitTimeout bounds every wait for the kubelet to converge.
+const waitTimeout = 60 * time.Second
 
 // logRecorder records what a kubelet logs (and forwards it to the test
 // log), so that a test can wait for a decision the kubelet made instead of
@@ -274,7 +263,7 @@ func primaryNetwork(t testing.TB, ns, subnet string) {
 		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
 			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
 	})
-	eventually(t, "NAD "+ns+"/net", func() error {
+	testenv.Eventually(t, waitTimeout, "NAD "+ns+"/net", func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "net"}, &nadv1.NetworkAttachmentDefinition{})
 	})
 }
@@ -306,7 +295,7 @@ func readyCondition(p *corev1.Pod) *corev1.PodCondition {
 func waitRunning(t testing.TB, ns, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	eventually(t, "pod "+ns+"/"+name+" Running", func() error {
+	testenv.Eventually(t, waitTimeout, "pod "+ns+"/"+name+" Running", func() error {
 		p, err := getPod(ns, name)
 		if err != nil {
 			return err
@@ -360,7 +349,7 @@ func hostEnd(pod *corev1.Pod, ifName string) (netlink.Link, error) {
 }
 
 func TestPodLifecycle(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	ctx := context.Background()
 	const ns = "sk-life"
 	primaryNetwork(t, ns, "10.20.0.0/24")
@@ -404,7 +393,7 @@ func TestPodLifecycle(t *testing.T) {
 	if err := c.Delete(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod gone", func() error {
+	testenv.Eventually(t, waitTimeout, "pod gone", func() error {
 		if _, err := getPod(ns, "p1"); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pod still there (err %v)", err)
 		}
@@ -415,7 +404,7 @@ func TestPodLifecycle(t *testing.T) {
 }
 
 func TestBadNetworksAnnotation(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	ctx := context.Background()
 	const ns = "sk-bad"
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
@@ -424,7 +413,7 @@ func TestBadNetworksAnnotation(t *testing.T) {
 	testenv.Create(t, c, newPod(ns, "bad", map[string]string{"k8s.v1.cni.cncf.io/networks": "not a valid/name!"}))
 
 	var rv string
-	eventually(t, "Ready=False on the bad pod", func() error {
+	testenv.Eventually(t, waitTimeout, "Ready=False on the bad pod", func() error {
 		p, err := getPod(ns, "bad")
 		if err != nil {
 			return err
@@ -443,7 +432,7 @@ func TestBadNetworksAnnotation(t *testing.T) {
 	// would write nothing new (the same Ready=False), so the API cannot
 	// show one; the kubelet's decision can: the failed sync either gives
 	// up until the pod changes or is queued for a retry.
-	eventually(t, "the kubelet's decision on the bad pod", func() error {
+	testenv.Eventually(t, waitTimeout, "the kubelet's decision on the bad pod", func() error {
 		if logs.count(logPermanent, ns+"/bad")+logs.count(logRetrying, ns+"/bad") == 0 {
 			return errors.New("neither given up nor queued for a retry yet")
 		}
@@ -480,7 +469,7 @@ func TestBadNetworksAnnotation(t *testing.T) {
 	for _, name := range []string{"bad", "good"} {
 		_ = c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
 	}
-	eventually(t, "pods deleted", func() error {
+	testenv.Eventually(t, waitTimeout, "pods deleted", func() error {
 		var list corev1.PodList
 		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return err
@@ -494,7 +483,7 @@ func TestBadNetworksAnnotation(t *testing.T) {
 }
 
 func TestRestartAdoptsAndCollects(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	ctx := context.Background()
 	const ns = "sk-restart"
 	primaryNetwork(t, ns, "10.21.0.0/24")
@@ -523,7 +512,7 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 	if err := c.Delete(ctx, pod2, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "q gone", func() error {
+	testenv.Eventually(t, waitTimeout, "q gone", func() error {
 		if _, err := getPod(ns, "q"); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pod still there (err %v)", err)
 		}
@@ -535,7 +524,7 @@ func TestRestartAdoptsAndCollects(t *testing.T) {
 
 	logs, record := recordLogs(t)
 	k = startKubelet(t, record, oneWorker)
-	eventually(t, "stray namespace and q's network collected", func() error {
+	testenv.Eventually(t, waitTimeout, "stray namespace and q's network collected", func() error {
 		if nl.NamedNSExists(stray) {
 			return errors.New("stray namespace still there")
 		}
@@ -593,7 +582,7 @@ exit 0
 `
 
 func TestFailingPluginNamedAndRetried(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	const ns = "sk-fail"
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	testenv.Create(t, c, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "failnad"},
@@ -608,7 +597,7 @@ func TestFailingPluginNamedAndRetried(t *testing.T) {
 		cfg.Env = append(cfg.Env, "KVTEST_OUT="+out, "KVTEST_MARK=from-config")
 	})
 	testenv.Create(t, c, newPod(ns, "p", map[string]string{"k8s.v1.cni.cncf.io/networks": "failnad"}))
-	eventually(t, "Ready=False naming the attachment", func() error {
+	testenv.Eventually(t, waitTimeout, "Ready=False naming the attachment", func() error {
 		p, err := getPod(ns, "p")
 		if err != nil {
 			return err
@@ -639,7 +628,7 @@ func TestFailingPluginNamedAndRetried(t *testing.T) {
 	if err := os.Remove(out); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "retry", func() error {
+	testenv.Eventually(t, waitTimeout, "retry", func() error {
 		_, err := os.Stat(out)
 		return err
 	})
@@ -648,7 +637,7 @@ func TestFailingPluginNamedAndRetried(t *testing.T) {
 	if err := c.Delete(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod gone", func() error {
+	testenv.Eventually(t, waitTimeout, "pod gone", func() error {
 		if _, err := getPod(ns, "p"); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pod still there (err %v)", err)
 		}
@@ -674,7 +663,7 @@ func inode(nsPath string) (uint64, error) {
 // primary interface are gone.
 func waitTornDown(t *testing.T, what, nsPath string, pod *corev1.Pod) {
 	t.Helper()
-	eventually(t, what, func() error {
+	testenv.Eventually(t, waitTimeout, what, func() error {
 		if nl.NamedNSExists(filepath.Base(nsPath)) {
 			return errors.New("pod namespace still there")
 		}
@@ -693,7 +682,7 @@ func waitTornDown(t *testing.T, what, nsPath string, pod *corev1.Pod) {
 // network-status is Multus's (eth0 default); its eth0 admits the node and
 // not a pod of the default network, which still reaches the node.
 func TestMultusMode(t *testing.T) {
-	needRoot(t)
+	testenv.NeedsFixture(t, privileged)
 	const ns, plainNS = "sk-multus", "sk-multus-plain"
 	primaryNetwork(t, ns, "10.30.0.0/24")
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: plainNS}})
@@ -779,33 +768,15 @@ const probePort = "9090"
 // namespace at nsPath until the test ends.
 func listenIn(t *testing.T, nsPath string) {
 	t.Helper()
-	var ln net.Listener
-	if err := nl.Do(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", ":"+probePort)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
+	nstest.Serve(nstest.Listen(t, nsPath, ":"+probePort), func(net.Conn) {})
 }
 
 // connect opens a TCP connection from the namespace at nsPath to
 // dst:probePort.
 func connect(nsPath, dst string) error {
-	return nl.Do(nsPath, func() error {
-		conn, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, probePort), time.Second)
-		if err != nil {
-			return err
-		}
-		return conn.Close()
-	})
+	conn, err := nstest.Dial(nsPath, net.JoinHostPort(dst, probePort), time.Second)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,6 +33,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
 
 var (
@@ -57,10 +57,8 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func eventually(t testing.TB, what string, f func() error) {
-	t.Helper()
-	testenv.Eventually(t, 60*time.Second, what, f)
-}
+// waitTimeout bounds every wait for the lab to converge.
+const waitTimeout = 60 * time.Second
 
 // lab is the simulated cluster of internal/lab/simcluster, the one the
 // lab runs: kvnet-node and a simulated kubelet on each node, and simvirt.
@@ -105,14 +103,6 @@ func (l *lab) podNetNS(t *testing.T, pod *corev1.Pod) string {
 	return filepath.Base(ns)
 }
 
-func ping(nsName, ip string) error {
-	out, err := exec.Command("ip", "netns", "exec", nsName, "busybox", "ping", "-c", "1", "-W", "1", ip).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ping %s from %s: %v: %s", ip, nsName, err, out)
-	}
-	return nil
-}
-
 func get(o client.Object, ns, name string) error {
 	return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, o)
 }
@@ -132,7 +122,7 @@ func launcherPods(t *testing.T, ns string) []corev1.Pod {
 func waitVMIRunning(t *testing.T, ns, name, notUID string) *kubevirtv1.VirtualMachineInstance {
 	t.Helper()
 	var vmi kubevirtv1.VirtualMachineInstance
-	eventually(t, "VMI "+ns+"/"+name+" Running with an address", func() error {
+	testenv.Eventually(t, waitTimeout, "VMI "+ns+"/"+name+" Running with an address", func() error {
 		if err := get(&vmi, ns, name); err != nil {
 			return err
 		}
@@ -162,7 +152,7 @@ func setRunStrategy(t *testing.T, ns, name, rs string) {
 
 func waitVMStatus(t *testing.T, ns, name string, want kubevirtv1.VirtualMachineStatus) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("VM %s/%s status %+v", ns, name, want), func() error {
+	testenv.Eventually(t, waitTimeout, fmt.Sprintf("VM %s/%s status %+v", ns, name, want), func() error {
 		var vm kubevirtv1.VirtualMachine
 		if err := get(&vm, ns, name); err != nil {
 			return err
@@ -213,7 +203,7 @@ func TestVMLifecycle(t *testing.T) {
 			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet.String())},
 			IPAM: &udnv1.IPAMConfig{Lifecycle: udnv1.IPAMLifecyclePersistent}}},
 	})
-	eventually(t, "NAD "+ns+"/udn", func() error { return get(&nadv1.NetworkAttachmentDefinition{}, ns, "udn") })
+	testenv.Eventually(t, waitTimeout, "NAD "+ns+"/udn", func() error { return get(&nadv1.NetworkAttachmentDefinition{}, ns, "udn") })
 
 	// The peer, on the node the VM will not use.
 	testenv.Create(t, c, &corev1.Pod{
@@ -221,7 +211,7 @@ func TestVMLifecycle(t *testing.T) {
 		Spec:       corev1.PodSpec{NodeName: n3, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
 	})
 	var peer corev1.Pod
-	eventually(t, "peer Running", func() error {
+	testenv.Eventually(t, waitTimeout, "peer Running", func() error {
 		if err := get(&peer, ns, "peer"); err != nil {
 			return err
 		}
@@ -271,11 +261,11 @@ func TestVMLifecycle(t *testing.T) {
 		t.Fatalf("allocation %+v, VMI interface %+v", a, addr)
 	}
 	waitVMStatus(t, ns, "vm1", kubevirtv1.VirtualMachineStatus{PrintableStatus: "Running", Ready: true, Created: true})
-	eventually(t, "peer pings the VM on "+n1, func() error { return ping(peerNS, addr.IP) })
+	testenv.Eventually(t, waitTimeout, "peer pings the VM on "+n1, func() error { return nstest.Ping(peerNS, addr.IP) })
 
 	t.Run("stop and start keep IP and MAC", func(t *testing.T) {
 		setRunStrategy(t, ns, "vm1", simvirt.RunStrategyHalted)
-		eventually(t, "VMI and launcher pod gone", func() error {
+		testenv.Eventually(t, waitTimeout, "VMI and launcher pod gone", func() error {
 			err := get(&kubevirtv1.VirtualMachineInstance{}, ns, "vm1")
 			if !apierrors.IsNotFound(err) {
 				return fmt.Errorf("VMI still there (err %v)", err)
@@ -297,7 +287,7 @@ func TestVMLifecycle(t *testing.T) {
 			t.Fatalf("after restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
 		}
 		vmi = again
-		eventually(t, "peer pings the restarted VM", func() error { return ping(peerNS, addr.IP) })
+		testenv.Eventually(t, waitTimeout, "peer pings the restarted VM", func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 
 	t.Run("launcher pod loss restarts the VM", func(t *testing.T) {
@@ -314,7 +304,7 @@ func TestVMLifecycle(t *testing.T) {
 			t.Fatalf("after the restart %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
 		}
 		vmi = again
-		eventually(t, "peer pings the VM started anew", func() error { return ping(peerNS, addr.IP) })
+		testenv.Eventually(t, waitTimeout, "peer pings the VM started anew", func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 
 	t.Run("live migration", func(t *testing.T) {
@@ -332,7 +322,7 @@ func TestVMLifecycle(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig1"},
 			Spec:       kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm1"},
 		})
-		eventually(t, "migration Succeeded", func() error {
+		testenv.Eventually(t, waitTimeout, "migration Succeeded", func() error {
 			var m kubevirtv1.VirtualMachineInstanceMigration
 			if err := get(&m, ns, "mig1"); err != nil {
 				return err
@@ -357,7 +347,7 @@ func TestVMLifecycle(t *testing.T) {
 		if got := moved.Status.Interfaces[0]; got.IP != addr.IP || got.MAC != addr.MAC {
 			t.Fatalf("after migration %s/%s, before %s/%s", got.IP, got.MAC, addr.IP, addr.MAC)
 		}
-		eventually(t, "source launcher pod deleted", func() error {
+		testenv.Eventually(t, waitTimeout, "source launcher pod deleted", func() error {
 			if err := get(&corev1.Pod{}, ns, srcPod.Name); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("source pod %s still there (err %v)", srcPod.Name, err)
 			}
@@ -367,7 +357,7 @@ func TestVMLifecycle(t *testing.T) {
 		if len(pods) != 1 || pods[0].Name != ms.TargetPod || pods[0].Spec.NodeName != target || pods[0].Labels[simvirt.MigrationJobUIDLabel] == "" {
 			t.Fatalf("launcher pods after migration: %d (target %s)", len(pods), ms.TargetPod)
 		}
-		eventually(t, "peer pings the VM on "+target, func() error { return ping(peerNS, addr.IP) })
+		testenv.Eventually(t, waitTimeout, "peer pings the VM on "+target, func() error { return nstest.Ping(peerNS, addr.IP) })
 	})
 }
 
@@ -405,7 +395,7 @@ func TestUnsupportedBindings(t *testing.T) {
 	failed := func(name, want string) *kubevirtv1.VirtualMachineInstance {
 		t.Helper()
 		var vmi kubevirtv1.VirtualMachineInstance
-		eventually(t, "VMI "+ns+"/"+name+" Failed", func() error {
+		testenv.Eventually(t, waitTimeout, "VMI "+ns+"/"+name+" Failed", func() error {
 			if err := get(&vmi, ns, name); err != nil {
 				return err
 			}

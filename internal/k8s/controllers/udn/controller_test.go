@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -26,10 +25,9 @@ import (
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/golden"
 	"kvnet.io/kvnet/internal/udn"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 var (
 	env *testenv.Env
@@ -173,19 +171,7 @@ func checkGolden(t *testing.T, nad *nadv1.NetworkAttachmentDefinition, file stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", file)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("NAD %s/%s differs from %s:\n--- got\n%s\n--- want\n%s", nad.Namespace, nad.Name, path, got, want)
-	}
+	golden.Check(t, file, got)
 }
 
 func TestRenderedNADs(t *testing.T) {

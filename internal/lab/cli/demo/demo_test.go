@@ -13,6 +13,7 @@ import (
 
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/testenv/netiptest"
 )
 
 func TestLookTools(t *testing.T) {
@@ -261,21 +262,13 @@ func TestExpectedPodsAndRequirePods(t *testing.T) {
 	}
 }
 
-func pfx(ss ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
-}
-
 func TestParseGuestIface(t *testing.T) {
 	out := "52:54:00:12:34:56\n2: eth0    inet 10.0.0.5/16 brd 10.0.255.255 scope global eth0\\       valid_lft forever preferred_lft forever\n"
 	mac, addrs, err := parseGuestIface(out, "eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mac != "52:54:00:12:34:56" || !samePrefixes(addrs, pfx("10.0.0.5/16")) {
+	if mac != "52:54:00:12:34:56" || !samePrefixes(addrs, netiptest.MustPrefixes("10.0.0.5/16")) {
 		t.Errorf("MAC %s addresses %v", mac, addrs)
 	}
 	if _, addrs, err := parseGuestIface("52:54:00:12:34:56\n", "eth1"); err != nil || len(addrs) != 0 {
@@ -291,7 +284,7 @@ func TestVMChecks(t *testing.T) {
 		return ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet", podIface: "ovn-udn1", specMAC: specMAC},
 			claimed: claimed, addrs: addrs, mac: mac}
 	}
-	good := iface(pfx("10.0.0.5/24", "2001:db8::5/60"), pfx("2001:db8::5/60", "10.0.0.5/24"), "0a:58:0a:00:00:05", "0A:58:0A:00:00:05")
+	good := iface(netiptest.MustPrefixes("10.0.0.5/24", "2001:db8::5/60"), netiptest.MustPrefixes("2001:db8::5/60", "10.0.0.5/24"), "0a:58:0a:00:00:05", "0A:58:0A:00:00:05")
 	if err := checkPlumbed(good); err != nil {
 		t.Errorf("claim and kernel agree: %v", err)
 	}
@@ -299,12 +292,12 @@ func TestVMChecks(t *testing.T) {
 		// What the old check could not see: the pod's annotation (and the
 		// VMI status copied from it) may say 10.0.0.5 while the pod has
 		// another address.
-		"kernel has another address": iface(pfx("10.0.0.5/24"), pfx("10.0.0.6/24"), "0a:58:0a:00:00:05", ""),
-		"kernel lacks one":           iface(pfx("10.0.0.5/24", "2001:db8::5/60"), pfx("10.0.0.5/24"), "0a:58:0a:00:00:05", ""),
-		"kernel has one more":        iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24", "10.0.0.7/24"), "0a:58:0a:00:00:05", ""),
+		"kernel has another address": iface(netiptest.MustPrefixes("10.0.0.5/24"), netiptest.MustPrefixes("10.0.0.6/24"), "0a:58:0a:00:00:05", ""),
+		"kernel lacks one":           iface(netiptest.MustPrefixes("10.0.0.5/24", "2001:db8::5/60"), netiptest.MustPrefixes("10.0.0.5/24"), "0a:58:0a:00:00:05", ""),
+		"kernel has one more":        iface(netiptest.MustPrefixes("10.0.0.5/24"), netiptest.MustPrefixes("10.0.0.5/24", "10.0.0.7/24"), "0a:58:0a:00:00:05", ""),
 		"claim empty":                iface(nil, nil, "0a:58:0a:00:00:05", ""),
-		"MAC not the VM's":           iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24"), "0a:58:0a:00:00:05", "02:00:00:00:00:01"),
-		"VMI names no MAC":           iface(pfx("10.0.0.5/24"), pfx("10.0.0.5/24"), "0a:58:0a:00:00:05", ""),
+		"MAC not the VM's":           iface(netiptest.MustPrefixes("10.0.0.5/24"), netiptest.MustPrefixes("10.0.0.5/24"), "0a:58:0a:00:00:05", "02:00:00:00:00:01"),
+		"VMI names no MAC":           iface(netiptest.MustPrefixes("10.0.0.5/24"), netiptest.MustPrefixes("10.0.0.5/24"), "0a:58:0a:00:00:05", ""),
 	} {
 		if err := checkPlumbed(f); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -316,7 +309,7 @@ func TestVMChecks(t *testing.T) {
 	if err := compareMigration(before, after); err != nil {
 		t.Errorf("a good migration: %v", err)
 	}
-	moved := iface(pfx("10.0.0.9/24", "2001:db8::5/60"), pfx("10.0.0.9/24", "2001:db8::5/60"), "0a:58:0a:00:00:05", good.specMAC)
+	moved := iface(netiptest.MustPrefixes("10.0.0.9/24", "2001:db8::5/60"), netiptest.MustPrefixes("10.0.0.9/24", "2001:db8::5/60"), "0a:58:0a:00:00:05", good.specMAC)
 	newMAC := iface(good.claimed, good.addrs, "0a:58:0a:00:00:09", good.specMAC)
 	for name, a := range map[string]vmState{
 		"same node":      {node: "node-1", pod: "launcher-b", ifaces: []ifaceState{good}},
@@ -335,7 +328,7 @@ func TestVMChecks(t *testing.T) {
 // agreeing with itself) but not the VMI's is wrong.
 func TestCheckLease(t *testing.T) {
 	f := ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet", specMAC: "0a:58:0a:00:00:05"},
-		claimed: pfx("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"}
+		claimed: netiptest.MustPrefixes("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"}
 	lease := func(mac, addr string) guest.Lease {
 		m, err := net.ParseMAC(mac)
 		if err != nil {
@@ -354,7 +347,7 @@ func TestCheckLease(t *testing.T) {
 	}{
 		"guest's own MAC, not the VMI's": {wrongGuest, lease("02:00:00:00:00:09", "10.0.0.5/24")},
 		"another address":                {f, lease("0a:58:0a:00:00:05", "10.0.0.6/24")},
-		"VMI names no MAC": {ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet"}, claimed: pfx("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"},
+		"VMI names no MAC": {ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet"}, claimed: netiptest.MustPrefixes("10.0.0.5/24"), mac: "0a:58:0a:00:00:05"},
 			lease("0a:58:0a:00:00:05", "10.0.0.5/24")},
 	} {
 		if err := checkLease(0, tc.f, tc.l); err == nil {
