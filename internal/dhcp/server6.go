@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/net/bpf"
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
+	"kvnet.io/kvnet/internal/nl"
 )
 
 // Config6 configures New6.
@@ -145,24 +145,8 @@ func New6(cfg Config6) (*Server6, error) {
 	return s, nil
 }
 
-// bindToDevice is a net.ListenConfig.Control binding the socket to dev.
-func bindToDevice(dev string) func(network, address string, c syscall.RawConn) error {
-	return func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
-		}); err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("bind to device %q: %w", dev, serr)
-		}
-		return nil
-	}
-}
-
 func (s *Server6) openUDP(ifc *net.Interface) error {
-	lc := net.ListenConfig{Control: bindToDevice(ifc.Name)}
+	lc := net.ListenConfig{Control: nl.BindToDevice(ifc.Name)}
 	udp, err := lc.ListenPacket(context.Background(), "udp6", fmt.Sprintf("[::]:%d", dhcp6ServerPort))
 	if err != nil {
 		return fmt.Errorf("listen on %q port %d: %w", ifc.Name, dhcp6ServerPort, err)
@@ -177,7 +161,7 @@ func (s *Server6) openUDP(ifc *net.Interface) error {
 }
 
 func (s *Server6) openICMP(ifc *net.Interface) error {
-	lc := net.ListenConfig{Control: bindToDevice(ifc.Name)}
+	lc := net.ListenConfig{Control: nl.BindToDevice(ifc.Name)}
 	c, err := lc.ListenPacket(context.Background(), "ip6:ipv6-icmp", "::")
 	if err != nil {
 		return fmt.Errorf("open icmpv6 socket on %q: %w", ifc.Name, err)

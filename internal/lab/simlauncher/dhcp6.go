@@ -8,14 +8,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/insomniacslk/dhcp/iana"
 	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 
 	"kvnet.io/kvnet/internal/nl"
 )
@@ -69,7 +67,7 @@ func newDHCP6Server(nsPath, bridge string, lease dhcp6Lease, log logr.Logger) (*
 		if err != nil {
 			return err
 		}
-		lc := net.ListenConfig{Control: bindToDevice(bridge)}
+		lc := net.ListenConfig{Control: nl.BindToDevice(bridge)}
 		udp, err := lc.ListenPacket(context.Background(), "udp6", fmt.Sprintf("[::]:%d", dhcp6ServerPort))
 		if err != nil {
 			return err
@@ -86,22 +84,6 @@ func newDHCP6Server(nsPath, bridge string, lease dhcp6Lease, log logr.Logger) (*
 		return nil, fmt.Errorf("dhcpv6 server on %s: %w", bridge, err)
 	}
 	return s, nil
-}
-
-// bindToDevice is a net.ListenConfig.Control that binds the socket to dev.
-func bindToDevice(dev string) func(network, address string, c syscall.RawConn) error {
-	return func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
-		}); err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("bind to device %s: %w", dev, serr)
-		}
-		return nil
-	}
 }
 
 // Serve answers clients until ctx ends or Close is called (then it returns

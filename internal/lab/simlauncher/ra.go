@@ -82,7 +82,7 @@ func newRASender(nsPath, bridge string, mtu int, log logr.Logger) (*raSender, er
 		if r.msg, err = routerAdvertisement(ifi.HardwareAddr, mtu); err != nil {
 			return err
 		}
-		lc := net.ListenConfig{Control: bindToDevice(bridge)}
+		lc := net.ListenConfig{Control: nl.BindToDevice(bridge)}
 		ipc, err := lc.ListenPacket(context.Background(), "ip6:ipv6-icmp", "::")
 		if err != nil {
 			return err
