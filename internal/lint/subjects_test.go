@@ -48,7 +48,7 @@ func TestCheckSubjectsRejectsLongSubject(t *testing.T) {
 		t.Fatalf("short subjects after the base refused: %v\n%s", err, out)
 	}
 	git("commit", "-q", "--allow-empty", "-m", long)
-	scratch := git("rev-parse", "--short", "HEAD")
+	scratch := git("rev-parse", "--short=8", "HEAD")
 	out, err := check(base)
 	if err == nil {
 		t.Fatalf("a 73-character subject passed:\n%s", out)
