@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -62,7 +63,7 @@ var (
 func testImage(tb testing.TB) Image {
 	tb.Helper()
 	imageOnce.Do(func() {
-		root, err := repoRoot()
+		root, err := repo.Root()
 		if err != nil {
 			imageErr = err
 			return

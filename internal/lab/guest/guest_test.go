@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kvnet.io/kvnet/internal/repo"
 )
 
 func TestCheckQEMUNamesThePackage(t *testing.T) {
@@ -333,7 +335,7 @@ func TestExecRejectsMultiLine(t *testing.T) {
 // TestNotInShippedBinaries: the package is lab-only; the binaries that run
 // in a cluster must not link it.
 func TestNotInShippedBinaries(t *testing.T) {
-	root, err := repoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,23 +349,5 @@ func TestNotInShippedBinaries(t *testing.T) {
 		if strings.TrimSpace(dep) == "kvnet.io/kvnet/internal/lab/guest" {
 			t.Fatal("kvnet.io/kvnet/internal/lab/guest is linked into kvnet-controller, kvnet-node or kvnet-cni")
 		}
-	}
-}
-
-// repoRoot is the kvnet repository the test runs in.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module kvnet.io/kvnet\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("kvnet repository root not found above the working directory")
-		}
-		dir = parent
 	}
 }
