@@ -119,9 +119,10 @@ func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UI
 // Plan is what the node should look like.
 type Plan struct {
 	State datapath.State
-	// DHCP holds, per local primary network, what its DHCP servers hand
-	// out: DHCPv4 where it has an IPv4 subnet, router advertisements and
-	// DHCPv6 where it has an IPv6 one.
+	// DHCP holds, per local network with a router, what its DHCP servers
+	// hand out: on a primary network DHCPv4 where it has an IPv4 subnet,
+	// and on every one router advertisements and DHCPv6 where it has an
+	// IPv6 one.
 	DHCP []DHCPNetwork
 	// Exhausted lists networks whose NAD says the pool is exhausted.
 	Exhausted []string
@@ -137,7 +138,7 @@ type Plan struct {
 	Unserved map[string]string
 }
 
-// DHCPNetwork is one primary network's DHCP service on this node.
+// DHCPNetwork is one network's DHCP service on this node.
 type DHCPNetwork struct {
 	Network  string
 	ID       int
@@ -147,7 +148,12 @@ type DHCPNetwork struct {
 	// advertised MTU.
 	Prefixes6 []netip.Prefix
 	MTU       int
-	Leases    map[string]dhcp.Lease
+	// DefaultRouter makes the advertisements name the gateway the
+	// default router (a primary network); a secondary network's say
+	// nothing of routes (router lifetime 0), so the guest keeps its
+	// primary network's default route.
+	DefaultRouter bool
+	Leases        map[string]dhcp.Lease
 }
 
 // Desired computes the node's plan from the API's view. It never fails:
