@@ -20,6 +20,7 @@ import (
 	ipamv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/cli/why"
 	"kvnet.io/kvnet/internal/lab/cli/lab"
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/lab/simkubelet"
@@ -106,7 +107,9 @@ func httpGet(ctx context.Context, netns string, addr netip.AddrPort) (string, er
 // and one on an IPv6-only one: each guest's console leases (DHCPv4 from
 // kvnet-node, DHCPv6 after its router advertisement) are its IPAMClaim's
 // status.ips, and a pod on another node reaches its HTTP server at each
-// of them. The same holds after a live migration (where the guest's
+// of them; the VMI reports those addresses as the guest's (the lab's
+// guest agent) and kvnet why calls the VM healthy. The same holds after a
+// live migration (where the guest's
 // DHCPv6 renewal is answered by the target node) and after stop/start. A
 // RequireDualStack Service in front of the dual-stack VM is reached at
 // its IPv6 cluster IP.
@@ -272,7 +275,42 @@ func TestLabDualStackVMs(t *testing.T) {
 				return nil
 			})
 		}
-		t.Logf("%s %s on %s: leases %v = IPAMClaim status.ips, reached over HTTP at each from a pod on %s", name, when, node, ips, peerNode)
+		// The VMI reports the guest's addresses, as KubeVirt does from the
+		// guest agent (the lab's: the console leases), and kvnet why finds
+		// each claimed address there.
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("%s %s: the VMI reports the guest's addresses", name, when), func() error {
+			var vmi kubevirtv1.VirtualMachineInstance
+			if err := c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: name}, &vmi); err != nil {
+				return err
+			}
+			for _, i := range vmi.Status.Interfaces {
+				if i.Name != "podnet" {
+					continue
+				}
+				var got []netip.Addr
+				for _, s := range i.IPs {
+					if a, err := netip.ParseAddr(s); err == nil {
+						got = append(got, a)
+					}
+				}
+				slices.SortFunc(got, netip.Addr.Compare)
+				if i.InfoSource != simvirt.InfoSource || i.InterfaceName != "eth0" || !slices.Equal(got, ips) {
+					return fmt.Errorf("status.interfaces[podnet] %+v, want the guest's eth0 with %v from %q", i, ips, simvirt.InfoSource)
+				}
+				return nil
+			}
+			return fmt.Errorf("no podnet in status.interfaces %+v", vmi.Status.Interfaces)
+		})
+		rep, err := why.Diagnose(ctx, c, "vm", v.ns, name, why.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Healthy() {
+			var b strings.Builder
+			rep.Print(&b)
+			t.Fatalf("%s %s: kvnet why vm:\n%s", name, when, b.String())
+		}
+		t.Logf("%s %s on %s: leases %v = IPAMClaim status.ips = the VMI's guest addresses, reached over HTTP at each from a pod on %s", name, when, node, ips, peerNode)
 	}
 	for _, name := range names {
 		check(name, "at boot", true)
