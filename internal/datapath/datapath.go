@@ -37,6 +37,10 @@ type Datapath struct {
 	// Activate's) and guards activated; taken after mu.
 	rulesMu   sync.Mutex
 	activated map[string]string // Standby port activated early -> its MAC
+	// lastPolicies is what of the last applied State decided which
+	// connections policies allow (see cutDenied); nil before the first;
+	// guarded by mu.
+	lastPolicies any
 
 	// learning is the bridge ports' learning flag by interface index,
 	// read once per Apply (nil until then); guarded by mu.
@@ -165,8 +169,14 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 	}
 	// Rules before links: they match by interface name, so they can exist
 	// first, and no port is ever attached without its anti-spoofing rules.
+	if len(s.Policies) > 0 && !step(d.enablePolicyHooks()) {
+		return result()
+	}
 	rulesErr := d.syncNodeRules(s)
 	if !step(rulesErr) {
+		return result()
+	}
+	if !step(d.cutDenied(s)) {
 		return result()
 	}
 	if slices.ContainsFunc(nets, func(n Network) bool { return n.Primary }) {

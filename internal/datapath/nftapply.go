@@ -175,6 +175,12 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 			return err
 		}
 	}
+	for _, ws := range wt.sets {
+		wantMaps[ws.name] = true
+		if err := syncSet(conn, t, ws, haveMaps[ws.name]); err != nil {
+			return err
+		}
+	}
 	for _, rw := range rewrites {
 		if rw.flush {
 			conn.FlushChain(rw.chain)

@@ -34,6 +34,7 @@ type nftTable struct {
 	family nftables.TableFamily
 	chains []nftChain
 	vmaps  []nftVMap
+	sets   []nftSet
 }
 
 // nftVMap is a named verdict map whose elements jump to chains of the
@@ -225,7 +226,7 @@ func (b *ruleBuilder) ipProto(proto byte, neq bool) *ruleBuilder {
 }
 
 // protoNames renders IP protocols the way nft does.
-var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
+var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
 
 // l4protoUDP matches UDP in the inet family, either IP version.
 func (b *ruleBuilder) l4protoUDP() *ruleBuilder { return b.l4proto(unix.IPPROTO_UDP) }
@@ -528,6 +529,9 @@ func renderTables(tables []nftTable) string {
 			sb.WriteString("\n")
 		}
 		fmt.Fprintf(&sb, "table %s %s {\n", familyNames[t.family], tableName)
+		for _, s := range t.sets {
+			sb.WriteString(setText(s))
+		}
 		for _, m := range t.vmaps {
 			fmt.Fprintf(&sb, "\tmap %s {\n\t\ttype %s : verdict\n\t\telements = {\n", m.name, m.keyType.Name)
 			for _, e := range m.elems {

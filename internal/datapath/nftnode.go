@@ -53,6 +53,7 @@ func nodeRules(s State) []nftTable {
 	}, portChains...)}
 
 	np := nodePortRules(nets, s.Services, s.NodeAddrs)
+	pol := policyRules(s)
 	var input []nftRule
 	for _, n := range nets {
 		if !n.Primary {
@@ -93,14 +94,15 @@ func nodeRules(s State) []nftTable {
 	inet := nftTable{family: nftables.TableFamilyINet, chains: []nftChain{
 		// Tenants reuse addresses; with br_netfilter, bridged frames would
 		// otherwise share the node's conntrack table and collide.
-		filterChain("prerouting", nftables.ChainHookPrerouting, *nftables.ChainPriorityRaw, nftables.ChainPolicyAccept, []nftRule{
-			newRule().iifname(bridgePrefix + "*").notrack("bridged tenant frames stay out of the node's conntrack"),
-		}),
+		// Networks with policies are tracked, each in its own zone.
+		filterChain("prerouting", nftables.ChainHookPrerouting, *nftables.ChainPriorityRaw, nftables.ChainPolicyAccept, append(pol.zones,
+			newRule().iifname(bridgePrefix+"*").notrack("bridged tenant frames stay out of the node's conntrack"),
+		)),
 		filterChain("input", nftables.ChainHookInput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, input),
 		filterChain("output", nftables.ChainHookOutput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, []nftRule{
 			newRule().oifname(bridgePrefix + "*").counter().drop("the node stack never sends into tenant networks"),
 		}),
-		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, slices.Concat([]nftRule{
+		filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, slices.Concat(pol.forward, []nftRule{
 			newRule().iifname(transitPrefix + "*").oifname(transitPrefix + "*").counter().
 				drop("no forwarding between tenant routers"),
 		}, np.forward, []nftRule{
@@ -115,7 +117,8 @@ func nodeRules(s State) []nftTable {
 				masquerade("tenant egress leaves with the node's address"),
 		}},
 	}}
-	inet.chains = append(inet.chains, np.chains...)
+	inet.chains = slices.Concat(inet.chains, np.chains, pol.chains)
 	inet.vmaps = np.maps
+	inet.sets = pol.sets
 	return []nftTable{bridge, inet, arp}
 }

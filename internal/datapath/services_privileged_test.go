@@ -218,8 +218,15 @@ func TestServicesIncremental(t *testing.T) {
 // router, which each committed transaction advances (NFT_MSG_GETGEN).
 func routerGenID(t *testing.T, dp *Datapath, id int) uint32 {
 	t.Helper()
+	return nsGenID(t, nl.NSPath(RouterNSName(dp.cfg, id)))
+}
+
+// nsGenID returns the nftables generation of the namespace at path,
+// which every committed transaction increments.
+func nsGenID(t *testing.T, path string) uint32 {
+	t.Helper()
 	var gen uint32
-	if err := withNS(nl.NSPath(RouterNSName(dp.cfg, id)), func(fd int) error {
+	if err := withNS(path, func(fd int) error {
 		conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: fd})
 		if err != nil {
 			return err

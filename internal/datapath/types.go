@@ -199,6 +199,9 @@ type State struct {
 	// never reach a node port of Services (of any network) at any of
 	// them, their own node's included.
 	NodeAddrs []netip.Addr
+	// Policies are the network policies of local ports (see PortPolicy),
+	// at most one per port.
+	Policies []PortPolicy
 }
 
 // Route is a route in a pod: to Dst via Via; an invalid Via makes Dst

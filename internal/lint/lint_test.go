@@ -69,6 +69,7 @@ var clientFree = []string{
 	"kvnet.io/kvnet/internal/dhcp",
 	"kvnet.io/kvnet/internal/cni",
 	"kvnet.io/kvnet/internal/portalias",
+	"kvnet.io/kvnet/internal/policy",
 	"kvnet.io/kvnet/internal/lab/simnet",
 }
 

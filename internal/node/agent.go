@@ -146,6 +146,8 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 			// entries), so keep only what Desired reads.
 			&corev1.Pod{}:  {Transform: trimPod},
 			&corev1.Node{}: {Transform: trimNode},
+			// Namespaces: their labels, for policies' namespace selectors.
+			&corev1.Namespace{}: {Transform: trimNamespace},
 			// Only the cluster DNS's and the API server's slices.
 			&discoveryv1.EndpointSlice{}: {Label: clusterSliceSelector(cfg.ClusterDNS)},
 		}},
@@ -376,7 +378,8 @@ func (a *Agent) publishNode(ctx context.Context) error {
 
 // watch kicks the loop on every change of the objects Desired reads.
 func (a *Agent) watch(ctx context.Context) error {
-	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}}
+	objs := []client.Object{&corev1.Pod{}, &nadv1.NetworkAttachmentDefinition{}, &corev1.Node{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
+		&networkingv1.NetworkPolicy{}, &corev1.Namespace{}}
 	if a.hasServiceCIDRs(ctx) {
 		objs = append(objs, &networkingv1.ServiceCIDR{})
 	}
@@ -534,6 +537,16 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		return in, err
 	}
 	in.EndpointSlices = eps.Items
+	var nps networkingv1.NetworkPolicyList
+	if err := c.List(ctx, &nps); err != nil {
+		return in, err
+	}
+	in.NetworkPolicies = nps.Items
+	var namespaces corev1.NamespaceList
+	if err := c.List(ctx, &namespaces); err != nil {
+		return in, err
+	}
+	in.Namespaces = namespaces.Items
 	in.ClusterDNS, in.ClusterDomain = a.cfg.ClusterDNS, a.cfg.ClusterDomain
 	in.ServiceCIDRs = a.cfg.ServiceCIDRs
 	if a.hasServiceCIDRs(ctx) {

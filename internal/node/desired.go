@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
@@ -84,6 +85,11 @@ type Input struct {
 	// Gateways returns the gateway per subnet of a primary network; nil
 	// uses GatewaysOf. The Agent passes a memoised one.
 	Gateways func(*netconf.NetConf) ([]netip.Addr, error)
+	// NetworkPolicies are the cluster's NetworkPolicies, and Namespaces
+	// its namespaces (their labels): a primary network's policies are
+	// those of its namespaces (see policy.go).
+	NetworkPolicies []networkingv1.NetworkPolicy
+	Namespaces      []corev1.Namespace
 	// Annotations, if set, memoises parsed pod annotations across calls
 	// (parsing dominates the cost of a plan in a large cluster).
 	Annotations *AnnotationCache
@@ -167,7 +173,8 @@ type DHCPNetwork struct {
 //     which holder of a MAC is live (live migration);
 //  4. per network with holders, its topology's planner (layer2.go,
 //     layer3.go, localnet.go) makes the datapath.Network, then its
-//     services (services.go), its ports and DHCP leases (ports.go).
+//     services (services.go), its ports and DHCP leases (ports.go), and
+//     on a primary network its NetworkPolicies (policy.go).
 func Desired(in Input) Plan {
 	p := newPlanner(in)
 	nets, primaryNS := p.networks()
@@ -274,7 +281,9 @@ func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces 
 	if len(services) > 0 && n.topology == layer2 {
 		p.remoteServiceMACs(n, members)
 	}
+	first := len(p.plan.State.Ports)
 	p.ports(n, dn, hs)
+	p.policies(dn, namespaces, hs, p.plan.State.Ports[first:])
 }
 
 // baseNetwork is what every topology's datapath.Network has of n.

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -15,9 +17,35 @@ func trimPod(obj any) (any, error) {
 	return &corev1.Pod{
 		TypeMeta:   pod.TypeMeta,
 		ObjectMeta: trimMeta(pod.ObjectMeta),
-		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName},
+		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName, Containers: namedContainerPorts(pod)},
 		Status:     corev1.PodStatus{Phase: pod.Status.Phase},
 	}, nil
+}
+
+// namedContainerPorts returns one container holding pod's named
+// container ports (which NetworkPolicies may name), or none.
+func namedContainerPorts(pod *corev1.Pod) []corev1.Container {
+	var ports []corev1.ContainerPort
+	for _, c := range append(slices.Clip(pod.Spec.InitContainers), pod.Spec.Containers...) {
+		for _, p := range c.Ports {
+			if p.Name != "" {
+				ports = append(ports, corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
+			}
+		}
+	}
+	if len(ports) == 0 {
+		return nil
+	}
+	return []corev1.Container{{Name: "ports", Ports: ports}}
+}
+
+// trimNamespace keeps a namespace's metadata (its labels).
+func trimNamespace(obj any) (any, error) {
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Namespace{TypeMeta: ns.TypeMeta, ObjectMeta: trimMeta(ns.ObjectMeta)}, nil
 }
 
 // trimNode keeps a node's metadata: its annotations hold the VTEP.

@@ -1,0 +1,262 @@
+package datapath
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// This file holds the node's network policy rules (policyRules): tenant
+// frames are bridged, and the bridge hands them to the node's inet hooks
+// (br_netfilter, net.bridge.bridge-nf-call-ip{,6}tables), where the
+// policy is enforced with connection tracking, each network in its own
+// conntrack zone (its ID) since tenants reuse addresses. There the input
+// and output devices are the network's bridge, so a port is recognised by
+// its addresses, which its anti-spoofing chain guarantees.
+
+// nftSet is a named set of addresses (IPv4 or IPv6, no intervals).
+type nftSet struct {
+	name    string
+	keyType nftables.SetDatatype
+	elems   []netip.Addr // sorted
+	comment string
+}
+
+// policyChain is the regular chain the inet forward chain sends bridged
+// frames of networks with policies to.
+const policyChain = "policy"
+
+// policyTables is what the policies add to the node's inet table.
+type policyTables struct {
+	zones   []nftRule // raw prerouting: conntrack zones, before the notrack rule
+	forward []nftRule // forward: to the policy chain
+	chains  []nftChain
+	sets    []nftSet
+}
+
+// policyRules returns the rules of s.Policies (validated) on the ports
+// and networks of s. For each network with a policy: its bridged frames
+// are tracked in conntrack zone <ID>; in the policy chain, established and
+// related traffic passes, and a frame from (to) an isolated port's
+// address jumps to the port's egress (ingress) chain, pout-<if> (pin-<if>),
+// which returns what a rule allows and drops the rest with a counted rule
+// naming the isolating policies. Peer addresses are in one set per rule
+// name and IP family (np4-/np6-<hash>-<name>), shared by every port with
+// that rule, so that pods coming and going change set elements only;
+// peers that are wider prefixes (ipBlocks) get a rule each.
+func policyRules(s State) policyTables {
+	var pt policyTables
+	if len(s.Policies) == 0 {
+		return pt
+	}
+	byName := map[string]*Network{} // network name -> network
+	for i := range s.Networks {
+		byName[s.Networks[i].Name] = &s.Networks[i]
+	}
+	ports := map[string]*Port{} // host interface -> port
+	for i := range s.Ports {
+		ports[s.Ports[i].HostIfName] = &s.Ports[i]
+	}
+	pols := slices.Clone(s.Policies)
+	slices.SortFunc(pols, func(a, b PortPolicy) int { return strings.Compare(a.Port, b.Port) })
+
+	zoned := map[int]bool{} // network ID -> zone rule made
+	sets := map[string]*nftSet{}
+	dispatch := []nftRule{newRule().ctEstRel(false).accept("policy: replies and established connections")}
+	var chains []nftChain
+	for _, pp := range pols {
+		p := ports[pp.Port]
+		n := byName[p.Network]
+		br := BridgeName(n.ID)
+		zoned[n.ID] = true
+		v4, v6 := portAddrs(*p)
+		fams := []bool{}
+		if len(v4) > 0 {
+			fams = append(fams, false)
+		}
+		if len(v6) > 0 {
+			fams = append(fams, true)
+		}
+		for _, dir := range []struct {
+			d      *PolicyDirection
+			egress bool
+		}{{pp.Egress, true}, {pp.Ingress, false}} {
+			if dir.d == nil {
+				continue
+			}
+			chain, what := "pin-"+p.HostIfName, "ingress"
+			if dir.egress {
+				chain, what = "pout-"+p.HostIfName, "egress"
+			}
+			for _, a := range append(slices.Clone(v4), v6...) {
+				b := newRule().iifname(br).nfproto(a.Is6())
+				if dir.egress {
+					b.addrMatch(a.Is6(), true, hostPrefix(a))
+				} else {
+					b.addrMatch(a.Is6(), false, hostPrefix(a))
+				}
+				dispatch = append(dispatch, b.jump(chain, fmt.Sprintf("port %s: %s policy of %s", p.HostIfName, what, a)))
+			}
+			chains = append(chains, nftChain{name: chain, rules: directionRules(p.HostIfName, what, dir.egress, dir.d, fams, sets)})
+		}
+	}
+	ids := make([]int, 0, len(zoned))
+	for id := range zoned {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		pt.zones = append(pt.zones, newRule().iifname(BridgeName(id)).ctZoneSet(uint16(id)).
+			accept(fmt.Sprintf("network %d: bridged frames tracked in conntrack zone %d for policies", id, id)))
+	}
+	pt.forward = []nftRule{newRule().iifname(bridgePrefix+"*").jump(policyChain, "bridged tenant frames: network policies")}
+	pt.chains = append([]nftChain{{name: policyChain, rules: dispatch}}, chains...)
+	for _, st := range sets {
+		pt.sets = append(pt.sets, *st)
+	}
+	slices.SortFunc(pt.sets, func(a, b nftSet) int { return strings.Compare(a.name, b.name) })
+	return pt
+}
+
+// Traffic every isolated port keeps: DHCP with the router's servers and
+// IPv6 neighbour discovery (types 133-137), never subject to policy.
+func alwaysAllowed(host, what string, egress bool) []nftRule {
+	c := func(s string) string { return fmt.Sprintf("port %s: %s: %s", host, what, s) }
+	client4, server4, client6, server6 := uint16(68), uint16(67), uint16(546), uint16(547)
+	if !egress {
+		client4, server4, client6, server6 = server4, client4, server6, client6
+	}
+	return []nftRule{
+		newRule().nfproto(false).l4protoUDP().udpSport(client4).udpDport(server4).ret(c("DHCP")),
+		newRule().nfproto(true).l4protoUDP().udpSport(client6).udpDport(server6).ret(c("DHCPv6")),
+		newRule().nfproto(true).l4proto(unix.IPPROTO_ICMPV6).icmpv6TypeRange(133, 137).ret(c("neighbour discovery")),
+	}
+}
+
+// directionRules returns the chain of one isolated direction of a port.
+func directionRules(host, what string, egress bool, d *PolicyDirection, fams []bool, sets map[string]*nftSet) []nftRule {
+	rules := alwaysAllowed(host, what, egress)
+	for _, r := range d.Rules {
+		comment := fmt.Sprintf("port %s: %s allowed by %s", host, what, r.Name)
+		if r.AnyPeer {
+			rules = append(rules, portMatches(r.Ports, func() *ruleBuilder { return newRule() }, comment)...)
+			continue
+		}
+		for _, v6 := range fams {
+			name := policySetName(r.Name, v6)
+			if sets[name] == nil {
+				st := &nftSet{name: name, keyType: addrType(v6), comment: cutComment(r.Name)}
+				for _, p := range r.Peers {
+					if a := p.Addr(); a.Is6() == v6 && p.IsSingleIP() {
+						st.elems = append(st.elems, a)
+					}
+				}
+				slices.SortFunc(st.elems, netip.Addr.Compare)
+				st.elems = slices.Compact(st.elems)
+				sets[name] = st
+			}
+			rules = append(rules, portMatches(r.Ports, func() *ruleBuilder {
+				return newRule().nfproto(v6).addrLookup(v6, !egress, name)
+			}, comment)...)
+			for _, p := range r.Peers {
+				if p.Addr().Is6() != v6 || p.IsSingleIP() {
+					continue
+				}
+				rules = append(rules, portMatches(r.Ports, func() *ruleBuilder {
+					return newRule().nfproto(v6).addrMatch(v6, !egress, p)
+				}, comment)...)
+			}
+		}
+	}
+	return append(rules, newRule().counter().drop(fmt.Sprintf("port %s: %s refused by policy %s", host, what, policyNames(d))))
+}
+
+// portMatches returns one rule per port range (from start), returning.
+func portMatches(ports []PolicyPort, start func() *ruleBuilder, comment string) []nftRule {
+	if len(ports) == 0 {
+		return []nftRule{start().ret(comment)}
+	}
+	ps := slices.Clone(ports)
+	slices.SortFunc(ps, func(a, b PolicyPort) int {
+		return cmp.Or(strings.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port), cmp.Compare(a.EndPort, b.EndPort))
+	})
+	ps = slices.Compact(ps)
+	out := make([]nftRule, 0, len(ps))
+	for _, p := range ps {
+		b := start().l4proto(policyProtos[p.Protocol])
+		switch {
+		case p.Port == 0:
+		case p.EndPort == 0:
+			b.thDport(p.Port, p.Port)
+		default:
+			b.thDport(p.Port, p.EndPort)
+		}
+		out = append(out, b.ret(comment))
+	}
+	return out
+}
+
+// policySetName names the set of rule name's peers of one family.
+func policySetName(name string, v6 bool) string {
+	if v6 {
+		return hashedChainName("np6-", name, name)
+	}
+	return hashedChainName("np4-", name, name)
+}
+
+// addrMatch matches the source (src) or destination address against p.
+func (b *ruleBuilder) addrMatch(v6, src bool, p netip.Prefix) *ruleBuilder {
+	switch {
+	case v6 && src:
+		return b.ip6Saddr(p, false)
+	case v6:
+		return b.ip6Daddr(p, false)
+	case src:
+		return b.ipSaddr(p, false)
+	}
+	return b.ipDaddr(p, false)
+}
+
+// addrLookup matches the source (src) or destination address against the
+// addresses in set name.
+func (b *ruleBuilder) addrLookup(v6, src bool, name string) *ruleBuilder {
+	off, l, kw := uint32(ip4DaddrOff), uint32(4), "ip daddr"
+	switch {
+	case v6 && src:
+		off, l, kw = ip6SaddrOff, 16, "ip6 saddr"
+	case v6:
+		off, l, kw = 24, 16, "ip6 daddr"
+	case src:
+		off, kw = ip4SaddrOff, "ip saddr"
+	}
+	return b.add(fmt.Sprintf("%s @%s", kw, name),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+		&expr.Lookup{SourceRegister: 1, SetName: name})
+}
+
+// thDport matches the transport destination port in from..to (after
+// l4proto).
+func (b *ruleBuilder) thDport(from, to uint16) *ruleBuilder {
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	if from == to {
+		return b.add(fmt.Sprintf("th dport %d", from), load,
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, from)})
+	}
+	return b.add(fmt.Sprintf("th dport %d-%d", from, to), load,
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binary.BigEndian.AppendUint16(nil, from),
+			ToData: binary.BigEndian.AppendUint16(nil, to)})
+}
+
+// ctZoneSet puts the packet's connection in conntrack zone id.
+func (b *ruleBuilder) ctZoneSet(id uint16) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct zone set %d", id),
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint16(nil, id)},
+		&expr.Ct{Key: expr.CtKeyZONE, Register: 1, SourceRegister: true})
+}

@@ -1,0 +1,120 @@
+package node
+
+import (
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/policy"
+	"kvnet.io/kvnet/internal/portalias"
+)
+
+// policies is the last phase of a primary network's plan: the
+// NetworkPolicies of the namespaces whose primary network it is (the
+// namespaces a CUDN spans), compiled (package policy) over the network's
+// holders, every node's, with their labels, addresses on the network
+// and named container ports, into a datapath.PortPolicy for each local
+// port a policy selects. A VM is selected through its launcher pod's
+// labels; during a live migration the target's launcher pod has the same
+// labels and addresses, so its port is isolated like the source's before
+// the switch-over. ports are the network's ports in the plan.
+func (p *planner) policies(dn datapath.Network, namespaces map[string]bool, hs []*holder, ports []datapath.Port) {
+	if !dn.Primary || len(p.in.NetworkPolicies) == 0 {
+		return
+	}
+	in := policy.Input{Network: dn.Name, Namespaces: map[string]map[string]string{}}
+	for ns := range namespaces {
+		in.Namespaces[ns] = p.namespaceLabels(ns)
+	}
+	for i := range p.in.NetworkPolicies {
+		if np := &p.in.NetworkPolicies[i]; namespaces[np.Namespace] {
+			in.Policies = append(in.Policies, np)
+		}
+	}
+	if len(in.Policies) == 0 {
+		return
+	}
+	portOf := map[string]*datapath.Port{} // host interface -> planned port
+	for i := range ports {
+		portOf[ports[i].HostIfName] = &ports[i]
+	}
+	ifNames := map[string][]string{} // pod namespace/name -> local host interfaces
+	for _, h := range hs {
+		e := policy.Endpoint{Namespace: h.pod.Namespace, Name: h.pod.Name, Labels: h.pod.Labels, Ports: namedPorts(h.pod)}
+		for _, s := range h.a.IPAddresses {
+			if pfx, err := netip.ParsePrefix(s); err == nil {
+				e.Addrs = append(e.Addrs, pfx.Addr())
+			}
+		}
+		if h.node == p.in.Node {
+			if ifName, ok := p.in.Links[portalias.Format(h.pod.Namespace+"/"+h.pod.Name, h.nadKey)]; ok && portOf[ifName] != nil && len(portOf[ifName].IPs) > 0 {
+				e.Local = true
+				ifNames[e.Key()] = append(ifNames[e.Key()], ifName)
+			}
+		}
+		in.Endpoints = append(in.Endpoints, e)
+	}
+	compiled, errs := policy.Compile(in)
+	for _, err := range errs {
+		p.problem("%v", err)
+	}
+	var pols []datapath.PortPolicy
+	for _, pp := range compiled.Ports {
+		for _, ifName := range ifNames[pp.Key()] {
+			pols = append(pols, datapath.PortPolicy{Port: ifName, Ingress: direction(pp.Ingress), Egress: direction(pp.Egress)})
+		}
+	}
+	// One network's policies the datapath would refuse must not stop the
+	// rest: Apply refuses a whole state with an invalid policy in it.
+	if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Ports: ports, Policies: pols}); err != nil {
+		p.problem("network %s: policies not enforced: %v", dn.Name, err)
+		return
+	}
+	p.plan.State.Policies = append(p.plan.State.Policies, pols...)
+}
+
+// namespaceLabels returns the labels of namespace ns (none if unknown).
+func (p *planner) namespaceLabels(ns string) map[string]string {
+	for i := range p.in.Namespaces {
+		if p.in.Namespaces[i].Name == ns {
+			return p.in.Namespaces[i].Labels
+		}
+	}
+	return nil
+}
+
+// namedPorts returns pod's named container ports.
+func namedPorts(pod *corev1.Pod) []policy.NamedPort {
+	var out []policy.NamedPort
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		for _, cp := range c.Ports {
+			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
+				continue
+			}
+			proto := string(cp.Protocol)
+			if proto == "" {
+				proto = policy.TCP
+			}
+			out = append(out, policy.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
+		}
+	}
+	return out
+}
+
+// direction converts a compiled direction; nil when not isolated.
+func direction(d policy.Direction) *datapath.PolicyDirection {
+	if !d.Isolated {
+		return nil
+	}
+	out := &datapath.PolicyDirection{Policies: d.Policies}
+	for _, r := range d.Rules {
+		dr := datapath.PolicyRule{Name: r.Name, AnyPeer: r.AnyPeer, Peers: r.Peers}
+		for _, pp := range r.Ports {
+			dr.Ports = append(dr.Ports, datapath.PolicyPort{Protocol: pp.Protocol, Port: pp.Port, EndPort: pp.EndPort})
+		}
+		out.Rules = append(out.Rules, dr)
+	}
+	return out
+}
