@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/hostsubnet"
@@ -90,6 +91,10 @@ type Input struct {
 	// those of its namespaces (see policy.go).
 	NetworkPolicies []networkingv1.NetworkPolicy
 	Namespaces      []corev1.Namespace
+	// MultiNetworkPolicies are the cluster's MultiNetworkPolicies: a
+	// secondary network's are those whose policy-for annotation names one
+	// of its NADs (see mnp.go).
+	MultiNetworkPolicies []mnpv1beta1.MultiNetworkPolicy
 	// Annotations, if set, memoises parsed pod annotations across calls
 	// (parsing dominates the cost of a plan in a large cluster).
 	Annotations *AnnotationCache
@@ -283,7 +288,11 @@ func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces 
 	}
 	first := len(p.plan.State.Ports)
 	p.ports(n, dn, hs)
-	p.policies(dn, namespaces, hs, p.plan.State.Ports[first:])
+	if dn.Primary {
+		p.policies(dn, namespaces, hs, p.plan.State.Ports[first:])
+	} else {
+		p.multiPolicies(dn, hs, p.plan.State.Ports[first:])
+	}
 }
 
 // baseNetwork is what every topology's datapath.Network has of n.
