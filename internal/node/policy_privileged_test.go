@@ -286,7 +286,11 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 
 	denyOut := w.policy(t, "x", "deny-egress", networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly})
 	w.check(t, "default deny egress in x", func(from, to *npPod, _ string, _ int) bool { return from.ns != "x" })
-	deletePolicies(t, denyOut)
+	// Under deny in both directions, a VM in x still gets its lease
+	// from kvnet-node's DHCP server.
+	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
+	dhcpUnderDeny(t, l, w)
+	deletePolicies(t, denyOut, deny)
 
 	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
 	fromY := w.policy(t, "x", "a-from-y", networkingv1.NetworkPolicySpec{PodSelector: *labels("pod", "a"),
@@ -374,4 +378,30 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	deletePolicies(t, upd)
 	w.check(t, "all policies deleted", all)
 	otherReaches()
+}
+
+// dhcpUnderDeny runs a VM-like pod in x (isolated both ways by the
+// policies in place) without addresses, and waits for udhcpc to get its
+// lease.
+func dhcpUnderDeny(t *testing.T, l *lab, w *npWorld) {
+	t.Helper()
+	var nad nadv1.NetworkAttachmentDefinition
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s["x"], Name: "npm"}, &nad); err != nil {
+		t.Fatal(err)
+	}
+	vm := l.runPod(&nad, "npm-xvm", "n1", func(p *corev1.Pod) { p.Labels["pod"] = "vm" })
+	testenv.Eventually(t, waitTimeout, "vm's port isolated both ways", func() error {
+		for _, pp := range l.agent("n1").LastPlan().State.Policies {
+			if pp.Ingress != nil && pp.Egress != nil && len(pp.Ingress.Policies) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("policies %+v", l.agent("n1").LastPlan().State.Policies)
+	})
+	if err := nstest.Exec(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitTimeout, "DHCP lease under deny-all", func() error {
+		return nstest.Exec(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true")
+	})
 }
