@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -187,6 +188,12 @@ func TestPolicyEnforcement(t *testing.T) {
 	c.applyPolicies(nets, pols)
 	// a1 takes connections from a3 only, and still opens its own.
 	checkMatrix(t, pods, "a1 ingress from a3", "a1>a2", "a1>a3", "a2>a3", "a3>a1", "a3>a2", "b1>b2", "b2>b1")
+	// The node reaches a1 on its cluster default network interface (the
+	// kubelet's probes): policies are about the UDN port only.
+	eth0 := addEth0(t, c.nodes[0], pods["a1"])
+	if token, err := echoFrom(c.nodes[0].ns, "node", netip.AddrPortFrom(eth0, echoPort), 1); err != nil || token != "a1" {
+		t.Errorf("node to a1's eth0 under a1's ingress policy: %q, %v; want a1's answer", token, err)
+	}
 
 	// a2 may only connect to 10.1.1.0/24 except a1, on the echo port.
 	pols["a2"] = PortPolicy{Egress: &PolicyDirection{Policies: []string{"x/a2-out"}, Rules: []PolicyRule{{
@@ -242,4 +249,28 @@ func nodeRulesByChain(t *testing.T, dp *Datapath) map[string][]string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// addEth0 gives p a stand-in for its cluster default network interface
+// (eth0 in a real pod; here "dflt0", as p's kvnet interface is eth0):
+// 192.168.250.2/30 on a veth to its node's namespace (192.168.250.1/30),
+// outside every kvnet bridge. It returns p's address.
+func addEth0(t *testing.T, nd *node, p *pod) netip.Addr {
+	t.Helper()
+	host := "e0" + p.name
+	for _, cmd := range []struct {
+		ns   string
+		args []string
+	}{
+		{nd.ns, []string{"ip", "link", "add", host, "type", "veth", "peer", "name", "dflt0", "netns", filepath.Base(p.ns)}},
+		{nd.ns, []string{"ip", "addr", "add", "192.168.250.1/30", "dev", host}},
+		{nd.ns, []string{"ip", "link", "set", host, "up"}},
+		{p.ns, []string{"ip", "addr", "add", "192.168.250.2/30", "dev", "dflt0"}},
+		{p.ns, []string{"ip", "link", "set", "dflt0", "up"}},
+	} {
+		if err := nstest.Exec(cmd.ns, cmd.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return netip.MustParseAddr("192.168.250.2")
 }

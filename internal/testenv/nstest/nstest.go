@@ -103,3 +103,51 @@ func ReadLine(nsPath, addr string, timeout time.Duration) (string, error) {
 	}
 	return strings.TrimSpace(got), nil
 }
+
+// ServeUDPLine answers each UDP datagram to addr (IPv4) in the namespace
+// at nsPath with the line answer gives, until the test ends.
+func ServeUDPLine(tb testing.TB, nsPath, addr string, answer func(from net.Addr) string) {
+	tb.Helper()
+	var pc net.PacketConn
+	if err := nl.Do(nsPath, func() (err error) {
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(answer(from)+"\n"), from)
+		}
+	}()
+}
+
+// UDPReadLine sends a datagram from the namespace at nsPath to addr
+// (IPv4) and returns the first line of the answer, without its line end;
+// timeout bounds the exchange.
+func UDPReadLine(nsPath, addr string, timeout time.Duration) (string, error) {
+	var conn net.Conn
+	if err := nl.Do(nsPath, func() (err error) {
+		conn, err = net.Dial("udp4", addr)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := conn.Write([]byte("?\n")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 1500)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("read an answer from %s: %w", addr, err)
+	}
+	return strings.TrimSpace(string(buf[:n])), nil
+}

@@ -43,6 +43,18 @@ func TestServeAndReadLine(t *testing.T) {
 	}
 }
 
+func TestServeUDPLine(t *testing.T) {
+	testenv.NeedsRoot(t)
+	ns := newNS(t)
+	nstest.ServeUDPLine(t, ns, "127.0.0.1:7071", func(from net.Addr) string { return "udp hello" })
+	if got, err := nstest.UDPReadLine(ns, "127.0.0.1:7071", 2*time.Second); err != nil || got != "udp hello" {
+		t.Fatalf("UDPReadLine = %q, %v; want %q", got, err, "udp hello")
+	}
+	if _, err := nstest.UDPReadLine(ns, "127.0.0.1:7072", time.Second); err == nil {
+		t.Error("UDPReadLine got an answer from a port nobody serves")
+	}
+}
+
 func TestPingAndExec(t *testing.T) {
 	testenv.NeedsRoot(t)
 	ns := newNS(t)

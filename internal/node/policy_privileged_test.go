@@ -1,0 +1,407 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
+	"kvnet.io/kvnet/internal/udn"
+)
+
+// The upstream NetworkPolicy e2e model on a CUDN: namespaces x, y, z
+// (label ns=x/y/z), pods a, b, c in each (label pod=a/b/c), each serving
+// TCP and UDP on ports 80 and 81 (named serve-<port>-<protocol>), on two
+// nodes. Every case checks the full 9x9 matrix on the four ports against
+// what the test computes itself.
+
+var (
+	npNamespaces = []string{"x", "y", "z"}
+	npPods       = []string{"a", "b", "c"}
+	npProbes     = []struct {
+		proto string
+		port  int
+	}{{"TCP", 80}, {"TCP", 81}, {"UDP", 80}, {"UDP", 81}}
+)
+
+// npPod is one pod of the model.
+type npPod struct {
+	ns, pod string // model names: x, a
+	p       *pod
+}
+
+func (p *npPod) String() string { return p.ns + "/" + p.pod }
+
+// npWorld is the model: its pods, the Kubernetes namespace of each model
+// namespace, and the CUDN's NAD of each.
+type npWorld struct {
+	l    *lab
+	pods []*npPod
+	k8s  map[string]string // model namespace -> Kubernetes namespace
+}
+
+func (w *npWorld) pod(ns, name string) *npPod {
+	for _, p := range w.pods {
+		if p.ns == ns && p.pod == name {
+			return p
+		}
+	}
+	panic("no pod " + ns + "/" + name)
+}
+
+// serveModelPorts runs p's servers: TCP and UDP 80 and 81 answering its
+// model name, and an echo server on TCP 82 for long connections.
+func serveModelPorts(t *testing.T, p *pod, name string) {
+	for _, port := range []int{80, 81} {
+		nstest.ServeLine(t, p.netns, fmt.Sprintf(":%d", port), func(net.Conn) string { return name })
+		nstest.ServeUDPLine(t, p.netns, fmt.Sprintf(":%d", port), func(net.Addr) string { return name })
+	}
+	nstest.Serve(nstest.Listen(t, p.netns, ":82"), func(conn net.Conn) { _, _ = io.Copy(conn, conn) })
+}
+
+func modelPorts(pod *corev1.Pod) {
+	for _, pr := range npProbes {
+		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{
+			Name: fmt.Sprintf("serve-%d-%s", pr.port, strings.ToLower(pr.proto)), ContainerPort: int32(pr.port), Protocol: corev1.Protocol(pr.proto)})
+	}
+}
+
+// newNPWorld makes the CUDN over x, y and z and the nine pods.
+func newNPWorld(t *testing.T, l *lab, prefix, subnet string) *npWorld {
+	w := &npWorld{l: l, k8s: map[string]string{}}
+	sel := map[string]string{"np-test": prefix}
+	for _, ns := range npNamespaces {
+		w.k8s[ns] = prefix + "-" + ns
+		testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.k8s[ns],
+			Labels: map[string]string{udn.PrimaryNamespaceLabel: "", "np-test": prefix, "ns": ns}}})
+	}
+	testenv.Create(t, c, &udnv1.ClusterUserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: prefix},
+		Spec: udnv1.ClusterUserDefinedNetworkSpec{
+			NamespaceSelector: metav1.LabelSelector{MatchLabels: sel},
+			Network: udnv1.NetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+				Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
+		},
+	})
+	i := 0
+	for _, ns := range npNamespaces {
+		var nad nadv1.NetworkAttachmentDefinition
+		testenv.Eventually(t, waitTimeout, "NAD of "+w.k8s[ns], func() error {
+			return c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s[ns], Name: prefix}, &nad)
+		})
+		for _, name := range npPods {
+			node := []string{"n1", "n2"}[i%2]
+			i++
+			p := l.runPod(&nad, prefix+"-"+ns+name, node, func(pod *corev1.Pod) {
+				pod.Labels["pod"] = name
+				modelPorts(pod)
+			})
+			mp := &npPod{ns: ns, pod: name, p: p}
+			serveModelPorts(t, p, mp.String())
+			w.pods = append(w.pods, mp)
+		}
+	}
+	return w
+}
+
+// probe reports whether from reaches to at proto/port (to's server
+// answers with its name).
+func probe(from, to *npPod, proto string, port int) bool {
+	addr := net.JoinHostPort(to.p.ip(), fmt.Sprint(port))
+	var got string
+	var err error
+	if proto == "TCP" {
+		got, err = nstest.ReadLine(from.p.netns, addr, time.Second)
+	} else {
+		got, err = nstest.UDPReadLine(from.p.netns, addr, time.Second)
+	}
+	return err == nil && got == to.String()
+}
+
+// expectFunc says whether from may reach to at proto/port.
+type expectFunc func(from, to *npPod, proto string, port int) bool
+
+// matrix probes every pair on every port in parallel and returns an
+// error with the want/got tables of the ports that differ.
+func (w *npWorld) matrix(want expectFunc) error {
+	type key struct {
+		from, to, probe int
+	}
+	got := map[key]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, from := range w.pods {
+		for j, to := range w.pods {
+			for k, pr := range npProbes {
+				wg.Go(func() {
+					ok := probe(from, to, pr.proto, pr.port)
+					mu.Lock()
+					got[key{i, j, k}] = ok
+					mu.Unlock()
+				})
+			}
+		}
+	}
+	wg.Wait()
+	var sb strings.Builder
+	for k, pr := range npProbes {
+		var tb strings.Builder
+		bad := 0
+		fmt.Fprintf(&tb, "%s/%d: want/got, rows from, columns to (. reaches, X does not, ! differs)\n%5s", pr.proto, pr.port, "")
+		for _, to := range w.pods {
+			fmt.Fprintf(&tb, " %-5s", to)
+		}
+		for i, from := range w.pods {
+			fmt.Fprintf(&tb, "\n%-5s", from)
+			for j, to := range w.pods {
+				// Loopback never leaves the pod: always allowed.
+				wv := from == to || want(from, to, pr.proto, pr.port)
+				gv := got[key{i, j, k}]
+				mark := map[bool]string{true: ".", false: "X"}
+				cell := mark[wv] + "/" + mark[gv]
+				if wv != gv {
+					bad++
+					cell += "!"
+				}
+				fmt.Fprintf(&tb, " %-5s", cell)
+			}
+		}
+		if bad > 0 {
+			sb.WriteString(tb.String() + "\n")
+		}
+	}
+	if sb.Len() > 0 {
+		return fmt.Errorf("reachability differs:\n%s", sb.String())
+	}
+	return nil
+}
+
+// check waits (the agents apply the policies) for the matrix to be want.
+func (w *npWorld) check(t *testing.T, what string, want expectFunc) {
+	t.Helper()
+	start := time.Now()
+	testenv.Eventually(t, waitTimeout, what, func() error { return w.matrix(want) })
+	t.Logf("%s: matrix as expected after %s", what, time.Since(start).Round(10*time.Millisecond))
+}
+
+func (w *npWorld) policy(t *testing.T, ns, name string, spec networkingv1.NetworkPolicySpec) *networkingv1.NetworkPolicy {
+	t.Helper()
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: w.k8s[ns], Name: name}, Spec: spec}
+	testenv.Create(t, c, np)
+	return np
+}
+
+func deletePolicies(t *testing.T, nps ...*networkingv1.NetworkPolicy) {
+	t.Helper()
+	for _, np := range nps {
+		if err := c.Delete(context.Background(), np); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func labels(kv ...string) *metav1.LabelSelector {
+	m := map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return &metav1.LabelSelector{MatchLabels: m}
+}
+
+func npPort(proto string, port intstr.IntOrString, end int32) networkingv1.NetworkPolicyPort {
+	p := networkingv1.NetworkPolicyPort{Protocol: (*corev1.Protocol)(&proto), Port: &port}
+	if end != 0 {
+		p.EndPort = &end
+	}
+	return p
+}
+
+var (
+	ingressOnly = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	egressOnly  = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+)
+
+// TestAgentNetworkPolicyMatrix: kvnet-node enforces NetworkPolicies on a
+// CUDN's pods, on the upstream e2e model, case by case: default deny
+// ingress and egress, allow from a namespace, from a pod of another
+// namespace of the CUDN (both selectors), named ports, endPort, ipBlock
+// with except, policies adding up, an update that cuts an established
+// connection and a delete; another tenant's pods (same namespace labels,
+// same subnet, own UDN) are never affected.
+func TestAgentNetworkPolicyMatrix(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	w := newNPWorld(t, l, "npm", "10.60.0.0/24")
+	// Another tenant: its namespace has x's labels and the same subnet.
+	other := tenant(t, "npm-other", "10.60.0.0/24", false)
+	var o1, o2 *pod
+	for i, name := range []string{"npm-o1", "npm-o2"} {
+		p := l.runPod(other, name, []string{"n1", "n2"}[i], func(p *corev1.Pod) { p.Labels["pod"] = "a" })
+		serveModelPorts(t, p, name)
+		if i == 0 {
+			o1 = p
+		} else {
+			o2 = p
+		}
+	}
+	var ns corev1.Namespace
+	if err := c.Get(context.Background(), client.ObjectKey{Name: other.Namespace}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["ns"] = "x"
+	if err := c.Update(context.Background(), &ns); err != nil {
+		t.Fatal(err)
+	}
+	otherReaches := func() {
+		t.Helper()
+		for _, pr := range [][2]*pod{{o1, o2}, {o2, o1}} {
+			if got, err := nstest.ReadLine(pr[0].netns, net.JoinHostPort(pr[1].ip(), "80"), 2*time.Second); err != nil || got != pr[1].name {
+				t.Errorf("other tenant: %s to %s: %q, %v; want %s's answer", pr[0].name, pr[1].name, got, err, pr[1].name)
+			}
+		}
+	}
+
+	all := func(*npPod, *npPod, string, int) bool { return true }
+	w.check(t, "no policy", all)
+
+	deny := w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
+	w.check(t, "default deny ingress in x", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" })
+	otherReaches()
+	deletePolicies(t, deny)
+	w.check(t, "deny removed", all)
+
+	denyOut := w.policy(t, "x", "deny-egress", networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly})
+	w.check(t, "default deny egress in x", func(from, to *npPod, _ string, _ int) bool { return from.ns != "x" })
+	// Under deny in both directions, a VM in x still gets its lease
+	// from kvnet-node's DHCP server.
+	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
+	dhcpUnderDeny(t, l, w)
+	deletePolicies(t, denyOut, deny)
+
+	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
+	fromY := w.policy(t, "x", "a-from-y", networkingv1.NetworkPolicySpec{PodSelector: *labels("pod", "a"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "y")}}}}})
+	w.check(t, "deny in x, x/a from namespace y", func(from, to *npPod, _ string, _ int) bool {
+		return to.ns != "x" || to.pod == "a" && from.ns == "y"
+	})
+	otherReaches()
+	deletePolicies(t, fromY)
+
+	fromZB := w.policy(t, "x", "a-from-zb", networkingv1.NetworkPolicySpec{PodSelector: *labels("pod", "a"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{NamespaceSelector: labels("ns", "z"), PodSelector: labels("pod", "b")}}}}})
+	w.check(t, "deny in x, x/a from z/b", func(from, to *npPod, _ string, _ int) bool {
+		return to.ns != "x" || to.String() == "x/a" && from.String() == "z/b"
+	})
+	deletePolicies(t, fromZB)
+
+	named := w.policy(t, "x", "udp-81", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+			npPort("UDP", intstr.FromString("serve-81-udp"), 0)}}}})
+	w.check(t, "deny in x, named port serve-81-udp", func(from, to *npPod, proto string, port int) bool {
+		return to.ns != "x" || proto == "UDP" && port == 81
+	})
+	deletePolicies(t, named, deny)
+
+	rangeY := w.policy(t, "y", "tcp-81-85", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+			npPort("TCP", intstr.FromInt32(81), 85)}}}})
+	w.check(t, "y: TCP 81-85 only", func(from, to *npPod, proto string, port int) bool {
+		return to.ns != "y" || proto == "TCP" && port == 81
+	})
+	deletePolicies(t, rangeY)
+
+	xa := w.pod("x", "a").p.ip()
+	block := w.policy(t, "z", "c-block", networkingv1.NetworkPolicySpec{PodSelector: *labels("pod", "c"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.60.0.0/24", Except: []string{xa + "/32"}}}}}}})
+	w.check(t, "z/c from the subnet except x/a", func(from, to *npPod, _ string, _ int) bool {
+		return to.String() != "z/c" || from.String() != "x/a"
+	})
+	deletePolicies(t, block)
+
+	add1 := w.policy(t, "x", "tcp80-from-y", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "y")}},
+			Ports: []networkingv1.NetworkPolicyPort{npPort("TCP", intstr.FromInt32(80), 0)}}}})
+	add2 := w.policy(t, "x", "tcp81-from-z", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "z")}},
+			Ports: []networkingv1.NetworkPolicyPort{npPort("TCP", intstr.FromInt32(81), 0)}}}})
+	w.check(t, "x: two policies add up", func(from, to *npPod, proto string, port int) bool {
+		return to.ns != "x" || proto == "TCP" && (from.ns == "y" && port == 80 || from.ns == "z" && port == 81)
+	})
+	deletePolicies(t, add1, add2)
+
+	// Update and delete: x admits namespace y, then z instead; y/a's
+	// established connection to x/a is cut by the update.
+	upd := w.policy(t, "x", "from-ns", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "y")}}}}})
+	w.check(t, "x from y", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "y" })
+	conn, err := nstest.Dial(w.pod("y", "a").p.netns, net.JoinHostPort(xa, "82"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	roundTrip := func() error {
+		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+		if _, err := fmt.Fprintln(conn, "ping"); err != nil {
+			return err
+		}
+		_, err := r.ReadString('\n')
+		return err
+	}
+	if err := roundTrip(); err != nil {
+		t.Fatalf("y/a's connection to x/a: %v", err)
+	}
+	upd.Spec.Ingress[0].From[0].NamespaceSelector = labels("ns", "z")
+	if err := c.Update(context.Background(), upd); err != nil {
+		t.Fatal(err)
+	}
+	w.check(t, "x from z (updated)", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "z" })
+	if err := roundTrip(); err == nil {
+		t.Error("y/a's established connection to x/a survived the update that no longer allows it")
+	}
+	deletePolicies(t, upd)
+	w.check(t, "all policies deleted", all)
+	otherReaches()
+}
+
+// dhcpUnderDeny runs a VM-like pod in x (isolated both ways by the
+// policies in place) without addresses, and waits for udhcpc to get its
+// lease.
+func dhcpUnderDeny(t *testing.T, l *lab, w *npWorld) {
+	t.Helper()
+	var nad nadv1.NetworkAttachmentDefinition
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s["x"], Name: "npm"}, &nad); err != nil {
+		t.Fatal(err)
+	}
+	vm := l.runPod(&nad, "npm-xvm", "n1", func(p *corev1.Pod) { p.Labels["pod"] = "vm" })
+	testenv.Eventually(t, waitTimeout, "vm's port isolated both ways", func() error {
+		for _, pp := range l.agent("n1").LastPlan().State.Policies {
+			if pp.Ingress != nil && pp.Egress != nil && len(pp.Ingress.Policies) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("policies %+v", l.agent("n1").LastPlan().State.Policies)
+	})
+	if err := nstest.Exec(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitTimeout, "DHCP lease under deny-all", func() error {
+		return nstest.Exec(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true")
+	})
+}
