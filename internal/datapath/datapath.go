@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -45,6 +46,19 @@ type Datapath struct {
 	// learning is the bridge ports' learning flag by interface index,
 	// read once per Apply (nil until then); guarded by mu.
 	learning map[int]bool
+
+	// rulesSync is how long the last Apply took to write the node's
+	// nftables rules; guarded by mu.
+	rulesSync time.Duration
+}
+
+// RulesSyncDuration returns how long the last Apply took to bring the
+// node's nftables rules (anti-spoofing, Services, network policies) up to
+// date: read, compare, and write what changed.
+func (d *Datapath) RulesSyncDuration() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rulesSync
 }
 
 // New opens the datapath of the node described by cfg. It changes nothing
@@ -172,7 +186,9 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 	if len(s.Policies) > 0 && !step(d.enablePolicyHooks()) {
 		return result()
 	}
+	rulesStart := time.Now()
 	rulesErr := d.syncNodeRules(s)
+	d.rulesSync = time.Since(rulesStart)
 	if !step(rulesErr) {
 		return result()
 	}
