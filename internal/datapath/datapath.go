@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -37,6 +38,11 @@ type Datapath struct {
 	// Activate's) and guards activated; taken after mu.
 	rulesMu   sync.Mutex
 	activated map[string]string // Standby port activated early -> its MAC
+	// nodeTables are the node namespace's chains and sets as the last
+	// successful rules sync left them (see knownTables); guarded by
+	// rulesMu. Activate's commits change the generation, so they are
+	// read again after it.
+	nodeTables *tablesCache
 	// lastPolicies is what of the last applied State decided which
 	// connections policies allow (see cutDenied); nil before the first;
 	// guarded by mu.
@@ -219,7 +225,20 @@ func (d *Datapath) syncNodeRules(s State) error {
 		}
 	}
 	d.activated = still // the planner caught up with the others
-	return syncTables(conn, nodeRules(s))
+	tables := nodeRules(s)
+	known := d.nodeTables.valid(int(d.nsh))
+	d.nodeTables = nil
+	if err := syncTablesKnown(conn, tables, known); err != nil {
+		return err
+	}
+	gen, err := nftGenID(int(d.nsh))
+	if err != nil {
+		return nil // the next sync reads the kernel
+	}
+	if k, err := knownTablesOf(tables); err == nil {
+		d.nodeTables = &tablesCache{known: k, gen: gen, at: time.Now()}
+	}
+	return nil
 }
 
 // Activate ends the Standby of port p (a live-migration target whose guest
