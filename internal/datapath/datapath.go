@@ -228,16 +228,16 @@ func (d *Datapath) syncNodeRules(s State) error {
 	tables := nodeRules(s)
 	known := d.nodeTables.valid(int(d.nsh))
 	d.nodeTables = nil
+	next, nextErr := knownTablesOf(tables)
+	if known != nil && nextErr == nil {
+		known.wants = next.chains
+	}
 	if err := syncTablesKnown(conn, tables, known); err != nil {
 		return err
 	}
-	gen, err := nftGenID(int(d.nsh))
-	if err != nil {
-		return nil // the next sync reads the kernel
-	}
-	if k, err := knownTablesOf(tables); err == nil {
-		d.nodeTables = &tablesCache{known: k, gen: gen, at: time.Now()}
-	}
+	if gen, err := nftGenID(int(d.nsh)); err == nil && nextErr == nil {
+		d.nodeTables = &tablesCache{known: next, gen: gen, at: time.Now()}
+	} // else the next sync reads the kernel
 	return nil
 }
 

@@ -118,6 +118,9 @@ func setText(ws nftSet) string {
 type knownTables struct {
 	sets   map[string]map[string]bool // tableKey -> element keys
 	chains map[string][]byte          // tableKey -> rulesKey
+	// wants, during a sync, are the chains of the tables being synced
+	// (tableKey -> rulesKey), computed once for the sync and the next.
+	wants map[string][]byte
 }
 
 // knownTablesTTL bounds how long knownTables are trusted without reading
@@ -137,7 +140,8 @@ func (k *knownTables) set(fam nftables.TableFamily, name string) map[string]bool
 }
 
 // sameChain reports whether the known rules of wc's chain are wc's, or
-// nil when they are not known.
+// nil when they are not known. k.wants, when set, holds wc's encoding
+// (knownTablesOf of the tables being synced).
 func (k *knownTables) sameChain(fam nftables.TableFamily, wc nftChain) (*bool, error) {
 	if k == nil {
 		return nil, nil
@@ -146,9 +150,12 @@ func (k *knownTables) sameChain(fam nftables.TableFamily, wc nftChain) (*bool, e
 	if !ok {
 		return nil, nil
 	}
-	want, err := rulesKey(fam, wc.rules)
-	if err != nil {
-		return nil, err
+	want, ok := k.wants[tableKey(fam, wc.name)]
+	if !ok {
+		var err error
+		if want, err = rulesKey(fam, wc.rules); err != nil {
+			return nil, err
+		}
 	}
 	same := bytes.Equal(have, want)
 	return &same, nil
