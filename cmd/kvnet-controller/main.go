@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"kvnet.io/kvnet/internal/k8s/apiwait"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/reserved"
 	"kvnet.io/kvnet/internal/udn"
@@ -29,7 +30,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
 		os.Exit(2)
 	}
-	if err := manager.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), opts); err != nil {
+	ctx, restCfg := ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie()
+	// The manager needs the API's discovery data: wait for the API server
+	// rather than exit into the kubelet's back-off.
+	err = apiwait.Wait(ctx, restCfg, apiwait.DefaultBackoff, ctrl.Log.WithName("kvnet-controller"))
+	if err == nil {
+		err = manager.Run(ctx, restCfg, opts)
+	}
+	if err != nil {
 		ctrl.Log.Error(err, "kvnet-controller failed")
 		os.Exit(1)
 	}

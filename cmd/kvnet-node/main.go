@@ -20,6 +20,7 @@ import (
 
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/k8s/apiwait"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/reserved"
 )
@@ -84,9 +85,16 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	agent, err := node.New(ctrl.GetConfigOrDie(), cfg)
+	ctx, restCfg := ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie()
+	// The agent's manager needs the API's discovery data: wait for the
+	// API server rather than exit into the kubelet's back-off.
+	err = apiwait.Wait(ctx, restCfg, apiwait.DefaultBackoff, ctrl.Log.WithName("kvnet-node"))
+	var agent *node.Agent
 	if err == nil {
-		err = agent.Run(ctrl.SetupSignalHandler())
+		agent, err = node.New(restCfg, cfg)
+	}
+	if err == nil {
+		err = agent.Run(ctx)
 	}
 	if err != nil {
 		ctrl.Log.Error(err, "kvnet-node failed")

@@ -195,7 +195,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 		if !step(d.ensureNetwork(n, s.RemoteMACs)) {
 			return result()
 		}
-		if n.hasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
+		if n.HasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
 			return result()
 		}
 	}
@@ -299,7 +299,7 @@ func (d *Datapath) removeStaleLinks(nets []Network) error {
 		n, keep := want[id]
 		switch prefix {
 		case gwPortPrefix:
-			keep = keep && n.hasRouter()
+			keep = keep && n.HasRouter()
 		case transitPrefix:
 			keep = keep && n.Primary
 		case svcPortPrefix:
@@ -337,7 +337,7 @@ func (d *Datapath) removeStaleRouters(nets []Network) error {
 	}
 	want := map[int]bool{} // network ID -> has a router
 	for _, n := range nets {
-		want[n.ID] = n.hasRouter()
+		want[n.ID] = n.HasRouter()
 	}
 	var errs []error
 	for _, name := range names {

@@ -30,7 +30,7 @@ func nodeRules(s State) []nftTable {
 	// victim's FDB entry to the attacker's port.
 	var pre, fwd []nftRule
 	for _, n := range nets {
-		if !n.Primary {
+		if !n.Primary && !n.GuestServiceOnly() {
 			continue
 		}
 		// Every node answers for the gateway with the same MAC; if frames

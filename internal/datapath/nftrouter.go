@@ -30,7 +30,8 @@ func networkFamilies(n Network) []bool {
 	return out
 }
 
-// routerRules returns the kvnet table of network n's router namespace:
+// routerRules returns the kvnet table of network n's router namespace (one
+// that only serves guests, GuestServiceOnly, forwards nothing):
 // only connections from the tenant outwards (and between its own subnets)
 // are forwarded, and everything leaving through the transit veth is
 // masqueraded to the router's transit address, so the node never sees
@@ -47,6 +48,13 @@ func networkFamilies(n Network) []bool {
 // of its original direction) and are masqueraded to this node's service
 // address there.
 func routerRules(n Network, services []Service) []nftTable {
+	if n.GuestServiceOnly() {
+		return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
+			filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, []nftRule{
+				newRule().counter().drop(fmt.Sprintf("network %s: its router only serves guests, it forwards nothing", n.Name)),
+			}),
+		}}}
+	}
 	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
 	dnat, svcMaps, svcChains, refuse := serviceRules(services)
 	forward = append(forward, refuse...)

@@ -74,12 +74,20 @@ func (d *Datapath) wireRouter(n Network, services []Service, path string, fd int
 	if hasV6(fams) {
 		sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
 	}
+	if n.GuestServiceOnly() {
+		// It forwards nothing, and takes no advertisement from a guest
+		// (a router that does not forward would accept them).
+		sysctls = [][2]string{
+			{"net/ipv6/conf/all/accept_ra", "0"},
+			{"net/ipv6/conf/default/accept_ra", "0"}, // inherited by gw, created below
+		}
+	}
 	for _, kv := range sysctls {
 		if err := nl.SetSysctl(path, kv[0], kv[1]); err != nil {
 			return err
 		}
 	}
-	if hasV6(fams) {
+	if hasV6(fams) && !n.GuestServiceOnly() {
 		if err := nl.SetSysctl(d.nsPath, "net/ipv6/conf/all/forwarding", "1"); err != nil {
 			return err
 		}

@@ -41,7 +41,8 @@ type Network struct {
 	// addresses, so it must be the same on every node.
 	ID int
 	// Primary networks get a router (gateway, egress SNAT); secondary
-	// networks are pure L2.
+	// networks are pure L2, but for their router when they have one
+	// (HasRouter).
 	Primary bool
 	// Subnets of the network; empty for a secondary network without IPAM.
 	Subnets []netip.Prefix
@@ -85,9 +86,20 @@ type Network struct {
 	Layer3 *Layer3
 }
 
-// hasRouter reports whether n gets a router namespace: primary networks
-// (gateway, egress) and Layer3 networks (routing between nodes).
-func (n *Network) hasRouter() bool { return n.Primary || n.Layer3 != nil }
+// HasRouter reports whether n gets a router namespace: primary networks
+// (gateway, egress), Layer3 networks (routing between nodes), and Layer2
+// secondary networks with an IPv6 subnet, whose router only serves router
+// advertisements and DHCPv6 to guests (GuestServiceOnly). A localnet
+// network never has one: its physical network may have routers of its own.
+func (n *Network) HasRouter() bool {
+	return n.Primary || n.Layer3 != nil || n.Physical == "" && hasV6(networkFamilies(*n))
+}
+
+// GuestServiceOnly reports whether n's router only serves IPv6 to guests
+// (router advertisements without a default router, and DHCPv6) from its
+// gateway interface: it holds no address but its link-local one, forwards
+// nothing and has no egress. A Layer2 secondary network has no gateway.
+func (n *Network) GuestServiceOnly() bool { return n.HasRouter() && !n.Primary && n.Layer3 == nil }
 
 // Layer3 is what a Layer3 network's router needs to reach the other
 // nodes: its own overlay address and MAC, and every peer router.

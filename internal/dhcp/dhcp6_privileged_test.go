@@ -2,14 +2,9 @@ package dhcp
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,93 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/testenv/nstest"
 )
-
-// dhcpcdScript records each DHCPv6 event of dhcpcd as a file named after
-// its reason (BOUND6, RENEW6, REBIND6, ...) holding the variables dhcpcd
-// derives from the reply, plus the guest's default route and global
-// addresses as the kernel has them. Files are written under a temporary
-// name and renamed, so the test never reads a half-written one.
-const dhcpcdScript = `#!/bin/sh
-out=%q
-case "$reason" in
-BOUND6|RENEW6|REBIND6|REBOOT6)
-	{
-		echo "ip=$new_dhcp6_ia_na1_ia_addr1"
-		echo "dns=$new_dhcp6_name_servers"
-		echo "search=$new_dhcp6_domain_search"
-		echo "serverid=$new_dhcp6_server_id"
-		echo "route=$(ip -6 route show default dev "$interface" | cut -d' ' -f1-5)"
-		echo "global=$(ip -6 -o addr show dev "$interface" scope global | awk '{print $4}' | tr '\n' ' ')"
-	} > "$out/$reason.tmp"
-	mv "$out/$reason.tmp" "$out/$reason"
-	;;
-esac
-exit 0
-`
-
-// dhcpcdConf is the client's configuration: IPv6 only, as the lab's guest
-// runs it, with a DUID from the MAC.
-const dhcpcdConf = `ipv6only
-script %s
-duid ll
-option dhcp6_name_servers, dhcp6_domain_search
-`
-
-// startDHCPCD runs dhcpcd on the guest's eth0 in the foreground, in a
-// mount namespace of its own with private /run/dhcpcd and /var/lib/dhcpcd,
-// so that it shares no pid file, control socket or DUID with any other
-// dhcpcd on the host. It returns the output so far for failure messages.
-func (g *guest) startDHCPCD(t *testing.T, out string) fmt.Stringer {
-	t.Helper()
-	dir := t.TempDir()
-	script := filepath.Join(dir, "event.sh")
-	conf := filepath.Join(dir, "dhcpcd.conf")
-	if err := os.WriteFile(script, []byte(fmt.Sprintf(dhcpcdScript, out)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(dhcpcdConf, script)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{"/run/dhcpcd", "/var/lib/dhcpcd"} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sh := fmt.Sprintf("mount -t tmpfs kvdhcp /run/dhcpcd && mount -t tmpfs kvdhcp /var/lib/dhcpcd && exec dhcpcd -B -d -f %s %s", conf, guestIface)
-	cmd := exec.Command("nsenter", "-n"+g.ns.path, "-F", "unshare", "-m", "--propagation", "private", "sh", "-c", sh)
-	// A file, not a pipe: dhcpcd's privilege-separated helpers inherit
-	// its stdio, and Wait would wait for them to close a pipe.
-	logFile, err := os.Create(filepath.Join(dir, "dhcpcd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// A process group of its own, so that the helpers, which outlive a
-	// SIGTERM, can be killed with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start dhcpcd: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	log := fileLog(logFile.Name())
-	return log
-}
-
-// fileLog prints a log file's contents, for failure messages.
-type fileLog string
-
-func (f fileLog) String() string {
-	b, err := os.ReadFile(string(f))
-	if err != nil {
-		return err.Error()
-	}
-	return string(b)
-}
 
 // startServer6 plugs a router namespace's gw0 with the gateway MAC into
 // the topology's bridge and runs a Server6 there. stop stops the server
@@ -146,9 +56,6 @@ func (tp *topology) startServer6(t *testing.T, role string, leases Leases) (stop
 // moved to another namespace (another node after a live migration).
 func TestServe6DHCPCDPrivileged(t *testing.T) {
 	testenv.NeedsRoot(t)
-	if _, err := exec.LookPath("dhcpcd"); err != nil {
-		t.Fatalf("dhcpcd not found (hack/install-deps.sh installs it): %v", err)
-	}
 	topo := newTopology(t)
 	lease := lease6
 	// A short lease: dhcpcd renews at T1, half of it.
@@ -158,9 +65,8 @@ func TestServe6DHCPCDPrivileged(t *testing.T) {
 	stopA := topo.startServer6(t, "rtra", leases)
 
 	g := topo.addGuest(t, "v6", guestMAC6)
-	out := t.TempDir()
-	log := g.startDHCPCD(t, out)
-	bound := readEnv(t, waitFile(t, filepath.Join(out, "BOUND6"), 30*time.Second, log))
+	client := nstest.DHCPCD6(t, g.ns.path, guestIface)
+	bound := client.Event(t, "BOUND6", 30*time.Second)
 	gwLL := "fe80::858:a9ff:fefe:7" // EUI-64 of gwMAC6
 	want := map[string]string{
 		"ip":     "2001:db8::5",
@@ -180,10 +86,10 @@ func TestServe6DHCPCDPrivileged(t *testing.T) {
 	stopA()
 	leases.Set(guestMAC6, lease)
 	topo.startServer6(t, "rtrb", leases)
-	renew := readEnv(t, waitFile(t, filepath.Join(out, "RENEW6"), 30*time.Second, log))
+	renew := client.Event(t, "RENEW6", 30*time.Second)
 	want["serverid"] = bound["serverid"]
 	assertEnv(t, renew, want)
-	if _, err := os.Stat(filepath.Join(out, "REBIND6")); err == nil {
+	if client.Happened("REBIND6") {
 		t.Error("dhcpcd rebound: the target's server did not answer its Renew")
 	}
 }

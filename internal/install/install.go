@@ -150,12 +150,28 @@ func ContainerImages(objs []*unstructured.Unstructured) []string {
 	return out
 }
 
+// InstallAnnotation, set to IfAbsent on an object of config/, makes
+// Apply leave the object alone when it exists and kvnet did not create it
+// (the MultiNetworkPolicy CRD, which the multi-networkpolicy project
+// installs too), and Delete remove it only when kvnet created it.
+const (
+	InstallAnnotation = "kvnet.io/install"
+	IfAbsent          = "if-absent"
+)
+
 // Apply server-side applies the objects in order (kustomize puts
-// namespaces and CRDs first), taking ownership of conflicting fields.
+// namespaces and CRDs first), taking ownership of conflicting fields;
+// an IfAbsent object that exists and is not kvnet's is kept as it is.
 // A CRD is waited for until the API server serves it, so that objects of
 // its kind later in the list apply.
 func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, log io.Writer) error {
 	for _, u := range objs {
+		if foreign, err := foreignIfAbsent(ctx, c, u); err != nil {
+			return err
+		} else if foreign {
+			fmt.Fprintf(log, "kept %s %s: it exists and was not installed by kvnet\n", u.GetKind(), objName(u))
+			continue
+		}
 		obj := u.DeepCopy()
 		obj.SetResourceVersion("")
 		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // unstructured apply
@@ -177,6 +193,13 @@ func Delete(ctx context.Context, c client.Client, objs []*unstructured.Unstructu
 			fmt.Fprintf(log, "kept %s %s (--crds deletes it with every object of its kind)\n", u.GetKind(), objName(u))
 			continue
 		}
+		if foreign, err := foreignIfAbsent(ctx, c, u); err != nil {
+			errs = append(errs, err)
+			continue
+		} else if foreign {
+			fmt.Fprintf(log, "kept %s %s: not installed by kvnet\n", u.GetKind(), objName(u))
+			continue
+		}
 		err := c.Delete(ctx, u.DeepCopy(), client.PropagationPolicy("Background"))
 		switch {
 		case err == nil:
@@ -187,6 +210,28 @@ func Delete(ctx context.Context, c client.Client, objs []*unstructured.Unstructu
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// foreignIfAbsent reports whether u is an IfAbsent object that exists in
+// the cluster without kvnet install having applied it.
+func foreignIfAbsent(ctx context.Context, c client.Client, u *unstructured.Unstructured) (bool, error) {
+	if u.GetAnnotations()[InstallAnnotation] != IfAbsent {
+		return false, nil
+	}
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(u.GroupVersionKind())
+	switch err := c.Get(ctx, client.ObjectKeyFromObject(u), cur); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read %s %s: %w", u.GetKind(), objName(u), err)
+	}
+	for _, m := range cur.GetManagedFields() {
+		if m.Manager == FieldOwner {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func objName(u *unstructured.Unstructured) string {

@@ -3,9 +3,13 @@ package install_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -182,4 +186,90 @@ func TestApplyCheckDelete(t *testing.T) {
 	if err := install.Delete(ctx, c, objs, false, &log); err != nil {
 		t.Errorf("second uninstall: %v", err)
 	}
+}
+
+// TestApplyCRDIfAbsent: the MultiNetworkPolicy CRD, which the
+// multi-networkpolicy project installs too, is applied only where it is
+// absent and deleted only where kvnet install applied it.
+func TestApplyCRDIfAbsent(t *testing.T) {
+	ctx := context.Background()
+	const name = "multi-networkpolicies.k8s.cni.cncf.io"
+	rendered, err := install.Render(install.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := install.Objects(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd []*unstructured.Unstructured
+	for _, u := range objs {
+		if u.GetKind() == "CustomResourceDefinition" && u.GetName() == name {
+			crd = append(crd, u)
+		}
+	}
+	if len(crd) != 1 || crd[0].GetAnnotations()[install.InstallAnnotation] != install.IfAbsent {
+		t.Fatalf("rendered %d %s CRDs (%v), want one marked %s", len(crd), name, crd, install.IfAbsent)
+	}
+	managers := func() []string {
+		t.Helper()
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("apiextensions.k8s.io/v1")
+		u.SetKind("CustomResourceDefinition")
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			t.Fatal(err)
+		}
+		out := []string{}
+		for _, m := range u.GetManagedFields() {
+			out = append(out, m.Manager)
+		}
+		return out
+	}
+
+	// The control plane's own copy (someone else's): kept, untouched.
+	var log bytes.Buffer
+	if err := install.Apply(ctx, c, crd, &log); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "kept CustomResourceDefinition "+name) || slices.Contains(managers(), install.FieldOwner) {
+		t.Fatalf("apply over a foreign CRD: log %q, managers %v; want it kept, not managed by %s", log.String(), managers(), install.FieldOwner)
+	}
+	if err := install.Delete(ctx, c, crd, true, &log); err != nil {
+		t.Fatal(err)
+	}
+	if managers() == nil {
+		t.Fatal("uninstall --crds deleted a CRD kvnet did not install")
+	}
+
+	// Absent: kvnet installs it, and uninstall --crds removes it.
+	if err := c.Delete(ctx, crd[0].DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "CRD deleted", func() error {
+		if m := managers(); m != nil {
+			return fmt.Errorf("still there, managed by %v", m)
+		}
+		return nil
+	})
+	// Whatever happens, leave the CRD for the other tests.
+	t.Cleanup(func() { _ = install.Apply(ctx, c, crd, io.Discard) })
+	log.Reset()
+	if err := install.Apply(ctx, c, crd, &log); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(managers(), install.FieldOwner) {
+		t.Fatalf("apply where the CRD is absent: log %q, managers %v; want it applied by %s", log.String(), managers(), install.FieldOwner)
+	}
+	if err := install.Delete(ctx, c, crd, true, &log); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "CRD kvnet installed deleted by uninstall --crds", func() error {
+		if m := managers(); m != nil {
+			return fmt.Errorf("still there, managed by %v", m)
+		}
+		return nil
+	})
 }

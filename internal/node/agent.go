@@ -32,6 +32,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
@@ -383,6 +384,15 @@ func (a *Agent) watch(ctx context.Context) error {
 	if a.hasServiceCIDRs(ctx) {
 		objs = append(objs, &networkingv1.ServiceCIDR{})
 	}
+	// MultiNetworkPolicy is optional too (kvnet install adds its CRD):
+	// without it there is none to enforce.
+	if _, err := a.mgr.GetRESTMapper().RESTMapping(mnpv1beta1.GroupVersion.WithKind("MultiNetworkPolicy").GroupKind(), "v1beta1"); err == nil {
+		objs = append(objs, &mnpv1beta1.MultiNetworkPolicy{})
+	} else if !meta.IsNoMatchError(err) {
+		return err
+	} else {
+		log.FromContext(ctx).Info("the MultiNetworkPolicy CRD is not installed: MultiNetworkPolicies are not enforced")
+	}
 	// KubeVirt is optional: without its CRDs there are no VMIs to watch.
 	if _, err := a.mgr.GetRESTMapper().RESTMapping(kubevirtv1.GroupVersion.WithKind("VirtualMachineInstance").GroupKind(), "v1"); err == nil {
 		objs = append(objs, &kubevirtv1.VirtualMachineInstance{})
@@ -555,6 +565,12 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 			return in, err
 		}
 		in.ServiceCIDRs = append(slices.Clip(in.ServiceCIDRs), ServiceCIDRsOf(cidrs.Items)...)
+	}
+	var mnps mnpv1beta1.MultiNetworkPolicyList
+	if err := c.List(ctx, &mnps); err == nil {
+		in.MultiNetworkPolicies = mnps.Items
+	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {
+		return in, err
 	}
 	var vmis kubevirtv1.VirtualMachineInstanceList
 	if err := c.List(ctx, &vmis); err == nil {

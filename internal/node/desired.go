@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/hostsubnet"
@@ -90,6 +91,10 @@ type Input struct {
 	// those of its namespaces (see policy.go).
 	NetworkPolicies []networkingv1.NetworkPolicy
 	Namespaces      []corev1.Namespace
+	// MultiNetworkPolicies are the cluster's MultiNetworkPolicies: a
+	// secondary network's are those whose policy-for annotation names one
+	// of its NADs (see mnp.go).
+	MultiNetworkPolicies []mnpv1beta1.MultiNetworkPolicy
 	// Annotations, if set, memoises parsed pod annotations across calls
 	// (parsing dominates the cost of a plan in a large cluster).
 	Annotations *AnnotationCache
@@ -125,9 +130,10 @@ func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UI
 // Plan is what the node should look like.
 type Plan struct {
 	State datapath.State
-	// DHCP holds, per local primary network, what its DHCP servers hand
-	// out: DHCPv4 where it has an IPv4 subnet, router advertisements and
-	// DHCPv6 where it has an IPv6 one.
+	// DHCP holds, per local network with a router, what its DHCP servers
+	// hand out: on a primary network DHCPv4 where it has an IPv4 subnet,
+	// and on every one router advertisements and DHCPv6 where it has an
+	// IPv6 one.
 	DHCP []DHCPNetwork
 	// Exhausted lists networks whose NAD says the pool is exhausted.
 	Exhausted []string
@@ -143,7 +149,7 @@ type Plan struct {
 	Unserved map[string]string
 }
 
-// DHCPNetwork is one primary network's DHCP service on this node.
+// DHCPNetwork is one network's DHCP service on this node.
 type DHCPNetwork struct {
 	Network  string
 	ID       int
@@ -153,7 +159,12 @@ type DHCPNetwork struct {
 	// advertised MTU.
 	Prefixes6 []netip.Prefix
 	MTU       int
-	Leases    map[string]dhcp.Lease
+	// DefaultRouter makes the advertisements name the gateway the
+	// default router (a primary network); a secondary network's say
+	// nothing of routes (router lifetime 0), so the guest keeps its
+	// primary network's default route.
+	DefaultRouter bool
+	Leases        map[string]dhcp.Lease
 }
 
 // Desired computes the node's plan from the API's view. It never fails:
@@ -277,7 +288,11 @@ func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces 
 	}
 	first := len(p.plan.State.Ports)
 	p.ports(n, dn, hs)
-	p.policies(dn, namespaces, hs, p.plan.State.Ports[first:])
+	if dn.Primary {
+		p.policies(dn, namespaces, hs, p.plan.State.Ports[first:])
+	} else {
+		p.multiPolicies(dn, hs, p.plan.State.Ports[first:])
+	}
 }
 
 // baseNetwork is what every topology's datapath.Network has of n.

@@ -17,9 +17,9 @@ import (
 	"kvnet.io/kvnet/internal/nl"
 )
 
-// dhcpServers runs, per local primary network, a DHCPv4 server and a
-// router advertisement and DHCPv6 server (dhcp6.go), in the network's
-// router namespace, on its gateway interface.
+// dhcpServers runs, per local network with a router, a DHCPv4 server (a
+// primary network's) and a router advertisement and DHCPv6 server
+// (dhcp6.go), in the network's router namespace, on its gateway interface.
 type dhcpServers struct {
 	node    datapath.NodeConfig
 	running map[int]*dhcpServer // network ID -> server
@@ -28,8 +28,9 @@ type dhcpServers struct {
 type dhcpServer struct {
 	network  string
 	serverIP netip.Addr
-	prefix6  []netip.Prefix // with mtu: what the advertisements say
+	prefix6  []netip.Prefix // with mtu and defRoute: what the advertisements say
 	mtu      int
+	defRoute bool
 	nsIno    uint64 // inode of the router namespace it serves in
 	leases   *dhcp.StaticLeases
 	macs     map[string]bool // MACs set in leases
@@ -58,13 +59,13 @@ func (d *dhcpServers) sync(ctx context.Context, want []DHCPNetwork) {
 			continue
 		}
 		s := d.running[w.ID]
-		if s != nil && (s.nsIno != ino || s.serverIP != w.ServerIP || !slices.Equal(s.prefix6, w.Prefixes6) || s.mtu != w.MTU) {
+		if s != nil && (s.nsIno != ino || s.serverIP != w.ServerIP || !slices.Equal(s.prefix6, w.Prefixes6) || s.mtu != w.MTU || s.defRoute != w.DefaultRouter) {
 			d.stop(w.ID)
 			s = nil
 		}
 		if s == nil {
 			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-			s = &dhcpServer{network: w.Network, serverIP: w.ServerIP, prefix6: w.Prefixes6, mtu: w.MTU, nsIno: ino,
+			s = &dhcpServer{network: w.Network, serverIP: w.ServerIP, prefix6: w.Prefixes6, mtu: w.MTU, defRoute: w.DefaultRouter, nsIno: ino,
 				leases: dhcp.NewStaticLeases(), macs: map[string]bool{}, cancel: cancel}
 			var err error
 			if w.ServerIP.IsValid() {

@@ -48,7 +48,7 @@ func guestDNS(cluster, node []netip.Addr) []netip.Addr {
 func startDHCPv6(ctx context.Context, s *dhcpServer, w DHCPNetwork, nsPath string, logger logr.Logger) error {
 	srv, err := dhcp.New6(dhcp.Config6{
 		NetNS: nsPath, Interface: datapath.RouterGatewayInterface, Leases: s.leases,
-		Prefixes: w.Prefixes6, MTU: w.MTU, DefaultRouter: true,
+		Prefixes: w.Prefixes6, MTU: w.MTU, DefaultRouter: w.DefaultRouter,
 		Log: logger.WithValues("network", w.Network),
 	})
 	if err != nil {

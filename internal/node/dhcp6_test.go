@@ -9,7 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/portalias"
 )
 
 // TestDesiredDHCPv6 checks what the DHCP servers of a dual-stack and of an
@@ -75,5 +77,66 @@ func TestGuestDNS(t *testing.T) {
 		if got := fmt.Sprint(guestDNS(tc.cluster, node)); got != tc.want {
 			t.Errorf("guestDNS(%v, %v) = %s, want %s", tc.cluster, node, got, tc.want)
 		}
+	}
+}
+
+// TestDesiredDHCPv6Secondary checks which secondary networks get IPv6 for
+// their guests: a Layer2 secondary network with an IPv6 subnet gets a
+// router that advertises no default route and serves DHCPv6 only (no
+// DHCPv4: KubeVirt's bridge binding serves that), an IPv4-only one and a
+// localnet one get neither, and the primary network's advertisements
+// still name its gateway the default router.
+func TestDesiredDHCPv6Secondary(t *testing.T) {
+	primary := primaryNAD("a", "7")
+	dual := nad("a", "dual", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"a_dual","netAttachDefName":"a/dual","topology":"layer2","role":"secondary","subnets":"10.9.0.0/24,fd10:9::/64"}`, "9")
+	v4 := nad("a", "v4", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"a_v4","netAttachDefName":"a/v4","topology":"layer2","role":"secondary","subnets":"10.10.0.0/24"}`, "10")
+	ln := nad("a", "ln", `{"cniVersion":"1.1.0","type":"kvnet-cni","name":"a_ln","netAttachDefName":"a/ln","topology":"localnet","role":"secondary","subnets":"fd11::/64","physicalNetworkName":"physnet"}`, "11")
+	vm := pod("a", "vm", "n1", "10.1.1.5", "0a:58:0a:01:01:05", time.Hour)
+	vm.Annotations[podnetworks.Annotation] = `{` +
+		`"a/udn":{"ip_addresses":["10.1.1.5/24"],"mac_address":"0a:58:0a:01:01:05","gateway_ips":["10.1.1.1"],"role":"primary","network":"a_udn"},` +
+		`"a/dual":{"ip_addresses":["10.9.0.5/24","fd10:9::5/64"],"mac_address":"0a:58:0a:09:00:05","role":"secondary","network":"a_dual"},` +
+		`"a/v4":{"ip_addresses":["10.10.0.5/24"],"mac_address":"0a:58:0a:0a:00:05","role":"secondary","network":"a_v4"},` +
+		`"a/ln":{"ip_addresses":["fd11::5/64"],"mac_address":"0a:58:0a:0b:00:05","role":"secondary","network":"a_ln"}}`
+	self := kvnode("n1", "192.168.100.1")
+	self.Annotations[physnet.BridgeMappingsAnnotation] = "physnet:br-phys"
+	lk := map[string]string{}
+	for i, n := range []string{"a/udn", "a/dual", "a/v4", "a/ln"} {
+		lk[portalias.Format("a/vm", n)] = fmt.Sprintf("kvp%d", i)
+	}
+	plan := Desired(Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primary, dual, v4, ln},
+		Pods:  []corev1.Pod{vm},
+		Nodes: []corev1.Node{self},
+		Links: lk,
+		MTU:   1450,
+		DNS:   []netip.Addr{netip.MustParseAddr("2001:db8:53::53")},
+	})
+	if len(plan.Problems) != 0 || len(plan.Unserved) != 0 {
+		t.Fatalf("problems %v, unserved %v", plan.Problems, plan.Unserved)
+	}
+	byNet := map[string]DHCPNetwork{}
+	for _, d := range plan.DHCP {
+		byNet[d.Network] = d
+	}
+	if len(byNet) != 2 {
+		t.Errorf("DHCP on %d networks %v, want a_udn and a_dual", len(byNet), plan.DHCP)
+	}
+	if p := byNet["a_udn"]; !p.DefaultRouter || p.ServerIP.String() != "10.1.1.1" {
+		t.Errorf("primary network's DHCP %+v: want DHCPv4 from 10.1.1.1 and the gateway as default router", p)
+	}
+	d, ok := byNet["a_dual"]
+	if !ok || d.DefaultRouter || d.ServerIP.IsValid() || fmt.Sprint(d.Prefixes6) != "[fd10:9::/64]" {
+		t.Errorf("dual-stack secondary network's DHCP %+v: want IPv6 on fd10:9::/64 only, no default router", d)
+	}
+	if l, ok := d.Leases["0a:58:0a:09:00:05"]; !ok || l.IP6.String() != "fd10:9::5" {
+		t.Errorf("secondary lease %+v (found %v), want fd10:9::5", l, ok)
+	}
+	routers := map[string]bool{}
+	for _, n := range plan.State.Networks {
+		routers[n.Name] = n.HasRouter()
+	}
+	if want := map[string]bool{"a_udn": true, "a_dual": true, "a_v4": false, "a_ln": false}; fmt.Sprint(routers) != fmt.Sprint(want) {
+		t.Errorf("networks with a router %v, want %v", routers, want)
 	}
 }

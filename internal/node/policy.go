@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/policy"
@@ -24,17 +25,25 @@ func (p *planner) policies(dn datapath.Network, namespaces map[string]bool, hs [
 	if !dn.Primary || len(p.in.NetworkPolicies) == 0 {
 		return
 	}
-	in := policy.Input{Network: dn.Name, Namespaces: map[string]map[string]string{}}
-	for ns := range namespaces {
-		in.Namespaces[ns] = p.namespaceLabels(ns)
-	}
+	var pols []*networkingv1.NetworkPolicy
 	for i := range p.in.NetworkPolicies {
 		if np := &p.in.NetworkPolicies[i]; namespaces[np.Namespace] {
-			in.Policies = append(in.Policies, np)
+			pols = append(pols, np)
 		}
 	}
-	if len(in.Policies) == 0 {
+	p.enforce(dn, namespaces, pols, hs, ports)
+}
+
+// enforce compiles policies nps, in the network's namespaces, over the
+// network's holders hs (every node's) into the plan's port policies of
+// its local ports (ports).
+func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps []*networkingv1.NetworkPolicy, hs []*holder, ports []datapath.Port) {
+	if len(nps) == 0 {
 		return
+	}
+	in := policy.Input{Network: dn.Name, Namespaces: map[string]map[string]string{}, Policies: nps}
+	for ns := range namespaces {
+		in.Namespaces[ns] = p.namespaceLabels(ns)
 	}
 	portOf := map[string]*datapath.Port{} // host interface -> planned port
 	for i := range ports {

@@ -13,15 +13,20 @@ import (
 // ports plans network n's holders hs (n planned as dn): a port for each
 // live local one (and for a live migration's target on this node, on
 // standby until its guest announces itself), a remote MAC for each live
-// remote one where the topology needs it (remoteMACPinned), and, on a
-// primary network with an IPv4 gateway or an IPv6 subnet, a DHCP lease
-// (DHCPv4 and DHCPv6) per live local port.
+// remote one where the topology needs it (remoteMACPinned), and a DHCP
+// lease per live local port: on a primary network with an IPv4 gateway or
+// an IPv6 subnet, DHCPv4 and DHCPv6; on a secondary network with a router
+// and an IPv6 subnet, DHCPv6 only (KubeVirt's bridge binding, the one for
+// secondary networks, serves the guest its IPv4 address itself).
 func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 	name := n.conf.Name
 	var leases map[string]dhcp.Lease
 	serverIP := firstIPv4(n.gateways)
+	if !dn.Primary {
+		serverIP = netip.Addr{}
+	}
 	prefixes6 := ipv6Prefixes(n.subnets)
-	if dn.Primary && (serverIP.IsValid() || len(prefixes6) > 0) {
+	if dn.HasRouter() && (serverIP.IsValid() || len(prefixes6) > 0) {
 		leases = map[string]dhcp.Lease{}
 	}
 	localMAC := map[string]bool{} // MACs with a port on this node
@@ -66,7 +71,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 	}
 	if leases != nil {
 		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases,
-			Prefixes6: prefixes6, MTU: cmp.Or(n.conf.MTU, p.in.MTU)})
+			Prefixes6: prefixes6, DefaultRouter: dn.Primary, MTU: cmp.Or(n.conf.MTU, p.in.MTU)})
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
+	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/certs"
@@ -49,7 +50,7 @@ func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme, udnv1.AddToScheme, nadv1.AddToScheme,
-		ipamclaimv1alpha1.AddToScheme, kubevirtv1.AddToScheme,
+		ipamclaimv1alpha1.AddToScheme, mnpv1beta1.AddToScheme, kubevirtv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			return nil, err

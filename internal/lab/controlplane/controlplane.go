@@ -84,8 +84,14 @@ type ControlPlane struct {
 	spawner *spawner // forks every child (see spawn.go)
 }
 
-// ServiceCIDR is the lab's and tests' Service cluster IP range.
-const ServiceCIDR = "10.96.0.0/16"
+// ServiceCIDR is the lab's and tests' IPv4 Service cluster IP range, and
+// ServiceCIDR6 their IPv6 one: the cluster is dual-stack, so Services
+// with ipFamilyPolicy PreferDualStack or RequireDualStack, or an IPv6
+// single stack, get IPv6 cluster IPs; others keep one IPv4 cluster IP.
+const (
+	ServiceCIDR  = "10.96.0.0/16"
+	ServiceCIDR6 = "fd00:10:96::/112"
+)
 
 // Start starts etcd, kube-apiserver and (unless disabled)
 // kube-controller-manager, installs the CRDs and waits until they are served.
@@ -151,7 +157,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	// Cluster IPs from kubeadm's default range, not envtest's 10.0.0.0/24,
 	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
 	// subnet is reached on-link, never through the network's router.
-	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR)
+	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR+","+ServiceCIDR6)
 	var apiLog *os.File
 	if cfg.LogDir != "" {
 		// Appended to across restarts (RestartAPIServer keeps the writer).

@@ -113,6 +113,11 @@ type Config struct {
 	Runtime simkubelet.Runtime
 	// Virt runs the virt-controller stand-in over all nodes.
 	Virt bool
+	// GuestAgent, with Virt, tells the virt-controller stand-in what the
+	// guests hold (simvirt.Config.GuestAgent; the lab's is the Runtime,
+	// simlauncher.Launcher); nil: VMIs report their launcher pods'
+	// allocations.
+	GuestAgent simvirt.GuestAgent
 
 	// Log receives the components' logs; the zero value discards.
 	Log logr.Logger
@@ -226,7 +231,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		for i, nd := range sim.Nodes {
 			names[i] = cfg.NodeName(nd.Name)
 		}
-		vc := simvirt.Config{RESTConfig: cfg.Admin, Nodes: names, Log: cfg.Log.WithName("simvirt")}
+		vc := simvirt.Config{RESTConfig: cfg.Admin, Nodes: names, GuestAgent: cfg.GuestAgent, Log: cfg.Log.WithName("simvirt")}
 		c.run("virt-controller stand-in", func(ctx context.Context) error { return simvirt.Run(ctx, vc) })
 	}
 	for _, nd := range sim.Nodes {

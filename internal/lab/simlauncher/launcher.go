@@ -67,6 +67,9 @@ type running struct {
 	vm      *guest.VM
 	plumbed []*Plumbed
 	moved   bool // migrated away: its QEMU only waits to be stopped
+	// inherited are the leases (DHCPv4, DHCPv6; by guest NIC) the guest
+	// reported before it was migrated here (see GuestInterfaces).
+	inherited [2]map[string]guest.Lease
 }
 
 // NoGuestAnnotation on a VMI (from its VM's template) set to "true" keeps
@@ -355,6 +358,9 @@ func (l *Launcher) migrate(ctx context.Context, source, target *running, uri str
 	if err != nil {
 		return fmt.Errorf("virt-launcher: migrate %s from pod %s: %w", source.vmi, source.pod, err)
 	}
+	// The guest holds the leases it reported on the source; its new QEMU's
+	// console shows only what it prints from now on.
+	target.inherited = source.leases()
 	l.mu.Lock()
 	source.moved = true
 	l.mu.Unlock()

@@ -94,6 +94,15 @@
 // name is in the VMI's namespace) for Multus networks. A network without
 // an attachment is listed by name with infoSource "domain".
 //
+// With a guest agent (Config.GuestAgent: in the lab, simlauncher, which
+// reads the leases the guests print on their consoles), a running VMI
+// whose guest runs reports instead what the guest holds, as virt-handler
+// does from KubeVirt's guest agent, polled every GuestPoll: an interface
+// whose MAC a guest NIC has gets interfaceName (eth0, ...) and, unless it
+// is masquerade (KubeVirt reports the pod's addresses there), the guest's
+// addresses, none when the guest has no lease on it; an interface the
+// guest does not report gets infoSource "domain".
+//
 // # Bindings the lab cannot run
 //
 // The lab runs a VMI's interfaces (those not state: absent) with these

@@ -30,6 +30,8 @@ type reconciler struct {
 	// reader reads, uncached, everything a decision depends on.
 	reader client.Reader
 	nodes  []string
+	// agent, when set, tells what the guests hold (Config.GuestAgent).
+	agent GuestAgent
 }
 
 // unit is everything about one VM name.
@@ -510,6 +512,14 @@ func (r *reconciler) syncVMI(ctx context.Context, u *unit) error {
 	for _, pod := range own {
 		if !keep[pod.UID] && pod.DeletionTimestamp == nil {
 			p.deletes = append(p.deletes, pod)
+		}
+	}
+	if p.st.Phase == PhaseRunning && r.agent != nil {
+		if guest, ok := r.agent.GuestInterfaces(vmi.Namespace, vmi.Name); ok {
+			p.st.Interfaces = withGuest(vmi, p.st.Interfaces, guest)
+			if u.requeue == 0 || u.requeue > GuestPoll {
+				u.requeue = GuestPoll
+			}
 		}
 	}
 	pruneActivePods(p.st, own, keep)

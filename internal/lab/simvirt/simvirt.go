@@ -35,6 +35,12 @@ type Config struct {
 	// Nodes are the (simulated) nodes launcher pods may be bound to; at
 	// least one.
 	Nodes []string
+	// GuestAgent, when set, tells the addresses the VMIs' guests hold:
+	// status.interfaces of a running VMI with a guest report them, as
+	// KubeVirt's do from the guest agent (see withGuest), polled every
+	// GuestPoll. Without it, status.interfaces report the launcher pod's
+	// allocation.
+	GuestAgent GuestAgent
 	// Log receives what happens; the zero value discards.
 	Log logr.Logger
 }
@@ -161,7 +167,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("simvirt: create manager: %w", err)
 	}
-	if err := setup(mgr, cfg.Nodes); err != nil {
+	if err := setup(mgr, cfg.Nodes, cfg.GuestAgent); err != nil {
 		return fmt.Errorf("simvirt: %w", err)
 	}
 	if err := setupHandlers(mgr, cfg.Nodes); err != nil {
@@ -176,8 +182,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 // setup registers the controller: one reconcile per VM name, triggered by
 // the VM, the VMI, migrations naming the VMI and launcher pods.
-func setup(mgr ctrl.Manager, nodes []string) error {
-	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), nodes: append([]string(nil), nodes...)}
+func setup(mgr ctrl.Manager, nodes []string, agent GuestAgent) error {
+	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), nodes: append([]string(nil), nodes...), agent: agent}
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
 	})

@@ -1,7 +1,10 @@
 package udn_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 func forbiddenNSMessage(ns, what string) string {
@@ -87,4 +91,52 @@ func TestReservedSubnetOverlap(t *testing.T) {
 		`failed to generate NetworkAttachmentDefinition: render "cluster_udn_transit-overlap": invalid subnet configuration: pod or join subnet overlaps with already configured internal subnets: `+
 			`transit subnet "100.88.0.0/16" (kvnet-controller --transit-subnets) overlaps user defined subnet "100.88.0.0/14"`)
 	wantNoNAD(t, ns, cu.Name)
+}
+
+// TestRefusedNamespaceLosesNAD: when the namespace rule comes to refuse
+// a namespace a network already has a NAD in (kvnet-controller restarted
+// with that namespace among --global-namespaces), the NAD goes, as when
+// a CUDN's selector stops matching: a CUDN keeps serving its other
+// namespaces and names the refused one; a UDN there reports why; a NAD a
+// pod uses stays until the pod is gone.
+func TestRefusedNamespaceLosesNAD(t *testing.T) {
+	ctx := context.Background()
+	const ok, refusedA, refusedB = "late-rule-ok", "late-rule-a", "late-rule-b"
+	for _, ns := range []string{ok, refusedA, refusedB} {
+		mkNS(t, ns, nil)
+	}
+	cu := l2CUDN("late-rule", udnv1.NetworkRoleSecondary, []string{ok, refusedA}, "10.63.0.0/24")
+	create(t, cu)
+	u := l2UDN(refusedB, "late", udnv1.NetworkRoleSecondary, "10.64.0.0/24")
+	create(t, u)
+	waitNAD(t, ok, cu.Name)
+	waitNAD(t, refusedA, cu.Name)
+	waitNAD(t, refusedB, u.Name)
+	user := pod(refusedB, "user", map[string]string{"k8s.v1.cni.cncf.io/networks": u.Name})
+	create(t, user)
+
+	// kvnet-controller restarted with both namespaces global.
+	opts := ctl.Options()
+	opts.GlobalNamespaces = append(slices.Clone(udn.DefaultGlobalNamespaces), refusedA, refusedB)
+	ctl.Stop()
+	stop, err := env.RunController(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stop()
+		ctl.Start(t)
+	})
+	global := fmt.Sprintf("one of the cluster's global namespaces (%s)", strings.Join(opts.GlobalNamespaces, ", "))
+	waitExactCondition(t, cu, metav1.ConditionFalse, "NetworkAttachmentDefinitionSyncError", forbiddenNSMessage(refusedA, global))
+	waitNADGone(t, refusedA, cu.Name)
+	waitNAD(t, ok, cu.Name)
+	waitCondition(t, u, metav1.ConditionFalse, "SyncError", forbiddenNSMessage(refusedB, global))
+	if _, err := getNAD(refusedB, u.Name); err != nil {
+		t.Fatalf("NAD %s/%s, which pod %s uses, is gone: %v", refusedB, u.Name, user.Name, err)
+	}
+	if err := c.Delete(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	waitNADGone(t, refusedB, u.Name)
 }

@@ -376,7 +376,7 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	if err := e.startController(ctx); err != nil {
 		return nil, err
 	}
-	if e.cl, e.launcher, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, f.guests > 0, false); err != nil {
+	if e.cl, e.launcher, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, f.guests > 0, false, false); err != nil {
 		return nil, fmt.Errorf("simulated nodes: %w", err)
 	}
 	for i := range f.nodes {

@@ -333,7 +333,7 @@ func runForeground(ctx context.Context, flags *flagpole) error {
 		fmt.Printf("not root: no simulated nodes (they need network namespaces); control plane and kvnet-controller only\n")
 	case flags.nodes > 0:
 		start := time.Now()
-		cl, launcher, err := startNodes(ctx, dir, cp, c, flags.nodes, true, flags.multus)
+		cl, launcher, err := startNodes(ctx, dir, cp, c, flags.nodes, true, true, flags.multus)
 		if err != nil {
 			return fmt.Errorf("simulated nodes: %w", err)
 		}

@@ -101,7 +101,12 @@ func shippedBinary(name string) (string, error) {
 //
 // With multus, the kubelets behave like stock Multus over a stand-in
 // cluster default network (simcluster.Config.MultusDefaultNetwork).
-func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests, multus bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
+//
+// With guests and guestAgent, the VMIs' status.interfaces report the
+// addresses the guests hold, from their console leases, as KubeVirt's do
+// from the guest agent (simvirt.Config.GuestAgent); otherwise what kvnet
+// allocated to their launcher pods.
+func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests, guestAgent, multus bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
 	nodeBin, err := shippedBinary("kvnet-node")
 	if err != nil {
 		return nil, nil, err
@@ -156,6 +161,9 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 			return nil, nil, err
 		}
 		launcher, cfg.Runtime = l, l
+		if guestAgent {
+			cfg.GuestAgent = l
+		}
 	}
 	cl, err := simcluster.Start(ctx, cfg)
 	if err != nil {
