@@ -38,6 +38,11 @@ type Datapath struct {
 	// Activate's) and guards activated; taken after mu.
 	rulesMu   sync.Mutex
 	activated map[string]string // Standby port activated early -> its MAC
+	// nodeTables are the node namespace's chains and sets as the last
+	// successful rules sync left them (see knownTables); guarded by
+	// rulesMu. Activate's commits change the generation, so they are
+	// read again after it.
+	nodeTables *tablesCache
 	// lastPolicies is what of the last applied State decided which
 	// connections policies allow (see cutDenied); nil before the first;
 	// guarded by mu.
@@ -235,7 +240,20 @@ func (d *Datapath) syncNodeRules(s State) error {
 		}
 	}
 	d.activated = still // the planner caught up with the others
-	return syncTables(conn, nodeRules(s))
+	tables := nodeRules(s)
+	known := d.nodeTables.valid(int(d.nsh))
+	d.nodeTables = nil
+	next, nextErr := knownTablesOf(tables)
+	if known != nil && nextErr == nil {
+		known.wants = next.chains
+	}
+	if err := syncTablesKnown(conn, tables, known); err != nil {
+		return err
+	}
+	if gen, err := nftGenID(int(d.nsh)); err == nil && nextErr == nil {
+		d.nodeTables = &tablesCache{known: next, gen: gen, at: time.Now()}
+	} // else the next sync reads the kernel
+	return nil
 }
 
 // Activate ends the Standby of port p (a live-migration target whose guest
