@@ -94,6 +94,10 @@ var demoTrafficChecks = []string{
 	`blocked\s+l3-demo/app-1 \(node-1\)\s+-> udn-demo/web-2`,
 	`reached\s+udn-demo/web-1 \(node-1\)\s+-> udn-demo/web-2 [0-9.]+ \(node-2, udn-demo_udn-secondary\)`,
 	`blocked\s+tenant-b/db-1 \(node-1\)\s+-> udn-demo/web-\d 10\.0\.0\.\d+`,
+	// A NetworkPolicy on a primary UDN: admitted, not selected, isolated.
+	`reached\s+policy-demo/frontend \(node-2\)\s+-> policy-demo/api 10\.50\.0\.\d+ \(node-1\)`,
+	`reached\s+policy-demo/intruder \(node-2\)\s+-> policy-demo/frontend 10\.50\.0\.\d+ \(node-2\)`,
+	`blocked\s+policy-demo/intruder \(node-2\)\s+-> policy-demo/api 10\.50\.0\.\d+ \(node-1\)`,
 	`live migration vm-a-migration-\w+: node-\d -> node-\d`,
 	`reached udn-demo/web-1 \(node-1\) -> vm-a 10\.0\.0\.\d+`,
 	// The guest itself: its lease, and a connection across the
@@ -137,7 +141,7 @@ func TestLabDemo(t *testing.T) {
 		"NetworkAttachmentDefinition has been created in following namespaces: [blue-namespace, red-namespace]",
 		`"name": "udn-demo_udn-l2-net"`,
 		`"allowPersistentIPs": true`,
-		"NetworkAttachmentDefinitions rendered by kvnet (6)",
+		"NetworkAttachmentDefinitions rendered by kvnet (7)",
 		"applied  UserDefinedNetwork l3-demo/l3-net",
 		"applied  VirtualMachine udn-demo/vm-a",
 	} {
@@ -161,7 +165,7 @@ func TestLabDemo(t *testing.T) {
 	// Running the demo again is idempotent.
 	macRE := regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+(02:[0-9a-f:]{14})`)
 	again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
-	if !strings.Contains(again, "(6)") {
+	if !strings.Contains(again, "NetworkAttachmentDefinitions rendered by kvnet (7)") {
 		t.Errorf("second demo run differs:\n%s", again)
 	}
 	// Re-applying the VM manifest (which names no MAC) keeps its MAC.

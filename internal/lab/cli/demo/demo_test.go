@@ -236,7 +236,8 @@ func TestResolve(t *testing.T) {
 }
 
 func TestExpectedPodsAndRequirePods(t *testing.T) {
-	want := []string{"blue-namespace/blue-1", "l3-demo/app-1", "l3-demo/app-2", "red-namespace/red-1", "tenant-b/db-1", "udn-demo/web-1", "udn-demo/web-2"}
+	want := []string{"blue-namespace/blue-1", "l3-demo/app-1", "l3-demo/app-2", "policy-demo/api", "policy-demo/frontend", "policy-demo/intruder",
+		"red-namespace/red-1", "tenant-b/db-1", "udn-demo/web-1", "udn-demo/web-2"}
 	got := expectedPods(checks)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("expected pods %v, want %v", got, want)

@@ -68,6 +68,9 @@ var checks = []check{
 	{"red-namespace/red-1", "udn-demo/web-1", false, "another tenant"},
 	{"l3-demo/app-1", "l3-demo/app-2", true, "Layer3: routed from node-1's host subnet to node-2's"},
 	{"l3-demo/app-1", "udn-demo/web-2", false, "another tenant, from a Layer3 network"},
+	{"policy-demo/frontend", "policy-demo/api", true, "NetworkPolicy api-allow-frontend admits app=frontend"},
+	{"policy-demo/intruder", "policy-demo/frontend", true, "no policy selects the frontend: reached from its network"},
+	{"policy-demo/intruder", "policy-demo/api", false, "NetworkPolicy api-allow-frontend isolates app=api"},
 }
 
 // expectedPods returns the pods the checks and the VM check need, sorted.
