@@ -237,7 +237,7 @@ func TestPolicyEnforcement(t *testing.T) {
 	}
 	// A set changed behind kvnet's back is healed by the next Apply
 	// (its remembered sets are not trusted after a foreign commit).
-	setName := policySetName(fromA3.Name, false)
+	setName := policySetName("tenant-a_udn", fromA3.Name, false)
 	setElems := func() []string {
 		t.Helper()
 		var out []string
