@@ -48,8 +48,8 @@ type policyTables struct {
 // address jumps to the port's egress (ingress) chain, pout-<if> (pin-<if>),
 // which returns what a rule allows and drops the rest with a counted rule
 // naming the isolating policies. Peer addresses are in one set per rule
-// name and IP family (np4-/np6-<hash>-<name>), shared by every port with
-// that rule, so that pods coming and going change set elements only;
+// name and IP family on a network (np4-/np6-<hash>-<name>), shared by
+// every port of the network with that rule, so that pods coming and going change set elements only;
 // peers that are wider prefixes (ipBlocks) get a rule each.
 func policyRules(s State) policyTables {
 	var pt policyTables
@@ -104,7 +104,7 @@ func policyRules(s State) policyTables {
 				}
 				dispatch = append(dispatch, b.jump(chain, fmt.Sprintf("port %s: %s policy of %s", p.HostIfName, what, a)))
 			}
-			chains = append(chains, nftChain{name: chain, rules: directionRules(p.HostIfName, what, dir.egress, dir.d, fams, sets)})
+			chains = append(chains, nftChain{name: chain, rules: directionRules(p.HostIfName, n.Name, what, dir.egress, dir.d, fams, sets)})
 		}
 	}
 	ids := make([]int, 0, len(zoned))
@@ -141,7 +141,7 @@ func alwaysAllowed(host, what string, egress bool) []nftRule {
 }
 
 // directionRules returns the chain of one isolated direction of a port.
-func directionRules(host, what string, egress bool, d *PolicyDirection, fams []bool, sets map[string]*nftSet) []nftRule {
+func directionRules(host, network, what string, egress bool, d *PolicyDirection, fams []bool, sets map[string]*nftSet) []nftRule {
 	rules := alwaysAllowed(host, what, egress)
 	for _, r := range d.Rules {
 		comment := fmt.Sprintf("port %s: %s allowed by %s", host, what, r.Name)
@@ -150,7 +150,7 @@ func directionRules(host, what string, egress bool, d *PolicyDirection, fams []b
 			continue
 		}
 		for _, v6 := range fams {
-			name := policySetName(r.Name, v6)
+			name := policySetName(network, r.Name, v6)
 			if sets[name] == nil {
 				st := &nftSet{name: name, keyType: addrType(v6), comment: cutComment(r.Name)}
 				for _, p := range r.Peers {
@@ -203,12 +203,14 @@ func portMatches(ports []PolicyPort, start func() *ruleBuilder, comment string) 
 	return out
 }
 
-// policySetName names the set of rule name's peers of one family.
-func policySetName(name string, v6 bool) string {
+// policySetName names the set of the peers of one family of rule name on
+// network: a policy may apply to several networks (a MultiNetworkPolicy
+// for NADs of two networks), each with its own peers.
+func policySetName(network, name string, v6 bool) string {
 	if v6 {
-		return hashedChainName("np6-", name, name)
+		return hashedChainName("np6-", network+"\x00"+name, name)
 	}
-	return hashedChainName("np4-", name, name)
+	return hashedChainName("np4-", network+"\x00"+name, name)
 }
 
 // addrMatch matches the source (src) or destination address against p.

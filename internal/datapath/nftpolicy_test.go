@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -92,5 +94,37 @@ func TestPolicyDirectionAllows(t *testing.T) {
 	}
 	if _, ok := (*PolicyDirection)(nil).Allows(a("10.9.9.9"), 6, 1); !ok {
 		t.Error("a nil direction (not isolated) refused")
+	}
+}
+
+// TestPolicySetsPerNetwork: one policy applied on two networks (a
+// MultiNetworkPolicy for NADs of both) has the same rule names with
+// other peers on each: valid, one set per network.
+func TestPolicySetsPerNetwork(t *testing.T) {
+	pp := netip.MustParsePrefix
+	s := State{
+		Networks: []Network{
+			{Name: "net-a", ID: 10, Subnets: []netip.Prefix{pp("10.10.0.0/24")}},
+			{Name: "net-b", ID: 11, Subnets: []netip.Prefix{pp("10.10.0.0/24")}},
+		},
+		Ports: []Port{
+			{Network: "net-a", HostIfName: "pa", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, IPs: []netip.Prefix{pp("10.10.0.2/24")}},
+			{Network: "net-b", HostIfName: "pb", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, IPs: []netip.Prefix{pp("10.10.0.2/24")}},
+		},
+	}
+	rule := func(peer string) *PolicyDirection {
+		return &PolicyDirection{Policies: []string{"x/p"}, Rules: []PolicyRule{{Name: "x/p ingress[0]", Peers: []netip.Prefix{pp(peer)}}}}
+	}
+	s.Policies = []PortPolicy{{Port: "pa", Ingress: rule("10.10.0.3/32")}, {Port: "pb", Ingress: rule("10.10.0.4/32")}}
+	if err := Validate(s); err != nil {
+		t.Fatal(err)
+	}
+	sets := map[string]string{}
+	for _, st := range policyRules(s).sets {
+		sets[st.name] = fmt.Sprint(st.elems)
+	}
+	a, b := policySetName("net-a", "x/p ingress[0]", false), policySetName("net-b", "x/p ingress[0]", false)
+	if a == b || sets[a] != "[10.10.0.3]" || sets[b] != "[10.10.0.4]" {
+		t.Errorf("sets %v; want %s with [10.10.0.3] and %s with [10.10.0.4]", sets, a, b)
 	}
 }

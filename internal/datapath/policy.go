@@ -36,8 +36,9 @@ type PolicyDirection struct {
 // PolicyRule allows traffic with a set of peers.
 type PolicyRule struct {
 	// Name identifies the rule and its peer set on the node, e.g.
-	// "ns/policy ingress[0]": rules of several ports with the same Name
-	// share one set per IP family and must have the same peers.
+	// "ns/policy ingress[0]": rules of several ports of one network with
+	// the same Name share one set per IP family and must have the same
+	// peers; on another network the name is another set.
 	Name string
 	// AnyPeer allows every peer address; Peers is then empty.
 	AnyPeer bool
@@ -86,7 +87,7 @@ func validatePolicies(pols []PortPolicy, ports []Port, bad badFunc) {
 		byIf[ports[i].HostIfName] = &ports[i]
 	}
 	seen := map[string]bool{}         // port -> has a policy
-	rules := map[string]*PolicyRule{} // rule name -> first rule of that name
+	rules := map[string]*PolicyRule{} // network, rule name -> first rule of that name
 	for i, pp := range pols {
 		where := fmt.Sprintf("policies[%d] (port %q)", i, pp.Port)
 		p := byIf[pp.Port]
@@ -109,15 +110,15 @@ func validatePolicies(pols []PortPolicy, ports []Port, bad badFunc) {
 			}
 			for j := range dir.d.Rules {
 				r := &dir.d.Rules[j]
-				validatePolicyRule(fmt.Sprintf("%s: %s rule %q", where, dir.name, r.Name), r, rules, bad)
+				validatePolicyRule(fmt.Sprintf("%s: %s rule %q", where, dir.name, r.Name), p.Network, r, rules, bad)
 			}
 		}
 	}
 }
 
 // validatePolicyRule checks one rule, and that it has the peers of the
-// rule of the same name seen first.
-func validatePolicyRule(where string, r *PolicyRule, rules map[string]*PolicyRule, bad badFunc) {
+// rule of the same name on its network seen first.
+func validatePolicyRule(where, network string, r *PolicyRule, rules map[string]*PolicyRule, bad badFunc) {
 	if r.Name == "" {
 		bad("%s: empty name", where)
 	}
@@ -137,8 +138,9 @@ func validatePolicyRule(where string, r *PolicyRule, rules map[string]*PolicyRul
 			bad("%s: port range %d-%d", where, pp.Port, pp.EndPort)
 		}
 	}
-	if first := rules[r.Name]; first == nil {
-		rules[r.Name] = r
+	key := network + "\x00" + r.Name
+	if first := rules[key]; first == nil {
+		rules[key] = r
 	} else if first.AnyPeer != r.AnyPeer || !slices.Equal(first.Peers, r.Peers) {
 		bad("%s: peers %v differ from another rule of that name's %v", where, r.Peers, first.Peers)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv/netiptest"
 	"kvnet.io/kvnet/internal/testenv/nstest"
 )
@@ -204,6 +205,24 @@ func TestPolicyEnforcement(t *testing.T) {
 		Ports: echo}}}}
 	c.applyPolicies(nets, pols)
 	checkMatrix(t, pods, "a2 egress except a1", "a1>a2", "a1>a3", "a2>a3", "a3>a1", "a3>a2", "b1>b2", "b2>b1")
+	// DHCP with the router passes isolated ports both ways (a1's
+	// ingress, a2's egress: no rule of theirs allows UDP); other UDP
+	// from the router's port 67 does not.
+	router := nl.NSPath(RouterNSName(c.nodes[0].dp.cfg, 1))
+	for _, d := range []struct {
+		what         string
+		fromNS, toNS string
+		from, to     string
+		want         bool
+	}{
+		{"router to a1, DHCP server to client", router, pods["a1"].ns, "10.1.1.1:67", "10.1.1.2:68", true},
+		{"a2 to router, DHCP client to server", pods["a2"].ns, router, "10.1.1.3:68", "10.1.1.1:67", true},
+		{"router to a1, UDP 67 to 69", router, pods["a1"].ns, "10.1.1.1:67", "10.1.1.2:69", false},
+	} {
+		if err := udpDatagram(d.fromNS, d.toNS, d.from, d.to); (err == nil) != d.want {
+			t.Errorf("%s: %v, want delivered %v", d.what, err, d.want)
+		}
+	}
 
 	// Established connections: a3 to a1 (allowed by a1's rule) and a1
 	// to a3 (a1's own); the rule then allows a2 instead of a3.
@@ -218,7 +237,7 @@ func TestPolicyEnforcement(t *testing.T) {
 	}
 	// A set changed behind kvnet's back is healed by the next Apply
 	// (its remembered sets are not trusted after a foreign commit).
-	setName := policySetName(fromA3.Name, false)
+	setName := policySetName("tenant-a_udn", fromA3.Name, false)
 	setElems := func() []string {
 		t.Helper()
 		var out []string
@@ -404,4 +423,36 @@ func BenchmarkApplyPolicies(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// udpDatagram sends one datagram from src (bound in the namespace at
+// fromNS) to dst and reports whether a socket bound to dst in the
+// namespace at toNS received it within a second.
+func udpDatagram(fromNS, toNS, src, dst string) error {
+	var rx, tx net.PacketConn
+	if err := nl.Do(toNS, func() (err error) {
+		rx, err = net.ListenPacket("udp4", dst)
+		return err
+	}); err != nil {
+		return err
+	}
+	defer rx.Close()
+	if err := nl.Do(fromNS, func() (err error) {
+		tx, err = net.ListenPacket("udp4", src)
+		return err
+	}); err != nil {
+		return err
+	}
+	defer tx.Close()
+	to, err := net.ResolveUDPAddr("udp4", dst)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.WriteTo([]byte("dhcp?"), to); err != nil {
+		return err
+	}
+	_ = rx.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 64)
+	_, _, err = rx.ReadFrom(buf)
+	return err
 }
