@@ -113,7 +113,8 @@ func httpGet(ctx context.Context, netns string, addr netip.AddrPort) (string, er
 // DHCPv6 renewal is answered by the target node) and after stop/start. A
 // RequireDualStack Service in front of the dual-stack VM, and a
 // PreferDualStack one in front of the IPv6-only VM, are each reached at
-// their IPv6 cluster IP.
+// their IPv6 cluster IP. A guest that releases its IPv6 address is
+// reported by kvnet why (GuestAddressMissing) until it leases it again.
 func TestLabDualStackVMs(t *testing.T) {
 	testenv.NeedsRoot(t)
 	_, run := buildKvnet(t)
@@ -431,4 +432,40 @@ func TestLabDualStackVMs(t *testing.T) {
 		check(name, "after stop/start", true)
 	}
 	viaServices("after stop/start")
+
+	// kvnet why sees a guest without its claim's IPv6 address: dhcpcd in
+	// the guest releases it (the console says so, and the lab's guest
+	// agent, like KubeVirt's, reports the guest without it), and
+	// GuestAddressMissing names it; a new lease makes the VM healthy.
+	v := vms["vm-ds"]
+	netns, _ := peer(v, runningOn(v.ns, "vm-ds"))
+	ip4, ip6 := v.ips[0], v.ips[len(v.ips)-1]
+	guestRun := func(cmd string) {
+		t.Helper()
+		if out, err := guest.Exec(ctx, netns, ip4, cmd); err != nil {
+			t.Fatalf("vm-ds: %s: %v: %s", cmd, err, out)
+		}
+	}
+	diagnose := func(want why.Code) error {
+		rep, err := why.Diagnose(ctx, c, "vm", v.ns, "vm-ds", why.Options{})
+		if err != nil {
+			return err
+		}
+		switch {
+		case want == "" && rep.Problem != nil:
+			return fmt.Errorf("not healthy: %s: %s", rep.Problem.Code, rep.Problem.Message)
+		case want != "" && (rep.Problem == nil || rep.Problem.Code != want || !strings.Contains(rep.Problem.Message, ip6.String())):
+			return fmt.Errorf("problem %+v, want %s naming %s", rep.Problem, want, ip6)
+		}
+		return nil
+	}
+	guestRun("dhcpcd -k eth0")
+	testenv.Eventually(t, time.Minute, "kvnet why vm vm-ds: GuestAddressMissing for its released IPv6 address", func() error {
+		return diagnose(why.GuestAddressMissing)
+	})
+	guestRun("dhcpcd -b -f /etc/dhcpcd.conf eth0 >/run/dhcpcd.eth0.out 2>&1")
+	testenv.Eventually(t, time.Minute, "kvnet why vm vm-ds: healthy again with a new DHCPv6 lease", func() error {
+		return diagnose("")
+	})
+	t.Logf("vm-ds without %s in its guest: kvnet why said %s; healthy again after a new lease", ip6, why.GuestAddressMissing)
 }

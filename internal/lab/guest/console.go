@@ -15,8 +15,11 @@ import (
 const (
 	LeasePrefix  = "KVNET-LEASE"
 	Lease6Prefix = "KVNET-LEASE6"
-	ReadyPrefix  = "KVNET-READY"
-	ErrorPrefix  = "KVNET-ERROR"
+	// Lease6GonePrefix starts the line of a NIC whose DHCPv6 address is
+	// gone: KVNET-LEASE6-GONE iface=eth0 reason=RELEASE6.
+	Lease6GonePrefix = "KVNET-LEASE6-GONE"
+	ReadyPrefix      = "KVNET-READY"
+	ErrorPrefix      = "KVNET-ERROR"
 )
 
 // Lease is a DHCP lease the guest reported on its console: a DHCPv4 lease
@@ -126,6 +129,7 @@ type console struct {
 	partial []byte
 	leases  map[string]Lease // DHCPv4, by guest NIC
 	leases6 map[string]Lease // DHCPv6, by guest NIC
+	gone6   map[string]bool  // NICs whose last DHCPv6 line says the address is gone
 	ready   bool
 	errors  []string
 	tail    []string // the last lines, for error messages
@@ -134,7 +138,7 @@ type console struct {
 const consoleTailLines = 20
 
 func newConsole(path string, off int64) *console {
-	return &console{path: path, off: off, leases: map[string]Lease{}, leases6: map[string]Lease{}}
+	return &console{path: path, off: off, leases: map[string]Lease{}, leases6: map[string]Lease{}, gone6: map[string]bool{}}
 }
 
 // poll reads what the guest printed since the last poll.
@@ -176,9 +180,15 @@ func (c *console) line(s string) {
 	// A line may carry garbage before our prefix (a kernel message cut by
 	// ours); the prefix is what counts.
 	switch {
+	case strings.Contains(s, Lease6GonePrefix+" "):
+		if iface, ok := gone6Iface(s[strings.Index(s, Lease6GonePrefix+" "):]); ok {
+			delete(c.leases6, iface)
+			c.gone6[iface] = true
+		}
 	case strings.Contains(s, Lease6Prefix+" "):
 		if l, err := ParseLease6(s[strings.Index(s, Lease6Prefix+" "):]); err == nil {
 			c.leases6[l.Iface] = l
+			delete(c.gone6, l.Iface)
 		}
 	case strings.Contains(s, LeasePrefix+" "):
 		if l, err := ParseLease(s[strings.Index(s, LeasePrefix+" "):]); err == nil {
@@ -189,6 +199,20 @@ func (c *console) line(s string) {
 	case strings.Contains(s, ErrorPrefix):
 		c.errors = append(c.errors, s[strings.Index(s, ErrorPrefix):])
 	}
+}
+
+// gone6Iface returns the NIC a KVNET-LEASE6-GONE line names.
+func gone6Iface(line string) (string, bool) {
+	fields := strings.Fields(line)
+	if len(fields) == 0 || fields[0] != Lease6GonePrefix {
+		return "", false
+	}
+	for _, f := range fields[1:] {
+		if v, ok := strings.CutPrefix(f, "iface="); ok && v != "" {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // tailText is the last lines of the console, for error messages.

@@ -156,6 +156,18 @@ func TestConsoleFollowsTheLog(t *testing.T) {
 	if l := c.leases["eth0"]; l.IP() != netip.MustParseAddr("10.0.0.6") {
 		t.Fatalf("after a DHCPv6 lease, lease eth0 = %+v, want 10.0.0.6 still", l)
 	}
+	// The DHCPv6 address goes, then comes back.
+	appendLog("KVNET-LEASE6-GONE iface=eth0 reason=RELEASE6\r\n")
+	if l, ok := c.leases6["eth0"]; ok || !c.gone6["eth0"] {
+		t.Fatalf("after KVNET-LEASE6-GONE: DHCPv6 lease eth0 = %+v, %v; gone %v", l, ok, c.gone6)
+	}
+	if l := c.leases["eth0"]; l.IP() != netip.MustParseAddr("10.0.0.6") {
+		t.Fatalf("after the DHCPv6 address went, lease eth0 = %+v, want 10.0.0.6 still", l)
+	}
+	appendLog("KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128 router=fe80::1 dns= mtu=1400\r\n")
+	if _, ok := c.leases6["eth0"]; !ok || c.gone6["eth0"] {
+		t.Fatalf("after a new DHCPv6 lease: leases6 %v, gone %v", c.leases6, c.gone6)
+	}
 }
 
 func TestConfigArgs(t *testing.T) {

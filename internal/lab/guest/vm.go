@@ -452,6 +452,19 @@ func (v *VM) Leases6() map[string]Lease {
 	return v.leaseMap(func(c *console) map[string]Lease { return c.leases6 })
 }
 
+// Released6 returns the guest NICs whose DHCPv6 address went (a
+// KVNET-LEASE6-GONE line) since Start and came back by no newer lease.
+func (v *VM) Released6() map[string]bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_ = v.console.poll() // best effort, as leaseMap
+	m := make(map[string]bool, len(v.console.gone6))
+	for k := range v.console.gone6 {
+		m[k] = true
+	}
+	return m
+}
+
 func (v *VM) leaseMap(of func(*console) map[string]Lease) map[string]Lease {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -14,7 +14,8 @@ import (
 // holds, as a guest agent would (it makes the Launcher a
 // simvirt.GuestAgent): one entry per guest NIC, eth0 first, with the MAC
 // QEMU gave it and the newest DHCPv4 and DHCPv6 lease the guest printed
-// on its console for it (a NIC without leases has no addresses). A
+// on its console for it, but a DHCPv6 address it reported gone (a NIC
+// without leases has no addresses). A
 // migrated guest keeps the leases it reported on its source: it holds
 // them still. ok is false when no guest of the VMI runs here.
 func (l *Launcher) GuestInterfaces(namespace, name string) ([]simvirt.GuestInterface, bool) {
@@ -52,14 +53,19 @@ func (l *Launcher) GuestInterfaces(namespace, name string) ([]simvirt.GuestInter
 
 // leases returns the newest lease per guest NIC the guest reported, DHCPv4
 // then DHCPv6: since its QEMU started, over what it had reported before
-// it was migrated here.
+// it was migrated here; a DHCPv6 address the guest reported gone since is
+// left out.
 func (r *running) leases() [2]map[string]guest.Lease {
 	out := [2]map[string]guest.Lease{maps.Clone(r.inherited[0]), maps.Clone(r.inherited[1])}
-	for i, now := range [2]map[string]guest.Lease{r.vm.Leases(), r.vm.Leases6()} {
+	for i := range out {
 		if out[i] == nil {
 			out[i] = map[string]guest.Lease{}
 		}
-		maps.Copy(out[i], now)
 	}
+	for iface := range r.vm.Released6() {
+		delete(out[1], iface)
+	}
+	maps.Copy(out[0], r.vm.Leases())
+	maps.Copy(out[1], r.vm.Leases6())
 	return out
 }
