@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -37,6 +38,11 @@ type Datapath struct {
 	// Activate's) and guards activated; taken after mu.
 	rulesMu   sync.Mutex
 	activated map[string]string // Standby port activated early -> its MAC
+	// nodeTables are the node namespace's chains and sets as the last
+	// successful rules sync left them (see knownTables); guarded by
+	// rulesMu. Activate's commits change the generation, so they are
+	// read again after it.
+	nodeTables *tablesCache
 	// lastPolicies is what of the last applied State decided which
 	// connections policies allow (see cutDenied); nil before the first;
 	// guarded by mu.
@@ -45,6 +51,19 @@ type Datapath struct {
 	// learning is the bridge ports' learning flag by interface index,
 	// read once per Apply (nil until then); guarded by mu.
 	learning map[int]bool
+
+	// rulesSync is how long the last Apply took to write the node's
+	// nftables rules; guarded by mu.
+	rulesSync time.Duration
+}
+
+// RulesSyncDuration returns how long the last Apply took to bring the
+// node's nftables rules (anti-spoofing, Services, network policies) up to
+// date: read, compare, and write what changed.
+func (d *Datapath) RulesSyncDuration() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rulesSync
 }
 
 // New opens the datapath of the node described by cfg. It changes nothing
@@ -172,7 +191,9 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 	if len(s.Policies) > 0 && !step(d.enablePolicyHooks()) {
 		return result()
 	}
+	rulesStart := time.Now()
 	rulesErr := d.syncNodeRules(s)
+	d.rulesSync = time.Since(rulesStart)
 	if !step(rulesErr) {
 		return result()
 	}
@@ -219,7 +240,20 @@ func (d *Datapath) syncNodeRules(s State) error {
 		}
 	}
 	d.activated = still // the planner caught up with the others
-	return syncTables(conn, nodeRules(s))
+	tables := nodeRules(s)
+	known := d.nodeTables.valid(int(d.nsh))
+	d.nodeTables = nil
+	next, nextErr := knownTablesOf(tables)
+	if known != nil && nextErr == nil {
+		known.wants = next.chains
+	}
+	if err := syncTablesKnown(conn, tables, known); err != nil {
+		return err
+	}
+	if gen, err := nftGenID(int(d.nsh)); err == nil && nextErr == nil {
+		d.nodeTables = &tablesCache{known: next, gen: gen, at: time.Now()}
+	} // else the next sync reads the kernel
+	return nil
 }
 
 // Activate ends the Standby of port p (a live-migration target whose guest

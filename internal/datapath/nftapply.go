@@ -57,6 +57,13 @@ func largeBuffers(c *netlink.Conn) error {
 // counters of unchanged chains survive an Apply), adds missing chains and
 // deletes chains and tables the state no longer has.
 func syncTables(conn *nftables.Conn, want []nftTable) error {
+	return syncTablesKnown(conn, want, nil)
+}
+
+// syncTablesKnown is syncTables trusting known (see knownTables) for
+// the rules of the chains and the elements of the sets it lists instead
+// of reading them; nil reads everything.
+func syncTablesKnown(conn *nftables.Conn, want []nftTable, known *knownTables) error {
 	tables, err := conn.ListTables()
 	if err != nil {
 		return fmt.Errorf("list nftables tables: %w", err)
@@ -77,7 +84,7 @@ func syncTables(conn *nftables.Conn, want []nftTable) error {
 		}
 	}
 	for _, wt := range want {
-		if err := syncTable(conn, wt, have[wt.family] != nil); err != nil {
+		if err := syncTable(conn, wt, have[wt.family] != nil, known); err != nil {
 			return err
 		}
 	}
@@ -88,7 +95,7 @@ func syncTables(conn *nftables.Conn, want []nftTable) error {
 }
 
 // syncTable queues the changes that make one table match wt.
-func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
+func syncTable(conn *nftables.Conn, wt nftTable, exists bool, known *knownTables) error {
 	t := &nftables.Table{Family: wt.family, Name: tableName}
 	haveChains := map[string]*nftables.Chain{} // chain name -> existing chain
 	haveMaps := map[string]*nftables.Set{}     // map name -> existing named set or map
@@ -155,15 +162,20 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 			conn.AddChain(c)
 			rewrites = append(rewrites, rewrite{chain: c, rules: wc.rules})
 		default:
-			current, err := conn.GetRules(t, hc)
-			if err != nil {
-				return fmt.Errorf("list rules of chain %q: %w", wc.name, err)
+			same, err := known.sameChain(wt.family, wc)
+			if err == nil && same == nil {
+				var current []*nftables.Rule
+				if current, err = conn.GetRules(t, hc); err != nil {
+					return fmt.Errorf("list rules of chain %q: %w", wc.name, err)
+				}
+				var s bool
+				s, err = sameRules(wt.family, current, wc.rules)
+				same = &s
 			}
-			same, err := sameRules(wt.family, current, wc.rules)
 			if err != nil {
 				return err
 			}
-			if !same {
+			if !*same {
 				rewrites = append(rewrites, rewrite{chain: c, rules: wc.rules, flush: true})
 			}
 		}
@@ -177,7 +189,7 @@ func syncTable(conn *nftables.Conn, wt nftTable, exists bool) error {
 	}
 	for _, ws := range wt.sets {
 		wantMaps[ws.name] = true
-		if err := syncSet(conn, t, ws, haveMaps[ws.name]); err != nil {
+		if err := syncSet(conn, t, ws, haveMaps[ws.name], known.set(wt.family, ws.name)); err != nil {
 			return err
 		}
 	}

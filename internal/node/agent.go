@@ -507,6 +507,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)
 	applySeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
+	rulesSyncSeconds.WithLabelValues(a.cfg.NodeName).Observe(a.dp.RulesSyncDuration().Seconds())
 	a.report(ctx, plan, ok)
 	return plan.Waiting, applyErr
 }
@@ -657,7 +658,7 @@ func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
 	for _, n := range prev.State.Networks {
 		if !netNames[n.Name] {
 			logger.Info("network removed from the node", "network", n.Name, "id", n.ID)
-			for _, g := range []*gaugeVec{portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge} {
+			for _, g := range []*gaugeVec{portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, policyPortsGauge, policiesGauge} {
 				g.DeleteLabelValues(node, n.Name)
 			}
 		}
@@ -687,6 +688,11 @@ func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
 	}
 	for _, d := range plan.DHCP {
 		leasesGauge.WithLabelValues(node, d.Network).Set(float64(len(d.Leases)))
+	}
+	policyPorts, policies := policyCounts(plan.State)
+	for _, n := range plan.State.Networks {
+		policyPortsGauge.WithLabelValues(node, n.Name).Set(float64(policyPorts[n.Name]))
+		policiesGauge.WithLabelValues(node, n.Name).Set(float64(len(policies[n.Name])))
 	}
 	waitingGauge.WithLabelValues(node).Set(float64(plan.Waiting))
 	readyGauge.WithLabelValues(node).Set(boolFloat(a.Ready()))

@@ -2,6 +2,7 @@ package node
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"kvnet.io/kvnet/internal/datapath"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -39,6 +40,19 @@ var (
 		Name: "kvnet_node_waiting_ports",
 		Help: "Local attachments whose interface kvnet-cni has not created yet.",
 	}, []string{"node"})
+	rulesSyncSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_node_rules_sync_duration_seconds",
+		Help:    "Time to bring the node's nftables rules (anti-spoofing, Services, network policies) up to date in one apply.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	}, []string{"node"})
+	policyPortsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_policy_ports",
+		Help: "Local ports isolated by network policies (NetworkPolicy on a primary network, MultiNetworkPolicy on a secondary one), per network.",
+	}, []string{"node", "network"})
+	policiesGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_policies",
+		Help: "Network policies programmed on the node: those isolating at least one of its ports, per network.",
+	}, []string{"node", "network"})
 	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvnet_node_ready",
 		Help: "1 once the agent has applied the datapath state since it started.",
@@ -46,5 +60,32 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge)
+	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
+		rulesSyncSeconds, policyPortsGauge, policiesGauge)
+}
+
+// policyCounts returns, per network of s, how many of its ports policies
+// isolate and which policies do.
+func policyCounts(s datapath.State) (ports map[string]int, policies map[string]map[string]bool) {
+	netOf := map[string]string{} // host interface -> network
+	for _, p := range s.Ports {
+		netOf[p.HostIfName] = p.Network
+	}
+	ports, policies = map[string]int{}, map[string]map[string]bool{}
+	for _, pp := range s.Policies {
+		n := netOf[pp.Port]
+		ports[n]++
+		for _, d := range []*datapath.PolicyDirection{pp.Ingress, pp.Egress} {
+			if d == nil {
+				continue
+			}
+			if policies[n] == nil {
+				policies[n] = map[string]bool{}
+			}
+			for _, name := range d.Policies {
+				policies[n][name] = true
+			}
+		}
+	}
+	return ports, policies
 }

@@ -6,10 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
@@ -109,6 +111,14 @@ func TestAgentMultiNetworkPolicy(t *testing.T) {
 			t.Errorf("%s on the primary network, which the policy is not for: %v", from.name, err)
 		}
 	}
+	n1 := l.nodeName("n1")
+	testenv.Eventually(t, waitTimeout, "policy metrics of n1", func() error {
+		ports, pols := gaugeSum(t, "kvnet_node_policy_ports", n1), gaugeSum(t, "kvnet_node_policies", n1)
+		if ports != 1 || pols != 1 {
+			return fmt.Errorf("kvnet_node_policy_ports %v, kvnet_node_policies %v; want 1 and 1 (the server's secondary port, only-a)", ports, pols)
+		}
+		return nil
+	})
 	for range 2 {
 		if err := reach(bS, srvS.ip()); err == nil || !strings.Contains(err.Error(), "timeout") && !strings.Contains(err.Error(), "i/o") {
 			t.Errorf("client-b on the secondary network after the policy: %v, want a timeout", err)
@@ -119,4 +129,52 @@ func TestAgentMultiNetworkPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, waitTimeout, "client-b back in after the policy is deleted", func() error { return reach(bS, srvS.ip()) })
+	if ports := gaugeSum(t, "kvnet_node_policy_ports", n1); ports != 0 {
+		t.Errorf("kvnet_node_policy_ports of n1 after the policy's deletion: %v, want 0", ports)
+	}
+	if n := histogramCount(t, "kvnet_node_rules_sync_duration_seconds", n1); n == 0 {
+		t.Error("kvnet_node_rules_sync_duration_seconds of n1 has no observation")
+	}
+}
+
+// gaugeSum returns the sum of gauge name's values for node, over its
+// other labels, from the process's metrics (the lab's agents run here).
+func gaugeSum(t *testing.T, name, node string) float64 {
+	t.Helper()
+	var sum float64
+	for _, m := range metricsOf(t, name, node) {
+		sum += m.GetGauge().GetValue()
+	}
+	return sum
+}
+
+// histogramCount returns how many observations histogram name has for
+// node.
+func histogramCount(t *testing.T, name, node string) uint64 {
+	t.Helper()
+	var n uint64
+	for _, m := range metricsOf(t, name, node) {
+		n += m.GetHistogram().GetSampleCount()
+	}
+	return n
+}
+
+func metricsOf(t *testing.T, name, node string) []*dto.Metric {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*dto.Metric
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelValue(m, "node") == node {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
 }

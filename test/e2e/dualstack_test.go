@@ -111,8 +111,9 @@ func httpGet(ctx context.Context, netns string, addr netip.AddrPort) (string, er
 // guest agent) and kvnet why calls the VM healthy. The same holds after a
 // live migration (where the guest's
 // DHCPv6 renewal is answered by the target node) and after stop/start. A
-// RequireDualStack Service in front of the dual-stack VM is reached at
-// its IPv6 cluster IP.
+// RequireDualStack Service in front of the dual-stack VM, and a
+// PreferDualStack one in front of the IPv6-only VM, are each reached at
+// their IPv6 cluster IP.
 func TestLabDualStackVMs(t *testing.T) {
 	testenv.NeedsRoot(t)
 	_, run := buildKvnet(t)
@@ -149,13 +150,20 @@ func TestLabDualStackVMs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A dual-stack Service in front of vm-ds.
-	requireDual := corev1.IPFamilyPolicyRequireDualStack
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "e2e-ds", Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "vm-ds"}, IPFamilyPolicy: &requireDual,
-			Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(guest.HTTPPort)}}}}
-	if err := c.Create(ctx, svc); err != nil {
-		t.Fatal(err)
+	// A dual-stack Service in front of each VM: RequireDualStack for
+	// vm-ds, PreferDualStack for vm-v6 (both get both families in a
+	// dual-stack cluster; vm-v6 is reached at the IPv6 one only).
+	policies := map[string]corev1.IPFamilyPolicy{"vm-ds": corev1.IPFamilyPolicyRequireDualStack, "vm-v6": corev1.IPFamilyPolicyPreferDualStack}
+	svcs := map[string]*corev1.Service{}
+	for _, name := range names {
+		policy := policies[name]
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: vms[name].ns, Name: "web"},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name}, IPFamilyPolicy: &policy,
+				Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(guest.HTTPPort)}}}}
+		if err := c.Create(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
+		svcs[name] = svc
 	}
 
 	// runningOn waits until the VMI runs, no migration under way, and
@@ -316,32 +324,44 @@ func TestLabDualStackVMs(t *testing.T) {
 		check(name, "at boot", true)
 	}
 
-	// The Service: an IPv6 cluster IP, and a real IPv6 connection to the
-	// guest through it.
-	if err := c.Get(ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
-		t.Fatal(err)
-	}
-	var svc6 netip.Addr
-	for _, s := range svc.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(s); err == nil && a.Is6() {
-			svc6 = a
+	// The Services: an IPv6 cluster IP each, and a real IPv6 connection
+	// to the guest through it.
+	svc6 := map[string]netip.Addr{}
+	for _, name := range names {
+		svc := svcs[name]
+		if err := c.Get(ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range svc.Spec.ClusterIPs {
+			if a, err := netip.ParseAddr(s); err == nil && a.Is6() {
+				svc6[name] = a
+			}
+		}
+		if !svc6[name].IsValid() || len(svc.Spec.ClusterIPs) != 2 {
+			t.Fatalf("Service %s/%s (%s) has cluster IPs %v, want an IPv4 and an IPv6 one", svc.Namespace, svc.Name, *svc.Spec.IPFamilyPolicy, svc.Spec.ClusterIPs)
 		}
 	}
-	if !svc6.IsValid() || len(svc.Spec.ClusterIPs) != 2 {
-		t.Fatalf("Service %s/%s (RequireDualStack) has cluster IPs %v, want an IPv4 and an IPv6 one", svc.Namespace, svc.Name, svc.Spec.ClusterIPs)
-	}
-	viaService := func() error {
-		netns, _ := peer(vms["vm-ds"], runningOn("e2e-ds", "vm-ds"))
-		got, err := httpGet(ctx, netns, netip.AddrPortFrom(svc6, 8080))
-		if err != nil {
-			return err
+	// viaServices fetches each VM's page through its Service's IPv6
+	// cluster IP, from a peer on another node than the VM's.
+	viaServices := func(when string) {
+		t.Helper()
+		for _, name := range names {
+			v := vms[name]
+			testenv.Eventually(t, time.Minute, fmt.Sprintf("%s: a pod reaches %s through its %s Service's IPv6 cluster IP [%s]:8080", when, name, policies[name], svc6[name]), func() error {
+				netns, _ := peer(v, runningOn(v.ns, name))
+				got, err := httpGet(ctx, netns, netip.AddrPortFrom(svc6[name], 8080))
+				if err != nil {
+					return err
+				}
+				if got != name {
+					return fmt.Errorf("answer %q, want %q", got, name)
+				}
+				return nil
+			})
 		}
-		if got != "vm-ds" {
-			return fmt.Errorf("answer %q, want %q", got, "vm-ds")
-		}
-		return nil
+		t.Logf("%s: each VM reached through its Service's IPv6 cluster IP %v", when, svc6)
 	}
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("the peer reaches vm-ds through the Service's IPv6 cluster IP [%s]:8080", svc6), viaService)
+	viaServices("at boot")
 
 	// Live migration of both VMs.
 	for _, name := range names {
@@ -380,7 +400,7 @@ func TestLabDualStackVMs(t *testing.T) {
 		check(name, "after its live migration", false)
 	}
 
-	testenv.Eventually(t, time.Minute, "the peer reaches the migrated vm-ds through the Service's IPv6 cluster IP", viaService)
+	viaServices("after the live migrations")
 
 	// Stop and start both VMs: new guests, the same addresses.
 	setRunStrategy := func(ns, name, rs string) {
@@ -410,5 +430,5 @@ func TestLabDualStackVMs(t *testing.T) {
 	for _, name := range names {
 		check(name, "after stop/start", true)
 	}
-	testenv.Eventually(t, time.Minute, "the peer reaches the restarted vm-ds through the Service's IPv6 cluster IP", viaService)
+	viaServices("after stop/start")
 }

@@ -99,6 +99,10 @@ var demoTrafficChecks = []string{
 	// The guest itself: its lease, and a connection across the
 	// live migration.
 	`guest DHCP lease eth0 10\.0\.0\.\d+/24 router 10\.0\.0\.1 .* = IPAMClaim vm-a\.podnet`,
+	// Its IPv6 address (the demo's UDN is dual-stack): leased by DHCPv6,
+	// reached over IPv6 before and after the live migration.
+	`guest DHCPv6 lease eth0 2001:db8::[0-9a-f]+/128 router fe80::[0-9a-f:]+ .* = IPAMClaim vm-a\.podnet`,
+	`reached udn-demo/web-1 \(node-1\) -> vm-a \[2001:db8::[0-9a-f]+\]:7 \(node-\d; TCP echo in the guest, over IPv6\)`,
 	`kept its open TCP connection from udn-demo/web-1`,
 	`blocked tenant-b/db-1 \(node-1\) -> vm-a`,
 	// The VM's Service: cluster IP, and node ports on every node.

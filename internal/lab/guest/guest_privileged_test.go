@@ -433,6 +433,23 @@ func TestEveryNICGetsALease(t *testing.T) {
 			t.Errorf("guest routes lack %q:\n%s", want, out)
 		}
 	}
+	// IPv6: a dhcpcd per NIC, each running (one dhcpcd for both NICs
+	// segfaulted as it set up the second, and no NIC got IPv6).
+	testenv.Eventually(t, 30*time.Second, "a dhcpcd per NIC", func() error {
+		out, err := Exec(ctx, l.ns, nics[0].ip, "ps; dmesg | grep [s]egfault || true")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "segfault") {
+			t.Fatalf("a process of the guest crashed:\n%s", out)
+		}
+		for _, want := range []string{"dhcpcd: eth0", "dhcpcd: eth1"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("no %q process in the guest:\n%s", want, out)
+			}
+		}
+		return nil
+	})
 }
 
 // stream writes a deterministic byte stream to an echo connection and

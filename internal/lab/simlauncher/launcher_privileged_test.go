@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
 
 	"kvnet.io/kvnet/internal/dhcp"
 	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
@@ -285,9 +287,26 @@ func TestManagedTapBinding(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go srv.Serve(ctx)
-	_, lease := boot(t, "vm-managedtap", pod, p)
+	vm, lease := boot(t, "vm-managedtap", pod, p)
 	if lease.Addr != netip.MustParsePrefix("192.168.50.77/24") || lease.MTU != 1400 {
 		t.Fatalf("guest lease %+v, want the network server's 192.168.50.77/24 mtu 1400", lease)
+	}
+
+	// As a guest agent, the launcher reports the guest's NIC with the
+	// address it leased; a guest that migrated away, or of another VMI,
+	// is not asked.
+	key := types.NamespacedName{Namespace: "ns", Name: "vm-managedtap"}
+	l := &Launcher{guests: map[types.UID]*running{"new": {vmi: key, pod: "launcher-b", vm: vm, plumbed: []*Plumbed{p}}}}
+	want := []simvirt.GuestInterface{{Name: "eth0", MAC: podMAC, IPs: []netip.Addr{netip.MustParseAddr("192.168.50.77")}}}
+	if got, ok := l.GuestInterfaces("ns", "vm-managedtap"); !ok || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("GuestInterfaces = %+v, %v; want %+v", got, ok, want)
+	}
+	if got, ok := l.GuestInterfaces("ns", "other"); ok {
+		t.Fatalf("GuestInterfaces of a VMI without a guest = %+v, true", got)
+	}
+	l.guests["new"].moved = true
+	if got, ok := l.GuestInterfaces("ns", "vm-managedtap"); ok {
+		t.Fatalf("GuestInterfaces of a guest that migrated away = %+v, true", got)
 	}
 }
 

@@ -355,3 +355,36 @@ func TestCheckLease(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckLease6: the guest's DHCPv6 lease is checked against the
+// claim's IPv6 address, not its prefix length (the guest adds a /128),
+// and the VMI's MAC.
+func TestCheckLease6(t *testing.T) {
+	f := ifaceState{vmIface: vmIface{network: "podnet", claim: "vm-a.podnet", specMAC: "0a:58:0a:00:00:05"},
+		claimed: netiptest.MustPrefixes("10.0.0.5/24"), claimed6: netiptest.MustPrefixes("2001:db8::5/60")}
+	lease := func(mac, addr string) guest.Lease {
+		m, err := net.ParseMAC(mac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return guest.Lease{Iface: "eth0", MAC: m, Addr: netip.MustParsePrefix(addr)}
+	}
+	if err := checkLease6(0, f, lease("0a:58:0a:00:00:05", "2001:db8::5/128")); err != nil {
+		t.Errorf("lease of the claim's address as the guest adds it (/128): %v", err)
+	}
+	noV6 := f
+	noV6.claimed6 = nil
+	for name, tc := range map[string]struct {
+		f ifaceState
+		l guest.Lease
+	}{
+		"another address":      {f, lease("0a:58:0a:00:00:05", "2001:db8::6/128")},
+		"another MAC":          {f, lease("02:00:00:00:00:09", "2001:db8::5/128")},
+		"claim without IPv6":   {noV6, lease("0a:58:0a:00:00:05", "2001:db8::5/128")},
+		"the claim's IPv4 one": {f, lease("0a:58:0a:00:00:05", "10.0.0.5/32")},
+	} {
+		if err := checkLease6(0, tc.f, tc.l); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -72,9 +72,12 @@ func vmIfaces(vmi *kubevirtv1.VirtualMachineInstance, vmName string) []vmIface {
 // what the kernel has on the launcher pod's interface (ip -j addr).
 type ifaceState struct {
 	vmIface
-	claimed []netip.Prefix // IPAMClaim status.ips
-	mac     string         // the interface's MAC, from the kernel
-	addrs   []netip.Prefix // its global addresses, from the kernel
+	claimed []netip.Prefix // IPAMClaim status.ips, IPv4 (DHCPv4)
+	// claimed6 are the claim's IPv6 addresses (DHCPv6, after kvnet-node's
+	// router advertisement, on the primary network).
+	claimed6 []netip.Prefix
+	mac      string         // the interface's MAC, from the kernel
+	addrs    []netip.Prefix // its global addresses, from the kernel
 }
 
 // vmState is the running VM as the demo checks it.
@@ -177,6 +180,9 @@ func compareMigration(before, after vmState) error {
 		a := after.ifaces[i]
 		if !samePrefixes(a.claimed, b.claimed) || !samePrefixes(a.addrs, b.addrs) {
 			problems = append(problems, fmt.Sprintf("network %s: addresses %s (claim %s), before %s (claim %s)", b.network, prefixes(a.addrs), prefixes(a.claimed), prefixes(b.addrs), prefixes(b.claimed)))
+		}
+		if !samePrefixes(a.claimed6, b.claimed6) {
+			problems = append(problems, fmt.Sprintf("network %s: IPv6 claim %s, before %s", b.network, prefixes(a.claimed6), prefixes(b.claimed6)))
 		}
 		if !strings.EqualFold(a.mac, b.mac) {
 			problems = append(problems, fmt.Sprintf("network %s: MAC %s, before %s", b.network, a.mac, b.mac))
@@ -284,8 +290,10 @@ func vmSnapshot(ctx context.Context, c client.Client, peer labPod, timeout time.
 			if err != nil {
 				return vmState{}, fmt.Errorf("IPAMClaim %s/%s status.ips %q: %w", demoVMNamespace, f.claim, s, err)
 			}
-			if p.Addr().Is4() { // DHCPv4 gives the guest its IPv4 only
+			if p.Addr().Is4() { // the guest's IPv4 NIC addresses, checked below
 				is.claimed = append(is.claimed, p)
+			} else { // checked on the console (guestIPv6)
+				is.claimed6 = append(is.claimed6, p)
 			}
 		}
 		for _, si := range vmi.Status.Interfaces {
@@ -404,8 +412,9 @@ const (
 )
 
 // printVMMigration shows the lab's VM, a QEMU guest, running on a
-// simulated node: the DHCP lease the guest got equals its IPAMClaim, a pod
-// on the network reaches the guest's TCP service, the guest reaches
+// simulated node: the DHCP lease the guest got equals its IPAMClaim (and
+// so does its DHCPv6 lease where the claim holds an IPv6 address), a pod
+// on the network reaches the guest's TCP service (over IPv6 too), the guest reaches
 // another pod and the egress address, another tenant does not reach it.
 // Then it live-migrates the guest with an open TCP connection to it and
 // shows that the guest kept its IPs, MACs and that connection. It fails if
@@ -446,9 +455,18 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 		}
 		fmt.Fprintf(out, "  guest DHCP lease eth%d %s router %s mtu %d (MAC %s) = IPAMClaim %s\n", i, l.Addr, router, l.MTU, l.MAC, f.claim)
 	}
+	ip6, err := guestIPv6(ctx, out, labDir, before, timeout)
+	if err != nil {
+		return err
+	}
 	ip := netip.MustParseAddr(before.ipv4(before.primaryNetwork()))
 	if err := vmTraffic(ctx, out, pods, peer, ip, before.node); err != nil {
 		return err
+	}
+	if ip6.IsValid() {
+		if err := reachIPv6(ctx, out, peer, ip6, before.node, timeout); err != nil {
+			return err
+		}
 	}
 
 	// An open connection to the guest, used during the migration.
@@ -495,6 +513,11 @@ func printVMMigration(ctx context.Context, out io.Writer, c client.Client, labDi
 		return fmt.Errorf("the TCP connection %s -> %s:%d opened before the migration broke: %w", peer, ip, guest.EchoPort, err)
 	}
 	fmt.Fprintf(out, "  kept its open TCP connection from %s (%d echoes; blackout, the longest wait for one: %s)\n", peer, echoes, pause.Round(time.Millisecond))
+	if ip6.IsValid() {
+		if err := reachIPv6(ctx, out, peer, ip6, after.node, timeout); err != nil {
+			return err
+		}
+	}
 	return vmTraffic(ctx, out, pods, peer, ip, after.node)
 }
 
