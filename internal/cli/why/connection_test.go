@@ -119,3 +119,28 @@ func TestWhyConnection(t *testing.T) {
 		})
 	}
 }
+
+func TestSharedNetwork(t *testing.T) {
+	att := func(network, role string) podnetworks.Attachment {
+		return podnetworks.Attachment{Network: network, Role: role, IPAddresses: []string{"10.0.0.4/24"}}
+	}
+	src := podnetworks.Networks{"a/net": att("a_net", podnetworks.RolePrimary), "a/blue": att("a_blue", podnetworks.RoleSecondary), "a/red": att("a_red", podnetworks.RoleSecondary)}
+	dst := podnetworks.Networks{"b/net": att("a_net", podnetworks.RolePrimary), "a/blue": att("a_blue", podnetworks.RoleSecondary), "a/red": att("a_red", podnetworks.RoleSecondary)}
+	for _, tc := range []struct {
+		want, network string
+		primary       bool
+		dst           podnetworks.Networks
+	}{
+		{"", "a_net", true, dst},         // a CUDN's two NADs: one network, primary first
+		{"a/red", "a_red", false, dst},   // by NAD
+		{"a_blue", "a_blue", false, dst}, // by network name
+		{"c/none", "", false, dst},       // not shared
+		{"", "a_blue", false, podnetworks.Networks{"a/blue": dst["a/blue"], "a/red": dst["a/red"]}}, // no primary: first by name
+		{"", "", false, podnetworks.Networks{"z/net": att("z_net", podnetworks.RolePrimary)}},       // two tenants
+	} {
+		network, primary := sharedNetwork(src, tc.dst, tc.want)
+		if network != tc.network || primary != tc.primary {
+			t.Errorf("sharedNetwork(--network %q) = %q, %v; want %q, %v", tc.want, network, primary, tc.network, tc.primary)
+		}
+	}
+}
