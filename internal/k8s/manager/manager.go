@@ -37,6 +37,7 @@ import (
 	ipamcontroller "kvnet.io/kvnet/internal/k8s/controllers/ipam"
 	macpoolcontroller "kvnet.io/kvnet/internal/k8s/controllers/macpool"
 	"kvnet.io/kvnet/internal/k8s/controllers/nodeids"
+	"kvnet.io/kvnet/internal/k8s/controllers/policyevents"
 	udncontroller "kvnet.io/kvnet/internal/k8s/controllers/udn"
 	vmclaimscontroller "kvnet.io/kvnet/internal/k8s/controllers/vmclaims"
 	"kvnet.io/kvnet/internal/k8s/webhooks"
@@ -250,6 +251,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := epmirror.Setup(mgr, epmirror.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up EndpointSlice mirror controller: %w", err)
+	}
+	if err := policyevents.Setup(mgr, policyevents.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+		return nil, fmt.Errorf("set up policy events controller: %w", err)
 	}
 	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
 	if err != nil {
