@@ -1,12 +1,14 @@
 package node
 
 import (
+	"slices"
 	"strings"
 
 	networkingv1 "k8s.io/api/networking/v1"
 
 	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/policy"
 )
 
 // multiPolicies is policies for a secondary network: the
@@ -39,20 +41,8 @@ func (p *planner) multiPolicies(dn datapath.Network, hs []*holder, ports []datap
 }
 
 // policyFor reports whether mnp's policy-for annotation names one of nads
-// ("namespace/name"): its entries are comma-separated NAD names, each
-// "namespace/name" or "name" in the policy's namespace.
+// ("namespace/name").
 func policyFor(mnp *mnpv1beta1.MultiNetworkPolicy, nads map[string]bool) bool {
-	for _, e := range strings.Split(mnp.Annotations[mnpv1beta1.PolicyForAnnotation], ",") {
-		e = strings.TrimSpace(e)
-		if e == "" {
-			continue
-		}
-		if !strings.Contains(e, "/") {
-			e = mnp.Namespace + "/" + e
-		}
-		if nads[e] {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(policy.PolicyFor(mnp.Namespace, mnp.Annotations[mnpv1beta1.PolicyForAnnotation]),
+		func(nad string) bool { return nads[nad] })
 }
