@@ -66,6 +66,10 @@ type Config struct {
 	// EtcdDataDir keeps etcd's data across runs (the lab's objects survive
 	// a restart); empty is a temporary directory removed on Stop.
 	EtcdDataDir string
+	// APIServerArgs set further kube-apiserver flags (name without dashes
+	// → value), e.g. the real-cluster lab's
+	// kubelet-preferred-address-types.
+	APIServerArgs map[string]string
 }
 
 // ControlPlane is a running control plane.
@@ -152,6 +156,9 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
 	// subnet is reached on-link, never through the network's router.
 	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR)
+	for k, v := range cfg.APIServerArgs {
+		env.ControlPlane.APIServer.Configure().Set(k, v)
+	}
 	var apiLog *os.File
 	if cfg.LogDir != "" {
 		// Appended to across restarts (RestartAPIServer keeps the writer).
