@@ -41,10 +41,11 @@ registry_mod=$root/hack/tools/registry
 registry_version=$(pin "$registry_mod" github.com/distribution/distribution/v3)
 cni_version=$(pin "$root" github.com/containernetworking/plugins)
 
-# build GROUP VERSION MODDIR STAMP PACKAGES...: go build PACKAGES in MODDIR
-# into the group's cache directory unless it is there already.
+# build GROUP VERSION MODDIR STAMP LDFLAGS PACKAGES...: go build PACKAGES in
+# MODDIR into the group's cache directory unless it is there already.
 build() {
-  local group=$1 version=$2 dir=$3 stamp=$4; shift 4
+  local group=$1 version=$2 dir=$3 stamp=$4 ldflags=$5; shift 5
+  stamp=$(echo "$stamp $ldflags" | sha256sum | cut -c1-16)
   local out="$cache/build/$group-$version-$stamp"
   if [ -f "$out/.done" ]; then
     log "$group $version up to date ($out)"
@@ -53,7 +54,7 @@ build() {
     local start=$SECONDS
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -o "$out.tmp/" "$@")
+    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
     touch "$out.tmp/.done"
     rm -rf "$out"
     mv "$out.tmp" "$out"
@@ -62,13 +63,22 @@ build() {
   dirs+=("$out")
 }
 
+# The Kubernetes binaries report their version (kubectl get nodes shows
+# the kubelet's) from these variables, which make sets in a release build.
+minor=${k8s_version#v1.}
+minor=${minor%%.*}
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+
 dirs=()
-build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" \
+build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
-build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" \
+build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" "-s -w" \
   github.com/distribution/distribution/v3/cmd/registry
 # The CNI plugins come from kvnet's own module: its go.sum pins them.
-build cni-plugins "$cni_version" "$root" "$(grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum" | sha256sum | cut -c1-16)" \
+build cni-plugins "$cni_version" "$root" "$(grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum" | sha256sum | cut -c1-16)" "-s -w" \
   github.com/containernetworking/plugins/plugins/main/bridge \
   github.com/containernetworking/plugins/plugins/ipam/host-local \
   github.com/containernetworking/plugins/plugins/main/loopback

@@ -181,6 +181,10 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	c.CP, err = controlplane.Start(ctx, controlplane.Config{
 		BinDir: cfg.ControlPlaneBinDir,
 		LogDir: filepath.Join(dir, "logs"),
+		// The node lifecycle controller takes the not-ready taint the
+		// kubelet registers its node with off once the node is Ready
+		// (and marks nodes that stop reporting).
+		Controllers: []string{"nodelifecycle"},
 		APIServerArgs: map[string]string{
 			// Kubelets register their hostname, which this host cannot
 			// resolve: the API server reaches them (exec, logs) at their

@@ -145,6 +145,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   # The pod sandbox image comes from the cluster's registry.
   sandbox_image = "{{.SandboxImage}}"
+  # This host withholds CAP_SYS_RESOURCE, so nothing may lower its
+  # oom_score_adj below containerd's own: the kubelet's -998 for pod
+  # sandboxes fails in runc ("failed to update /proc/self/oom_score_adj:
+  # Permission denied"). Clamp to containerd's value instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -203,6 +208,7 @@ imageGCLowThresholdPercent: 99
 protectKernelDefaults: false
 serializeImagePulls: false
 nodeStatusReportFrequency: 10s
+oomScoreAdj: 0
 `))
 
 // initScript is the node's PID 1 (sh, in its own network, mount and PID

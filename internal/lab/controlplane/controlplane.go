@@ -70,6 +70,10 @@ type Config struct {
 	// → value), e.g. the real-cluster lab's
 	// kubelet-preferred-address-types.
 	APIServerArgs map[string]string
+	// Controllers are further kube-controller-manager controllers to run
+	// beside the garbage collector, namespace and EndpointSlice ones, e.g.
+	// the real-cluster lab's nodelifecycle.
+	Controllers []string
 }
 
 // ControlPlane is a running control plane.
@@ -217,7 +221,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		}
 	}
 	if !cfg.NoControllerManager {
-		if err := cp.startControllerManager(ctx, binDir, cfg.LogDir); err != nil {
+		if err := cp.startControllerManager(ctx, binDir, cfg.LogDir, cfg.Controllers); err != nil {
 			return nil, err
 		}
 	}
@@ -225,7 +229,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	return cp, nil
 }
 
-func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logDir string) error {
+func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logDir string, more []string) error {
 	kubeconfig := filepath.Join(cp.dir, "kcm.kubeconfig")
 	if err := os.WriteFile(kubeconfig, cp.Kubeconfig, 0o600); err != nil {
 		return err
@@ -236,7 +240,7 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 		// cluster; the namespace controller makes namespace deletion
 		// finish; the EndpointSlice controller lists Services' pods, as
 		// kvnet's mirror controller expects.
-		"--controllers=garbagecollector,namespace,endpointslice",
+		"--controllers="+strings.Join(append([]string{"garbagecollector", "namespace", "endpointslice"}, more...), ","),
 		"--secure-port=0",
 		"--leader-elect=false",
 		"--concurrent-gc-syncs=10",
