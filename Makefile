@@ -70,6 +70,30 @@ bench: tools ## Run the benchmarks
 fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZ=<regexp> picks targets)
 	GO=$(GO) hack/fuzz.sh
 
+# The real cluster (docs/cluster.md): real kubelets and containerd in node
+# namespaces, a registry of its own. Builds are cached in $(KVNET_CACHE).
+CLUSTER_DIR ?= .cluster
+CLUSTER_NODES ?= 3
+export KVNET_CACHE ?= /var/cache/kvnet
+
+.PHONY: cluster-deps
+cluster-deps: ## Install the Debian packages the real cluster needs (containerd, runc, ...), when missing
+	hack/install-deps.sh --cluster
+
+.PHONY: cluster-up
+cluster-up: cluster-deps tools build ## Build (cached) and start the real cluster in the background: $(CLUSTER_DIR)/kubeconfig, $(CLUSTER_DIR)/env (root)
+	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --bin-dir "$$(hack/build-cluster-tools.sh)"
+
+.PHONY: cluster-down
+cluster-down: ## Stop the real cluster and remove everything it made
+	@if [ -x $(BIN)/kvnet-lab ]; then $(BIN)/kvnet-lab cluster down --dir $(CLUSTER_DIR); fi
+
+# Not in make test yet: its first run builds kubelet & co. (minutes).
+.PHONY: cluster-test
+cluster-test: cluster-deps tools ## Run the real-cluster test (root; builds kubelet & co. on its first run, cached after)
+	hack/build-cluster-tools.sh >/dev/null
+	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 30m -v -run TestCluster ./internal/lab/cluster/
+
 .PHONY: local-up
 local-up: deps tools guest-image build ## Start the lab (control plane + kvnet) in the background
 	$(BIN)/kvnet-lab up --dir $(LAB_DIR)

@@ -8,8 +8,32 @@
 # is built from Debian packages by hack/guest/build.sh).
 # Go modules come from the module proxy; control-plane binaries are built by
 # hack/build-tools.sh (make tools).
+#
+# hack/install-deps.sh --cluster: the packages of the real cluster
+# (internal/lab/cluster, docs/cluster.md) instead: containerd and runc (each
+# node runs Debian's), iptables (the kubelet's and the CNI plugins'
+# helpers), util-linux (nsenter, unshare), dpkg (to unpack busybox-static
+# for the workload image).
 set -euo pipefail
 need=()
+if [ "${1:-}" = --cluster ]; then
+  command -v ip >/dev/null || need+=(iproute2)
+  { command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v setpriv >/dev/null; } || need+=(util-linux)
+  command -v containerd >/dev/null || need+=(containerd)
+  command -v runc >/dev/null || need+=(runc)
+  command -v iptables >/dev/null || need+=(iptables)
+  command -v dpkg-deb >/dev/null || need+=(dpkg)
+  command -v sysctl >/dev/null || need+=(procps)
+  if [ ${#need[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { echo "install-deps: the cluster needs root; missing ${need[*]}" >&2; exit 1; }
+    command -v apt-get >/dev/null || { echo "install-deps: missing ${need[*]} (Debian package names) and no apt-get" >&2; exit 1; }
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+  fi
+  # The cluster runs containerd itself, per node: the package's own
+  # service (where an init started it) is not used.
+  exit 0
+fi
 command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)

@@ -66,6 +66,14 @@ type Config struct {
 	// EtcdDataDir keeps etcd's data across runs (the lab's objects survive
 	// a restart); empty is a temporary directory removed on Stop.
 	EtcdDataDir string
+	// APIServerArgs set further kube-apiserver flags (name without dashes
+	// → value), e.g. the real-cluster lab's
+	// kubelet-preferred-address-types.
+	APIServerArgs map[string]string
+	// Controllers are further kube-controller-manager controllers to run
+	// beside the garbage collector, namespace and EndpointSlice ones, e.g.
+	// the real-cluster lab's nodelifecycle.
+	Controllers []string
 }
 
 // ControlPlane is a running control plane.
@@ -158,6 +166,9 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
 	// subnet is reached on-link, never through the network's router.
 	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR+","+ServiceCIDR6)
+	for k, v := range cfg.APIServerArgs {
+		env.ControlPlane.APIServer.Configure().Set(k, v)
+	}
 	var apiLog *os.File
 	if cfg.LogDir != "" {
 		// Appended to across restarts (RestartAPIServer keeps the writer).
@@ -216,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		}
 	}
 	if !cfg.NoControllerManager {
-		if err := cp.startControllerManager(ctx, binDir, cfg.LogDir); err != nil {
+		if err := cp.startControllerManager(ctx, binDir, cfg.LogDir, cfg.Controllers); err != nil {
 			return nil, err
 		}
 	}
@@ -224,7 +235,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	return cp, nil
 }
 
-func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logDir string) error {
+func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logDir string, more []string) error {
 	kubeconfig := filepath.Join(cp.dir, "kcm.kubeconfig")
 	if err := os.WriteFile(kubeconfig, cp.Kubeconfig, 0o600); err != nil {
 		return err
@@ -235,7 +246,7 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 		// cluster; the namespace controller makes namespace deletion
 		// finish; the EndpointSlice controller lists Services' pods, as
 		// kvnet's mirror controller expects.
-		"--controllers=garbagecollector,namespace,endpointslice",
+		"--controllers="+strings.Join(append([]string{"garbagecollector", "namespace", "endpointslice"}, more...), ","),
 		"--secure-port=0",
 		"--leader-elect=false",
 		"--concurrent-gc-syncs=10",

@@ -7,6 +7,7 @@ package root
 import (
 	"github.com/spf13/cobra"
 
+	"kvnet.io/kvnet/internal/lab/cli/cluster"
 	"kvnet.io/kvnet/internal/lab/cli/demo"
 	"kvnet.io/kvnet/internal/lab/cli/lab"
 )
@@ -19,6 +20,6 @@ func NewCommand() *cobra.Command {
 		SilenceUsage: true,
 	}
 	cmd.AddCommand(lab.NewCommands()...)
-	cmd.AddCommand(demo.NewCommand(), lab.NewChaosCommand())
+	cmd.AddCommand(demo.NewCommand(), lab.NewChaosCommand(), cluster.NewCommand())
 	return cmd
 }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds what the real-cluster lab (kvnet-lab cluster, docs/cluster.md)
+# runs beside the lab's control plane, from Go modules only:
+#   kubelet, kube-scheduler, kube-proxy   hack/tools/k8s-node (k8s.io/kubernetes,
+#                                         the version hack/tools/k8s pins)
+#   registry                              hack/tools/registry (distribution v3)
+#   bridge, host-local, loopback          the CNI plugins of kvnet's go.mod
+# containerd and runc are Debian's (hack/install-deps.sh --cluster).
+#
+# Builds are cached OUTSIDE the clone, keyed by version, so that fresh
+# clones on the same machine (CI's) reuse them:
+#   ${KVNET_CACHE:-/var/cache/kvnet}/build/<group>-<version>-<stamp>/
+# where <stamp> hashes the pinning go.mod and go.sum. The existing
+# control-plane tools (hack/build-tools.sh, .cache/bin) are not touched.
+#
+# Prints, as its only line on stdout, a directory of symlinks to every
+# binary (kvnet-lab cluster up --bin-dir takes it); progress goes to stderr.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${KVNET_CACHE:-/var/cache/kvnet}
+mkdir -p "$cache/build" "$cache/sets"
+# One build at a time: parallel test packages and CI may all ask.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$cache/.build.lock"
+  flock 9
+fi
+log() { echo "build-cluster-tools: $*" >&2; }
+
+# pin MODDIR MODULE: the version MODDIR's go.mod requires of MODULE.
+pin() { awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == "require" ? $3 : $2); exit }' "$1/go.mod"; }
+stamp_of() { cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-16; }
+
+k8s_node=$root/hack/tools/k8s-node
+k8s_version=$(pin "$k8s_node" k8s.io/kubernetes)
+cp_version=$(pin "$root/hack/tools/k8s" k8s.io/kubernetes)
+if [ "$k8s_version" != "$cp_version" ]; then
+  log "hack/tools/k8s-node pins k8s.io/kubernetes $k8s_version but the control plane (hack/tools/k8s) $cp_version: pin the same version in both"
+  exit 1
+fi
+registry_mod=$root/hack/tools/registry
+registry_version=$(pin "$registry_mod" github.com/distribution/distribution/v3)
+cni_version=$(pin "$root" github.com/containernetworking/plugins)
+
+# build GROUP VERSION MODDIR STAMP LDFLAGS PACKAGES...: go build PACKAGES in
+# MODDIR into the group's cache directory unless it is there already.
+build() {
+  local group=$1 version=$2 dir=$3 stamp=$4 ldflags=$5; shift 5
+  stamp=$(echo "$stamp $ldflags" | sha256sum | cut -c1-16)
+  local out="$cache/build/$group-$version-$stamp"
+  if [ -f "$out/.done" ]; then
+    log "$group $version up to date ($out)"
+  else
+    log "building $group $version into $out (first run takes minutes)"
+    local start=$SECONDS
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
+    touch "$out.tmp/.done"
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
+    log "built $group in $((SECONDS - start))s"
+  fi
+  dirs+=("$out")
+}
+
+# The Kubernetes binaries report their version (kubectl get nodes shows
+# the kubelet's) from these variables, which make sets in a release build.
+minor=${k8s_version#v1.}
+minor=${minor%%.*}
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+
+dirs=()
+build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
+build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" "-s -w" \
+  github.com/distribution/distribution/v3/cmd/registry
+# The CNI plugins come from kvnet's own module: its go.sum pins them.
+build cni-plugins "$cni_version" "$root" "$(grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum" | sha256sum | cut -c1-16)" "-s -w" \
+  github.com/containernetworking/plugins/plugins/main/bridge \
+  github.com/containernetworking/plugins/plugins/ipam/host-local \
+  github.com/containernetworking/plugins/plugins/main/loopback
+
+# busybox for the workload image: Debian's busybox-static, the candidate
+# version, downloaded (not installed: it conflicts with package busybox)
+# and unpacked.
+bb_version=$(apt-cache policy busybox-static 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" { print $2 }')
+if [ -z "$bb_version" ]; then
+  log "apt knows no busybox-static: run apt-get update"
+  exit 1
+fi
+bb_out="$cache/build/busybox-static-${bb_version//[:~+]/_}"
+if [ -f "$bb_out/.done" ]; then
+  log "busybox-static $bb_version up to date ($bb_out)"
+else
+  log "downloading busybox-static $bb_version"
+  work=$(mktemp -d)
+  chmod 0755 "$work" # apt-get download writes as its sandbox user _apt
+  if [ "$(id -u)" = 0 ] && id _apt >/dev/null 2>&1; then chown _apt "$work"; fi
+  (cd "$work" && apt-get download -q "busybox-static=$bb_version" >&2)
+  dpkg-deb -x "$work"/busybox-static_*.deb "$work/x"
+  rm -rf "$bb_out"
+  mkdir -p "$bb_out"
+  cp "$work/x/bin/busybox" "$bb_out/busybox"
+  touch "$bb_out/.done"
+  rm -rf "$work"
+fi
+dirs+=("$bb_out")
+
+# The set: one directory of symlinks named by the builds it holds.
+set_id=$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-16)
+set_dir="$cache/sets/$set_id"
+if [ ! -d "$set_dir" ]; then
+  mkdir -p "$set_dir.tmp"
+  for d in "${dirs[@]}"; do
+    for f in "$d"/*; do ln -sfn "$f" "$set_dir.tmp/$(basename "$f")"; done
+  done
+  rm -rf "$set_dir"
+  mv "$set_dir.tmp" "$set_dir"
+fi
+echo "$set_dir"

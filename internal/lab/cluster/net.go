@@ -1,0 +1,158 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// The cluster's fixed addresses: one cluster per machine.
+const (
+	// BridgeName is the host bridge every node's eth0 is plugged into.
+	BridgeName = "kvcbr0"
+	// NetnsPrefix starts the name of every node's network namespace
+	// (kvc-node-1, ...) and of its veth's host end.
+	NetnsPrefix = "kvc-"
+	// RegistryPort is the registry's port on HostIP.
+	RegistryPort = 5000
+	// cgroupPrefix starts the name of every node's cgroup root
+	// (/kvc-node-1 in each hierarchy).
+	cgroupPrefix = "kvc-"
+)
+
+var (
+	// HostIP is the host's address on BridgeName: the registry's, and the
+	// nodes' default gateway.
+	HostIP = netip.MustParseAddr("10.89.0.1")
+	// NodeSubnet is the bridge's subnet.
+	NodeSubnet = netip.MustParsePrefix("10.89.0.0/24")
+	// ClusterCIDR holds every node's pod subnet (10.244.<i>.0/24).
+	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+)
+
+// NodeName is the Kubernetes name of node i (counted from 1).
+func NodeName(i int) string { return fmt.Sprintf("node-%d", i) }
+
+// NodeIP is node i's address on the bridge.
+func NodeIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 89, 0, byte(10 + i)}) }
+
+// PodCIDR is node i's pod subnet.
+func PodCIDR(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
+}
+
+// Netns is the name of node i's network namespace (under /run/netns).
+func Netns(i int) string { return NetnsPrefix + NodeName(i) }
+
+// run runs a command and returns its error with its output.
+func run(name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// inNetns runs a command in node i's network namespace.
+func inNetns(i int, name string, args ...string) error {
+	return run("ip", append([]string{"netns", "exec", Netns(i), name}, args...)...)
+}
+
+// buildBridge makes the host bridge with HostIP. Bridge netfilter is off
+// on it: the host's firewall has no say in what crosses between nodes,
+// as a physical switch does not run it.
+func buildBridge() error {
+	steps := [][]string{
+		{"link", "add", BridgeName, "type", "bridge"},
+		{"link", "set", BridgeName, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0"},
+		{"addr", "add", netip.PrefixFrom(HostIP, NodeSubnet.Bits()).String(), "dev", BridgeName},
+		{"link", "set", BridgeName, "up"},
+	}
+	for _, s := range steps {
+		if err := run("ip", s...); err != nil {
+			return fmt.Errorf("host bridge: %w", err)
+		}
+	}
+	return nil
+}
+
+// buildNodeNet makes node i's network namespace, plugged into the bridge
+// with NodeIP(i) on its eth0, forwarding on, default route to the host.
+func buildNodeNet(i int) error {
+	ns, hostEnd := Netns(i), Netns(i)
+	if err := run("ip", "netns", "add", ns); err != nil {
+		return err
+	}
+	steps := [][]string{
+		{"link", "add", hostEnd, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"link", "set", hostEnd, "master", BridgeName},
+		{"link", "set", hostEnd, "up"},
+	}
+	for _, s := range steps {
+		if err := run("ip", s...); err != nil {
+			return fmt.Errorf("node %s: %w", NodeName(i), err)
+		}
+	}
+	in := [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", netip.PrefixFrom(NodeIP(i), NodeSubnet.Bits()).String(), "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", "default", "via", HostIP.String()},
+		// A node routes its pods' traffic.
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	}
+	for _, s := range in {
+		if err := inNetns(i, s[0], s[1:]...); err != nil {
+			return fmt.Errorf("node %s: %w", NodeName(i), err)
+		}
+	}
+	return nil
+}
+
+// routePodSubnets routes every node's pod subnet to that node: on the
+// host and on every other node (the stand-in for Flannel's routes).
+func routePodSubnets(nodes int) error {
+	for j := 1; j <= nodes; j++ {
+		via := NodeIP(j).String()
+		if err := run("ip", "route", "replace", PodCIDR(j).String(), "via", via, "dev", BridgeName); err != nil {
+			return err
+		}
+		for i := 1; i <= nodes; i++ {
+			if i == j {
+				continue
+			}
+			if err := inNetns(i, "ip", "route", "replace", PodCIDR(j).String(), "via", via); err != nil {
+				return fmt.Errorf("node %s: %w", NodeName(i), err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeNet deletes every node namespace and the bridge (with the host
+// routes through it); what is not there is skipped.
+func removeNet() error {
+	var errs []string
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), NetnsPrefix+"node-") {
+			if err := run("ip", "netns", "del", e.Name()); err != nil {
+				errs = append(errs, err.Error())
+			}
+		}
+	}
+	if _, err := os.Stat("/sys/class/net/" + BridgeName); err == nil {
+		if err := run("ip", "link", "del", BridgeName); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove network: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
