@@ -364,6 +364,31 @@ func TestLabDualStackVMs(t *testing.T) {
 	}
 	viaServices("at boot")
 
+	// An IPv6 single-stack Service in front of the dual-stack VM: one
+	// IPv6 cluster IP, reached over IPv6.
+	single := corev1.IPFamilyPolicySingleStack
+	web6 := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: vms["vm-ds"].ns, Name: "web6"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "vm-ds"}, IPFamilyPolicy: &single, IPFamilies: []corev1.IPFamily{corev1.IPv6Protocol},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 8081, TargetPort: intstr.FromInt32(guest.HTTPPort)}}}}
+	if err := c.Create(ctx, web6); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(web6), web6); err != nil {
+		t.Fatal(err)
+	}
+	vip6, err := netip.ParseAddr(web6.Spec.ClusterIP)
+	if err != nil || !vip6.Is6() || len(web6.Spec.ClusterIPs) != 1 {
+		t.Fatalf("IPv6 single-stack Service has cluster IPs %v, want one IPv6 address", web6.Spec.ClusterIPs)
+	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("a pod reaches vm-ds through its IPv6 single-stack Service [%s]:8081", vip6), func() error {
+		netns, _ := peer(vms["vm-ds"], runningOn(vms["vm-ds"].ns, "vm-ds"))
+		got, err := httpGet(ctx, netns, netip.AddrPortFrom(vip6, 8081))
+		if err == nil && got != "vm-ds" {
+			err = fmt.Errorf("answer %q, want %q", got, "vm-ds")
+		}
+		return err
+	})
+
 	// Live migration of both VMs.
 	for _, name := range names {
 		v := vms[name]
