@@ -2,9 +2,7 @@ package node
 
 import (
 	"net/netip"
-	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"kvnet.io/kvnet/internal/datapath"
@@ -51,7 +49,7 @@ func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps [
 	}
 	ifNames := map[string][]string{} // pod namespace/name -> local host interfaces
 	for _, h := range hs {
-		e := policy.Endpoint{Namespace: h.pod.Namespace, Name: h.pod.Name, Labels: h.pod.Labels, Ports: namedPorts(h.pod)}
+		e := policy.Endpoint{Namespace: h.pod.Namespace, Name: h.pod.Name, Labels: h.pod.Labels, Ports: policy.NamedPortsOf(h.pod)}
 		for _, s := range h.a.IPAddresses {
 			if pfx, err := netip.ParsePrefix(s); err == nil {
 				e.Addrs = append(e.Addrs, pfx.Addr())
@@ -92,24 +90,6 @@ func (p *planner) namespaceLabels(ns string) map[string]string {
 		}
 	}
 	return nil
-}
-
-// namedPorts returns pod's named container ports.
-func namedPorts(pod *corev1.Pod) []policy.NamedPort {
-	var out []policy.NamedPort
-	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-		for _, cp := range c.Ports {
-			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
-				continue
-			}
-			proto := string(cp.Protocol)
-			if proto == "" {
-				proto = policy.TCP
-			}
-			out = append(out, policy.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
-		}
-	}
-	return out
 }
 
 // direction converts a compiled direction; nil when not isolated.

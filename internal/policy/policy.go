@@ -610,3 +610,23 @@ func selector(s *metav1.LabelSelector, field string) (labels.Selector, error) {
 	}
 	return sel, nil
 }
+
+// NamedPortsOf returns pod's named container ports (init containers'
+// too), what a policy may name instead of a number; ports without a name
+// or out of range are skipped, and no protocol is TCP.
+func NamedPortsOf(pod *corev1.Pod) []NamedPort {
+	var out []NamedPort
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		for _, cp := range c.Ports {
+			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
+				continue
+			}
+			proto := string(cp.Protocol)
+			if proto == "" {
+				proto = TCP
+			}
+			out = append(out, NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
+		}
+	}
+	return out
+}

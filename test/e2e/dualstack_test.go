@@ -167,25 +167,6 @@ func TestLabDualStackVMs(t *testing.T) {
 		svcs[name] = svc
 	}
 
-	// runningOn waits until the VMI runs, no migration under way, and
-	// returns its node.
-	runningOn := func(ns, name string) string {
-		t.Helper()
-		var vmi kubevirtv1.VirtualMachineInstance
-		testenv.Eventually(t, 3*time.Minute, "VMI "+ns+"/"+name+" running", func() error {
-			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &vmi); err != nil {
-				return err
-			}
-			if vmi.Status.Phase != simvirt.PhaseRunning {
-				return fmt.Errorf("phase %q", vmi.Status.Phase)
-			}
-			if ms := vmi.Status.MigrationState; ms != nil && !ms.Completed && !ms.Failed {
-				return fmt.Errorf("migration under way")
-			}
-			return nil
-		})
-		return vmi.Status.NodeName
-	}
 	// Peers: a pod per network on every node; checks use one on a node
 	// other than the VM's.
 	for _, name := range names {
@@ -230,7 +211,7 @@ func TestLabDualStackVMs(t *testing.T) {
 	check := func(name, when string, renews4 bool) {
 		t.Helper()
 		v := vms[name]
-		node := runningOn(v.ns, name)
+		node := runningOn(t, c, v.ns, name)
 		var ips []netip.Addr
 		testenv.Eventually(t, time.Minute, "IPAMClaim of "+name+" holds its addresses", func() error {
 			var err error
@@ -349,7 +330,7 @@ func TestLabDualStackVMs(t *testing.T) {
 		for _, name := range names {
 			v := vms[name]
 			testenv.Eventually(t, time.Minute, fmt.Sprintf("%s: a pod reaches %s through its %s Service's IPv6 cluster IP [%s]:8080", when, name, policies[name], svc6[name]), func() error {
-				netns, _ := peer(v, runningOn(v.ns, name))
+				netns, _ := peer(v, runningOn(t, c, v.ns, name))
 				got, err := httpGet(ctx, netns, netip.AddrPortFrom(svc6[name], 8080))
 				if err != nil {
 					return err
@@ -381,7 +362,7 @@ func TestLabDualStackVMs(t *testing.T) {
 		t.Fatalf("IPv6 single-stack Service has cluster IPs %v, want one IPv6 address", web6.Spec.ClusterIPs)
 	}
 	testenv.Eventually(t, time.Minute, fmt.Sprintf("a pod reaches vm-ds through its IPv6 single-stack Service [%s]:8081", vip6), func() error {
-		netns, _ := peer(vms["vm-ds"], runningOn(vms["vm-ds"].ns, "vm-ds"))
+		netns, _ := peer(vms["vm-ds"], runningOn(t, c, vms["vm-ds"].ns, "vm-ds"))
 		got, err := httpGet(ctx, netns, netip.AddrPortFrom(vip6, 8081))
 		if err == nil && got != "vm-ds" {
 			err = fmt.Errorf("answer %q, want %q", got, "vm-ds")
@@ -392,25 +373,9 @@ func TestLabDualStackVMs(t *testing.T) {
 	// Live migration of both VMs.
 	for _, name := range names {
 		v := vms[name]
-		from := runningOn(v.ns, name)
-		mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: v.ns, Name: "mig-" + name},
-			Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: name}}
-		if err := c.Create(ctx, mig); err != nil {
-			t.Fatal(err)
-		}
-		testenv.Eventually(t, 2*time.Minute, name+" migration Succeeded", func() error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
-				return err
-			}
-			if mig.Status.Phase == simvirt.PhaseFailed {
-				t.Fatalf("migration of %s failed: %s", name, mig.Annotations[simvirt.FailureReasonAnnotation])
-			}
-			if mig.Status.Phase != simvirt.PhaseSucceeded {
-				return fmt.Errorf("phase %q", mig.Status.Phase)
-			}
-			return nil
-		})
-		if to := runningOn(v.ns, name); to == from {
+		from := runningOn(t, c, v.ns, name)
+		migrate(t, c, v.ns, name, "mig-"+name)
+		if to := runningOn(t, c, v.ns, name); to == from {
 			t.Fatalf("%s still runs on %s after its migration", name, from)
 		}
 		// The guest renews its DHCPv6 lease now (dhcpcd -N), rather than
@@ -463,7 +428,7 @@ func TestLabDualStackVMs(t *testing.T) {
 	// agent, like KubeVirt's, reports the guest without it), and
 	// GuestAddressMissing names it; a new lease makes the VM healthy.
 	v := vms["vm-ds"]
-	netns, _ := peer(v, runningOn(v.ns, "vm-ds"))
+	netns, _ := peer(v, runningOn(t, c, v.ns, "vm-ds"))
 	ip4, ip6 := v.ips[0], v.ips[len(v.ips)-1]
 	guestRun := func(cmd string) {
 		t.Helper()

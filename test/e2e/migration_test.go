@@ -350,23 +350,7 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 		pings <- out
 	}()
 
-	mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-1"},
-		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"}}
-	if err := c.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 2*time.Minute, "migration Succeeded", func() error {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
-			return err
-		}
-		if mig.Status.Phase == simvirt.PhaseFailed {
-			t.Fatalf("migration failed: %s", mig.Annotations[simvirt.FailureReasonAnnotation])
-		}
-		if mig.Status.Phase != simvirt.PhaseSucceeded {
-			return fmt.Errorf("phase %q", mig.Status.Phase)
-		}
-		return nil
-	})
+	migrate(t, c, ns, "vm-1", "mig-1")
 	out := <-pings
 	close(stop)
 	for name, conn := range conns {

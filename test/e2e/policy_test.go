@@ -14,12 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/lab/cli/lab"
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/lab/simkubelet"
-	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/nstest"
@@ -111,23 +109,6 @@ func TestLabVMPolicyAcrossMigration(t *testing.T) {
 	}
 	clientIP := strings.Split(nets[ns+"/net"].IPAddresses[0], "/")[0]
 
-	runningOn := func() string {
-		t.Helper()
-		var vmi kubevirtv1.VirtualMachineInstance
-		testenv.Eventually(t, 3*time.Minute, "VMI running", func() error {
-			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &vmi); err != nil {
-				return err
-			}
-			if vmi.Status.Phase != simvirt.PhaseRunning {
-				return fmt.Errorf("phase %q", vmi.Status.Phase)
-			}
-			if ms := vmi.Status.MigrationState; ms != nil && !ms.Completed && !ms.Failed {
-				return fmt.Errorf("migration under way")
-			}
-			return nil
-		})
-		return vmi.Status.NodeName
-	}
 	var ip netip.Addr
 	testenv.Eventually(t, time.Minute, "IPAMClaim of "+name, func() error {
 		ips, err := claimIPs(ctx, c, ns, name)
@@ -151,7 +132,7 @@ func TestLabVMPolicyAcrossMigration(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		node := runningOn()
+		node := runningOn(t, c, ns, name)
 		other := lab.NodeName(1)
 		if other == node {
 			other = lab.NodeName(2)
@@ -180,25 +161,9 @@ func TestLabVMPolicyAcrossMigration(t *testing.T) {
 	}
 	check("at boot")
 
-	from := runningOn()
-	mig := &kubevirtv1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig"},
-		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: name}}
-	if err := c.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 2*time.Minute, "migration Succeeded", func() error {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
-			return err
-		}
-		if mig.Status.Phase == simvirt.PhaseFailed {
-			t.Fatalf("migration failed: %s", mig.Annotations[simvirt.FailureReasonAnnotation])
-		}
-		if mig.Status.Phase != simvirt.PhaseSucceeded {
-			return fmt.Errorf("phase %q", mig.Status.Phase)
-		}
-		return nil
-	})
-	if to := runningOn(); to == from {
+	from := runningOn(t, c, ns, name)
+	migrate(t, c, ns, name, "mig")
+	if to := runningOn(t, c, ns, name); to == from {
 		t.Fatalf("the VM still runs on %s after its migration", from)
 	}
 	check("after the live migration")

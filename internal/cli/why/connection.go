@@ -234,7 +234,7 @@ func (k *collector) connFacts(ctx context.Context, src, dst, namespace string, o
 			if a.Network != f.Network {
 				continue
 			}
-			e := netpolicy.Endpoint{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Ports: namedPorts(p),
+			e := netpolicy.Endpoint{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Ports: netpolicy.NamedPortsOf(p),
 				Addrs: addrsOf(a), Local: p.UID == f.Src.Pod.UID || p.UID == f.Dst.Pod.UID}
 			in.Endpoints = append(in.Endpoints, e)
 		}
@@ -275,24 +275,6 @@ func addrsOf(a podnetworks.Attachment) []netip.Addr {
 	for _, s := range a.IPAddresses {
 		if p, err := netip.ParsePrefix(s); err == nil {
 			out = append(out, p.Addr())
-		}
-	}
-	return out
-}
-
-// namedPorts returns a pod's named container ports, as kvnet-node reads them.
-func namedPorts(pod *corev1.Pod) []netpolicy.NamedPort {
-	var out []netpolicy.NamedPort
-	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-		for _, cp := range c.Ports {
-			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
-				continue
-			}
-			proto := string(cp.Protocol)
-			if proto == "" {
-				proto = netpolicy.TCP
-			}
-			out = append(out, netpolicy.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
 		}
 	}
 	return out
