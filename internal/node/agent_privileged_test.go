@@ -81,24 +81,24 @@ const waitTimeout = 30 * time.Second
 // runs) with in-process agents, whose plans the tests inspect; the tests
 // run kvnet-cni themselves, as a runtime would.
 type lab struct {
-	t *testing.T
+	t testing.TB
 	*simcluster.Cluster
 }
 
-func newLab(t *testing.T, names ...string) *lab {
+func newLab(t testing.TB, names ...string) *lab {
 	t.Helper()
 	testenv.NeedsFixture(t, env != nil)
 	return newLabAs(t, env.Config, kubeconfig, names...)
 }
 
 // newLabAs runs the agents with restCfg; kvnet-cni uses cniKubeconfig.
-func newLabAs(t *testing.T, restCfg *rest.Config, cniKubeconfig string, names ...string) *lab {
+func newLabAs(t testing.TB, restCfg *rest.Config, cniKubeconfig string, names ...string) *lab {
 	t.Helper()
 	return newLabWith(t, restCfg, cniKubeconfig, nil, names...)
 }
 
 // newLabWith is newLabAs with the lab's configuration changed by edit.
-func newLabWith(t *testing.T, restCfg *rest.Config, cniKubeconfig string, edit func(*simcluster.Config), names ...string) *lab {
+func newLabWith(t testing.TB, restCfg *rest.Config, cniKubeconfig string, edit func(*simcluster.Config), names ...string) *lab {
 	t.Helper()
 	api, err := url.Parse(env.Config.Host)
 	if err != nil {
@@ -170,7 +170,7 @@ func (l *lab) stopAgent(n string) {
 
 // tenant makes a namespace with a primary Layer2 UDN on subnet and returns
 // its NAD once rendered.
-func tenant(t *testing.T, ns, subnet string, persistent bool) *nadv1.NetworkAttachmentDefinition {
+func tenant(t testing.TB, ns, subnet string, persistent bool) *nadv1.NetworkAttachmentDefinition {
 	t.Helper()
 	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{udn.PrimaryNamespaceLabel: ""}}})
 	l2 := &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}
