@@ -71,7 +71,7 @@ func TestLabVMPolicyAcrossMigration(t *testing.T) {
 	}
 
 	// A client and an outsider on every node.
-	type peer struct{ netns, ip string }
+	type peer struct{ netns string }
 	clients, outsiders := map[string]peer{}, map[string]peer{}
 	for i := 1; i <= 3; i++ {
 		node := lab.NodeName(i)

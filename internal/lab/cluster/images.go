@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -221,14 +220,4 @@ func pushKvnetImages(ctx context.Context, repoRoot, registry, work string, log i
 		refs[r.Image.Name] = r.Ref
 	}
 	return refs, nil
-}
-
-// sortedKeys is for stable output.
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
