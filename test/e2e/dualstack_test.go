@@ -116,13 +116,7 @@ func httpGet(ctx context.Context, netns string, addr netip.AddrPort) (string, er
 // their IPv6 cluster IP. A guest that releases its IPv6 address is
 // reported by kvnet why (GuestAddressMissing) until it leases it again.
 func TestLabDualStackVMs(t *testing.T) {
-	testenv.NeedsRoot(t)
-	_, run := buildKvnet(t)
-	dir := t.TempDir()
-	showLabLogOnFailure(t, dir)
-	run("up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("down", "--dir", dir) })
-	c := labClient(t, dir)
+	dir, c := threeNodeLab(t)
 	ctx := context.Background()
 
 	vms := map[string]*dsVM{

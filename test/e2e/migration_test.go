@@ -81,13 +81,7 @@ func incomingQEMU(dir string) []int {
 // guest keeps running on the source, and an open TCP connection to it
 // keeps working throughout.
 func TestLabMigrationFailureKeepsSource(t *testing.T) {
-	testenv.NeedsRoot(t)
-	_, run := buildKvnet(t)
-	dir := t.TempDir()
-	showLabLogOnFailure(t, dir)
-	run("up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("down", "--dir", dir) })
-	c := labClient(t, dir)
+	dir, c := threeNodeLab(t)
 	ctx := context.Background()
 	const ns = "e2e-mig"
 	primaryUDN(t, c, ns, "10.70.0.0/24")
@@ -225,13 +219,7 @@ func TestLabMigrationFailureKeepsSource(t *testing.T) {
 // afterwards the guest has its IP and MAC, and the source node holds no
 // datapath state for it.
 func TestLabMigrationKeepsConnections(t *testing.T) {
-	testenv.NeedsRoot(t)
-	_, run := buildKvnet(t)
-	dir := t.TempDir()
-	showLabLogOnFailure(t, dir)
-	run("up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("down", "--dir", dir) })
-	c := labClient(t, dir)
+	dir, c := threeNodeLab(t)
 	ctx := context.Background()
 	const ns = "e2e-mig-ok"
 	primaryUDN(t, c, ns, "10.71.0.0/24")
@@ -459,13 +447,7 @@ func handlerRx(t *testing.T, c client.Client, dir string) (map[string]uint64, ma
 // the VMI's targetNodeAddress, and the migration stream crosses it. A NAD
 // that does not exist fails the migration, naming it, and the VM stays.
 func TestLabMigrationNetwork(t *testing.T) {
-	testenv.NeedsRoot(t)
-	_, run := buildKvnet(t)
-	dir := t.TempDir()
-	showLabLogOnFailure(t, dir)
-	run("up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("down", "--dir", dir) })
-	c := labClient(t, dir)
+	dir, c := threeNodeLab(t)
 	ctx := context.Background()
 	if err := c.Create(ctx, &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "kubevirt", Name: "migration-net"},
 		Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: migrationNetNAD}}); err != nil {

@@ -32,13 +32,7 @@ import (
 // holds after a live migration to another node, whose port the policy
 // must have isolated before the switch-over.
 func TestLabVMPolicyAcrossMigration(t *testing.T) {
-	testenv.NeedsRoot(t)
-	_, run := buildKvnet(t)
-	dir := t.TempDir()
-	showLabLogOnFailure(t, dir)
-	run("up", "--dir", dir, "--nodes", "3")
-	t.Cleanup(func() { run("down", "--dir", dir) })
-	c := labClient(t, dir)
+	dir, c := threeNodeLab(t)
 	ctx := context.Background()
 	const ns, name = "e2e-pol", "vm-p"
 

@@ -58,3 +58,18 @@ func runningOn(t *testing.T, c client.Client, ns, name string) string {
 	})
 	return vmi.Status.NodeName
 }
+
+// threeNodeLab starts a lab of three simulated nodes in a temporary
+// directory for the test (its log shown if the test fails, stopped when it
+// ends) and returns the directory and a client of its API server. It needs
+// root.
+func threeNodeLab(t *testing.T) (string, client.Client) {
+	t.Helper()
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	dir := t.TempDir()
+	showLabLogOnFailure(t, dir)
+	run("up", "--dir", dir, "--nodes", "3")
+	t.Cleanup(func() { run("down", "--dir", dir) })
+	return dir, labClient(t, dir)
+}
