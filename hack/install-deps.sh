@@ -66,3 +66,11 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
 fi
+# The tests' probes and the lab's guests and workload image run busybox's
+# applets (ping, nc, httpd, nslookup, udhcpc), never host tools of those
+# names: check that this busybox has them.
+if command -v busybox >/dev/null; then
+  for applet in nc ping httpd nslookup udhcpc; do
+    busybox --list | grep -qx "$applet" || { echo "install-deps: busybox has no $applet applet (the lab's probes and guests use busybox $applet): install Debian's busybox" >&2; exit 1; }
+  done
+fi

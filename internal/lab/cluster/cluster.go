@@ -76,7 +76,7 @@ type Cluster struct {
 	CP *controlplane.ControlPlane
 
 	log   io.Writer
-	sp    *spawner
+	sp    *controlplane.Spawner
 	procs []*proc
 	fwds  []*simnet.Forwarder
 }
@@ -125,7 +125,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c := &Cluster{Dir: dir, log: cfg.Log, sp: newSpawner(), Images: map[string]string{},
+	c := &Cluster{Dir: dir, log: cfg.Log, sp: controlplane.NewSpawner(), Images: map[string]string{},
 		Registry: net.JoinHostPort(HostIP.String(), strconv.Itoa(RegistryPort))}
 	defer func() {
 		if err != nil {
@@ -342,7 +342,7 @@ func (c *Cluster) start(name, logPath string, cmd *exec.Cmd) (*proc, error) {
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := c.sp.do(cmd.Start); err != nil {
+	if err := c.sp.Do(cmd.Start); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -494,7 +494,7 @@ func (c *Cluster) Down() error {
 		c.CP = nil
 	}
 	if c.sp != nil {
-		c.sp.stop()
+		c.sp.Stop()
 		c.sp = nil
 	}
 	if err := Cleanup(c.Dir); err != nil {

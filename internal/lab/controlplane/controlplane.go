@@ -89,7 +89,7 @@ type ControlPlane struct {
 	apiLog  *os.File // kube-apiserver's log in Config.LogDir, or nil
 	dir     string   // scratch directory owned by the control plane
 	certDir string   // kube-apiserver's certificates, under dir
-	spawner *spawner // forks every child (see spawn.go)
+	spawner *Spawner // forks every child (see spawn.go)
 }
 
 // ServiceCIDR is the lab's and tests' IPv4 Service cluster IP range, and
@@ -179,14 +179,14 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		}
 		env.ControlPlane.APIServer.Out, env.ControlPlane.APIServer.Err = apiLog, apiLog
 	}
-	sp := newSpawner()
+	sp := NewSpawner()
 	var restCfg *rest.Config
-	err = sp.do(func() (err error) {
+	err = sp.Do(func() (err error) {
 		restCfg, err = env.Start()
 		return err
 	})
 	if err != nil {
-		sp.stop()
+		sp.Stop()
 		if apiLog != nil {
 			_ = apiLog.Close()
 		}
@@ -268,7 +268,7 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 	}
 	// It dies with its parent (see spawn.go).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cp.spawner.do(cmd.Start); err != nil {
+	if err := cp.spawner.Do(cmd.Start); err != nil {
 		return fmt.Errorf("start kube-controller-manager: %w", err)
 	}
 	cp.kcm = cmd
@@ -317,7 +317,7 @@ func (cp *ControlPlane) RestartAPIServer() error {
 			return fmt.Errorf("stop kube-apiserver: %w", err)
 		}
 	}
-	if err := cp.spawner.do(s.Start); err != nil {
+	if err := cp.spawner.Do(s.Start); err != nil {
 		return fmt.Errorf("start kube-apiserver again: %w", err)
 	}
 	return nil
@@ -367,7 +367,7 @@ func (cp *ControlPlane) Stop() error {
 		cp.Env = nil
 	}
 	if cp.spawner != nil {
-		cp.spawner.stop()
+		cp.spawner.Stop()
 		cp.spawner = nil
 	}
 	if cp.apiLog != nil {

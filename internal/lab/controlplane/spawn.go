@@ -13,21 +13,25 @@ import (
 // even one killed with SIGKILL (a lab, a test binary): each is started with
 // a parent-death signal (Pdeathsig, SIGKILL). The kernel sends it when the
 // thread that forked the child ends, not the process, so the children are
-// forked from one locked OS thread (spawner) that lives until Stop.
+// forked from one locked OS thread (Spawner) that lives until Stop.
 //
 // envtest starts etcd and kube-apiserver itself, with no way to set
 // Pdeathsig: they are started through a wrapper script each that execs the
 // real binary under util-linux's setpriv --pdeathsig KILL, which keeps the
 // process (its PID, its parent) and sets the signal before exec.
 
-// spawner runs functions that start child processes on one OS thread.
-type spawner struct {
+// Spawner runs functions that start child processes on one OS thread, so
+// that their Pdeathsig fires when the Spawner stops, not when some Go
+// thread ends. The lab's real cluster forks its nodes' processes with one
+// too.
+type Spawner struct {
 	fns  chan func()
 	done chan struct{}
 }
 
-func newSpawner() *spawner {
-	s := &spawner{fns: make(chan func()), done: make(chan struct{})}
+// NewSpawner starts a Spawner's thread.
+func NewSpawner() *Spawner {
+	s := &Spawner{fns: make(chan func()), done: make(chan struct{})}
 	go func() {
 		// Never unlocked: the thread ends with the goroutine, after stop,
 		// when every child has been stopped.
@@ -40,15 +44,15 @@ func newSpawner() *spawner {
 	return s
 }
 
-// do runs f on the spawner's thread and returns its error.
-func (s *spawner) do(f func() error) error {
+// Do runs f on the Spawner's thread and returns its error.
+func (s *Spawner) Do(f func() error) error {
 	errc := make(chan error, 1)
 	s.fns <- func() { errc <- f() }
 	return <-errc
 }
 
-// stop ends the spawner's thread; call it once the children are stopped.
-func (s *spawner) stop() {
+// Stop ends the Spawner's thread; call it once the children are stopped.
+func (s *Spawner) Stop() {
 	close(s.fns)
 	<-s.done
 }
