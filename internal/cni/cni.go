@@ -412,10 +412,26 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			_ = datapath.TeardownPodInterface(host)
 		}
 	}()
+	// A primary network takes the default route from the cluster default
+	// network's eth0: read eth0's gateways first, for the probes' path.
+	primaryBesideEth0 := r.served.IsPrimary() && args.IfName != datapath.DefaultNetworkIfName
+	var eth0Gateways datapath.Gateways
+	if primaryBesideEth0 {
+		gws, err := datapath.DefaultGateways(args.Netns, datapath.DefaultNetworkIfName)
+		if err != nil {
+			return types.NewError(types.ErrInternal, "read the cluster default network's routes", err.Error())
+		}
+		eth0Gateways = gws
+	}
 	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
 		return types.NewError(types.ErrInternal, "set up pod interface", err.Error())
 	}
-	if r.served.IsPrimary() && args.IfName != datapath.DefaultNetworkIfName && restrictsDefaultNetwork(st, stErr) {
+	if primaryBesideEth0 {
+		if _, err := datapath.KeepProbePath(args.Netns, datapath.DefaultNetworkIfName, eth0Gateways); err != nil {
+			return types.NewError(types.ErrInternal, "keep the kubelet's probes on the cluster default network", err.Error())
+		}
+	}
+	if primaryBesideEth0 && restrictsDefaultNetwork(st, stErr) {
 		if err := restrictDefaultNetwork(args.Netns); err != nil {
 			return types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
 		}

@@ -48,8 +48,10 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	os.Exit(testenv.WithFixture(testenv.FixtureOptions{Build: map[string]string{
-		"kvnet-cni": "kvnet.io/kvnet/cmd/kvnet-cni",
-		"bridge":    "github.com/containernetworking/plugins/plugins/main/bridge",
+		"kvnet-cni":  "kvnet.io/kvnet/cmd/kvnet-cni",
+		"bridge":     "github.com/containernetworking/plugins/plugins/main/bridge",
+		"ptp":        "github.com/containernetworking/plugins/plugins/main/ptp",
+		"host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local",
 	}}, func(fx *testenv.Fixture) int { return run(m, fx) }))
 }
 

@@ -33,8 +33,9 @@ import (
 // namespace, and the default-network pod's connections over eth0 are
 // dropped. With kvnet-node's --allow-default-network in the status file,
 // the same ADD programs no table and the default-network pod connects.
-// Either way the primary-UDN pod's own connections over eth0 work (the
-// control: the bridge and eth0 carry traffic).
+// Restricted, the primary-UDN pod opens no connection to the
+// default-network pod over eth0 either; open, it does. The control: before
+// ovn-udn1, eth0 carries traffic both ways.
 func TestDefaultNetworkOptOut(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
@@ -118,6 +119,13 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 			nsPath := netnsFor(t)
 			eth0(nsPath, "vd"+pod, ip, byte(20+i))
 			serveName(t, nsPath, ip, pod)
+			// The control: eth0 carries traffic both ways before ovn-udn1.
+			if err := reachName(nsPath, defIP, "def", 5*time.Second); err != nil {
+				t.Fatalf("control: pod -> default-network pod over eth0: %v", err)
+			}
+			if err := reachName(def, ip, pod, 5*time.Second); err != nil {
+				t.Fatalf("control: default-network pod -> pod over eth0: %v", err)
+			}
 			if err := os.WriteFile(statusFile, []byte(tt.status), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -130,17 +138,20 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 			if got := hasKvnetTable(t, nsPath); got == tt.open {
 				t.Errorf("inet kvnet table in the pod's namespace: %v, want %v", got, !tt.open)
 			}
-			// The control: the pod's own connection over eth0 (its
-			// replies are accepted either way).
-			if err := reachName(nsPath, defIP, "def", 5*time.Second); err != nil {
-				t.Fatalf("control: primary-UDN pod -> default-network pod over eth0: %v", err)
-			}
 			if tt.open {
 				if err := reachName(def, ip, pod, 5*time.Second); err != nil {
 					t.Errorf("default-network pod -> primary-UDN pod over eth0 with allowDefaultNetwork: %v, want it to connect", err)
 				}
-			} else if err := reachName(def, ip, pod, 0); err == nil {
+				if err := reachName(nsPath, defIP, "def", 5*time.Second); err != nil {
+					t.Errorf("primary-UDN pod -> default-network pod over eth0 with allowDefaultNetwork: %v, want it to connect", err)
+				}
+				return
+			}
+			if err := reachName(def, ip, pod, 0); err == nil {
 				t.Error("default-network pod -> primary-UDN pod over eth0 connected; by default only the node may")
+			}
+			if err := reachName(nsPath, defIP, "def", 0); err == nil {
+				t.Error("primary-UDN pod -> default-network pod over eth0 connected; by default it reaches only the node there")
 			}
 		})
 	}

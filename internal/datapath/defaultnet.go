@@ -19,11 +19,15 @@ const DefaultNetworkIfName = "eth0"
 // defaultNetworkRules returns the pod namespace's table restricting the
 // cluster-default-network interface of a pod on a primary user-defined
 // network to what upstream keeps it for: the kubelet's probes from the
-// node (allow: the node's addresses) and replies to connections the pod
-// opened itself (DNS, the API server). Every other packet arriving on
+// node (allow: the node's addresses). Every other packet arriving on
 // ifName, from any pod of the default network (another tenant's
-// included), is dropped. IPv6 neighbour discovery stays allowed, so that
-// the interface keeps working for the traffic that is allowed.
+// included), is dropped; and the pod opens connections over it only to
+// the node: its traffic to pods, the cluster DNS and the API server
+// included, goes by its primary network (whose router sends the cluster
+// DNS and the API server through the node), though routes of the default
+// network plugin (a route to the cluster's pod range) lead by ifName.
+// IPv6 neighbour discovery stays allowed, so that the interface keeps
+// working for the traffic that is allowed.
 func defaultNetworkRules(ifName string, allow []netip.Addr) []nftTable {
 	rules := []nftRule{
 		newRule().iifname(ifName).ctEstRel(false).accept("replies to the pod's own connections"),
@@ -42,8 +46,26 @@ func defaultNetworkRules(ifName string, allow []netip.Addr) []nftTable {
 		rules = append(rules, b.accept("the node: kubelet probes"))
 	}
 	rules = append(rules, newRule().iifname(ifName).counter().drop("only the node reaches a primary-UDN pod over the cluster default network"))
+	out := []nftRule{
+		newRule().oifname(ifName).ctEstRel(false).accept("replies: kubelet probes"),
+	}
+	for _, t := range []byte{133, 134, 135, 136, 137} {
+		out = append(out, newRule().oifname(ifName).nfproto(true).l4protoICMPv6().icmp6Type(t).accept("IPv6 neighbour discovery"))
+	}
+	for _, a := range allow {
+		a = a.Unmap()
+		b := newRule().oifname(ifName).nfproto(a.Is6())
+		if a.Is6() {
+			b.ip6Daddr(hostPrefix(a), false)
+		} else {
+			b.ipDaddr(hostPrefix(a), false)
+		}
+		out = append(out, b.accept("to the node"))
+	}
+	out = append(out, newRule().oifname(ifName).counter().drop("a primary-UDN pod reaches only the node over the cluster default network"))
 	return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
 		filterChain("default-net-in", nftables.ChainHookInput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, rules),
+		filterChain("default-net-out", nftables.ChainHookOutput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, out),
 	}}}
 }
 

@@ -747,15 +747,19 @@ func TestMultusMode(t *testing.T) {
 	}
 
 	// eth0: the node (cni0's 10.244.0.1, the kubelet) gets in, the plain
-	// pod does not; the plain pod's own eth0 is open (control).
+	// pod does not, and the primary-UDN pod reaches only the node there;
+	// the plain pod's own eth0 is open (control).
 	plainPath := simkubelet.PodNetNS(k.cfg, plain)
 	listenIn(t, nsPath)
 	listenIn(t, plainPath)
 	if err := connect(nl.NSPath(nodeNS), eth0IP.String()); err != nil {
 		t.Errorf("node -> primary-UDN pod eth0 %s: %v, want the kubelet's probes to get in", eth0IP, err)
 	}
-	if err := connect(nsPath, plain.Status.PodIP); err != nil {
-		t.Errorf("control: primary-UDN pod -> plain pod %s over eth0: %v", plain.Status.PodIP, err)
+	if err := connect(nl.NSPath(nodeNS), plain.Status.PodIP); err != nil {
+		t.Errorf("control: node -> plain pod %s: %v", plain.Status.PodIP, err)
+	}
+	if err := connect(nsPath, plain.Status.PodIP); err == nil {
+		t.Errorf("primary-UDN pod -> plain pod %s over eth0 connected; it reaches only the node there", plain.Status.PodIP)
 	}
 	if err := connect(plainPath, eth0IP.String()); err == nil {
 		t.Errorf("plain pod -> primary-UDN pod eth0 %s connected; only the node may", eth0IP)
