@@ -63,9 +63,9 @@ func serveMultusWebhooks(t *testing.T) {
 			Name: name, AdmissionReviewVersions: []string{"v1"}, ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: ops,
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-			NamespaceSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{multusTestLabel: "true"}},
-			ObjectSelector:     &metav1.LabelSelector{MatchLabels: map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue}},
-			FailurePolicy:      &fail, SideEffects: &none, ReinvocationPolicy: &ifNeeded,
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{multusTestLabel: "true"}},
+			ObjectSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{kubevirtv1.AppLabel: kubevirtv1.VirtLauncherValue}},
+			FailurePolicy:     &fail, SideEffects: &none, ReinvocationPolicy: &ifNeeded,
 		}
 	}
 	// The controller puts its CA in every configuration labelled for it.
