@@ -279,7 +279,7 @@ func benchApplyServices(b *testing.B, services, endpoints int) {
 		}
 	}
 	rules, size, elems := 0, 0, 0
-	for _, t := range routerRules(n, with.Services) {
+	for _, t := range routerRules(n, with.Services, nil) {
 		for _, m := range t.vmaps {
 			for _, e := range m.elems {
 				elems, size = elems+1, size+len(e.key)+len(e.chain)+len(e.comment)

@@ -47,6 +47,9 @@ type Datapath struct {
 	// connections policies allow (see cutDenied); nil before the first;
 	// guarded by mu.
 	lastPolicies any
+	// lastRouterPolicies are the router policies of the last Apply by
+	// network ID (see cutRouterDenied); guarded by mu.
+	lastRouterPolicies map[int]*routerPolicy
 
 	// learning is the bridge ports' learning flag by interface index,
 	// read once per Apply (nil until then); guarded by mu.
@@ -210,7 +213,7 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 		if !step(d.ensureNetwork(n, s.RemoteMACs)) {
 			return result()
 		}
-		if n.HasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name))) {
+		if n.HasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name), routerPolicyOf(s, n.Name))) {
 			return result()
 		}
 	}
@@ -360,6 +363,7 @@ func (d *Datapath) removeStaleRouters(nets []Network) error {
 		if !ok || want[id] {
 			continue
 		}
+		delete(d.lastRouterPolicies, id)
 		if err := nl.DeleteNamedNS(name); err != nil {
 			errs = append(errs, err)
 		}

@@ -517,7 +517,7 @@ func TestNftRulesInKernel(t *testing.T) {
 		},
 	}, {
 		role:   "router",
-		tables: routerRules(state.Networks[1], nil),
+		tables: routerRules(state.Networks[1], nil, nil),
 		must: []struct{ family, chain, text string }{
 			{"inet", "postrouting", `oifname "transit" masquerade`},
 			{"inet", "forward", `iifname "gw" oifname "transit" accept`},
@@ -529,7 +529,7 @@ func TestNftRulesInKernel(t *testing.T) {
 		},
 	}, {
 		role:   "router-services",
-		tables: routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices()),
+		tables: routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices(), nil),
 		must: []struct{ family, chain, text string }{
 			{"inet", "prerouting", `iifname "gw" ip daddr . meta l4proto . th dport vmap @service-ips4`},
 			{"inet", "svc-ooakdqon-a/web_http", `numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
@@ -595,7 +595,7 @@ func TestSyncTablesServiceMaps(t *testing.T) {
 	testenv.NeedsRoot(t)
 	n := withServiceAddrs(goldenState()).Networks[1]
 	all := goldenServices()
-	ns := programInNewNS(t, "maps", routerRules(n, all))
+	ns := programInNewNS(t, "maps", routerRules(n, all, nil))
 	sync := func(step string, tables []nftTable) {
 		t.Helper()
 		if err := withNS(nl.NSPath(ns), func(fd int) error {
@@ -612,12 +612,12 @@ func TestSyncTablesServiceMaps(t *testing.T) {
 			t.Errorf("%s: kernel ruleset differs from the intended one\n--- kernel\n%s\n--- intended\n%s", step, g, w)
 		}
 	}
-	sync("IPv4 services only", routerRules(n, all[:2]))
-	sync("no services", routerRules(n, nil))
-	sync("services back", routerRules(n, all))
+	sync("IPv4 services only", routerRules(n, all[:2], nil))
+	sync("no services", routerRules(n, nil, nil))
+	sync("services back", routerRules(n, all, nil))
 	renamed := slices.Clone(all)
 	renamed[0].Name = "a/web-renamed:http" // same key, another chain
-	sync("service renamed", routerRules(n, renamed))
+	sync("service renamed", routerRules(n, renamed, nil))
 
 	for _, cmd := range [][]string{
 		{"delete", "table", "inet", tableName},
@@ -630,5 +630,5 @@ func TestSyncTablesServiceMaps(t *testing.T) {
 			t.Fatalf("nft %s: %v: %s", cmd, err, out)
 		}
 	}
-	sync("foreign set of the map's name", routerRules(n, all))
+	sync("foreign set of the map's name", routerRules(n, all, nil))
 }

@@ -104,7 +104,7 @@ func policyRules(s State) policyTables {
 				}
 				dispatch = append(dispatch, b.jump(chain, fmt.Sprintf("port %s: %s policy of %s", p.HostIfName, what, a)))
 			}
-			chains = append(chains, nftChain{name: chain, rules: directionRules(p.HostIfName, n.Name, what, dir.egress, dir.d, fams, sets)})
+			chains = append(chains, nftChain{name: chain, rules: directionRules("port "+p.HostIfName, n.Name, what, dir.egress, dir.d, fams, sets)})
 		}
 	}
 	ids := make([]int, 0, len(zoned))
@@ -112,10 +112,18 @@ func policyRules(s State) policyTables {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	var pass []nftRule
 	for _, id := range ids {
 		pt.zones = append(pt.zones, newRule().iifname(BridgeName(id)).ctZoneSet(uint16(id)).
 			accept(fmt.Sprintf("network %d: bridged frames tracked in conntrack zone %d for policies", id, id)))
+		if i := slices.IndexFunc(s.Networks, func(n Network) bool { return n.ID == id }); i >= 0 && s.Networks[i].Primary {
+			rules, svcSets := policyPassRules(&s.Networks[i], s.Services)
+			pass = append(pass, rules...)
+			pt.sets = append(pt.sets, svcSets...)
+		}
 	}
+	// Service connections pass the bridge: their routers check them.
+	dispatch = slices.Insert(dispatch, 1, pass...)
 	pt.forward = []nftRule{newRule().iifname(bridgePrefix+"*").jump(policyChain, "bridged tenant frames: network policies")}
 	pt.chains = append([]nftChain{{name: policyChain, rules: dispatch}}, chains...)
 	for _, st := range sets {
@@ -127,8 +135,8 @@ func policyRules(s State) policyTables {
 
 // Traffic every isolated port keeps: DHCP with the router's servers and
 // IPv6 neighbour discovery (types 133-137), never subject to policy.
-func alwaysAllowed(host, what string, egress bool) []nftRule {
-	c := func(s string) string { return fmt.Sprintf("port %s: %s: %s", host, what, s) }
+func alwaysAllowed(who, what string, egress bool) []nftRule {
+	c := func(s string) string { return fmt.Sprintf("%s: %s: %s", who, what, s) }
 	client4, server4, client6, server6 := uint16(68), uint16(67), uint16(546), uint16(547)
 	if !egress {
 		client4, server4, client6, server6 = server4, client4, server6, client6
@@ -140,11 +148,12 @@ func alwaysAllowed(host, what string, egress bool) []nftRule {
 	}
 }
 
-// directionRules returns the chain of one isolated direction of a port.
-func directionRules(host, network, what string, egress bool, d *PolicyDirection, fams []bool, sets map[string]*nftSet) []nftRule {
-	rules := alwaysAllowed(host, what, egress)
+// directionRules returns the chain of one isolated direction of who (a
+// port, "port <host interface>", or a Service endpoint).
+func directionRules(who, network, what string, egress bool, d *PolicyDirection, fams []bool, sets map[string]*nftSet) []nftRule {
+	rules := alwaysAllowed(who, what, egress)
 	for _, r := range d.Rules {
-		comment := fmt.Sprintf("port %s: %s allowed by %s", host, what, r.Name)
+		comment := fmt.Sprintf("%s: %s allowed by %s", who, what, r.Name)
 		if r.AnyPeer {
 			rules = append(rules, portMatches(r.Ports, func() *ruleBuilder { return newRule() }, comment)...)
 			continue
@@ -175,7 +184,7 @@ func directionRules(host, network, what string, egress bool, d *PolicyDirection,
 			}
 		}
 	}
-	return append(rules, newRule().counter().drop(fmt.Sprintf("port %s: %s refused by policy %s", host, what, policyNames(d))))
+	return append(rules, newRule().counter().drop(fmt.Sprintf("%s: %s refused by policy %s", who, what, policyNames(d))))
 }
 
 // portMatches returns one rule per port range (from start), returning.

@@ -47,7 +47,10 @@ func networkFamilies(n Network) []bool {
 // by the packet mark, restored from the connection's mark for each packet
 // of its original direction) and are masqueraded to this node's service
 // address there.
-func routerRules(n Network, services []Service) []nftTable {
+//
+// rp, when not nil, is the policy the router checks on the Service
+// connections it translates (routerPolicyRules).
+func routerRules(n Network, services []Service, rp *routerPolicy) []nftTable {
 	if n.GuestServiceOnly() {
 		return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
 			filterChain("forward", nftables.ChainHookForward, *nftables.ChainPriorityFilter, nftables.ChainPolicyDrop, []nftRule{
@@ -67,8 +70,11 @@ func routerRules(n Network, services []Service) []nftTable {
 		}
 		forward = append(forward, b.counter().rejectProhibited(fmt.Sprintf("network %s: no other Services of the cluster", n.Name)))
 	}
+	polCheck, polChains, polSets := routerPolicyRules(n, rp)
 	forward = append(forward,
-		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)),
+		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)))
+	forward = append(forward, polCheck...)
+	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerGwIf).accept(fmt.Sprintf("network %s: between its subnets", n.Name)))
 	if n.Layer3 != nil {
 		forward = append(forward,
@@ -110,5 +116,6 @@ func routerRules(n Network, services []Service) []nftTable {
 	}
 	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})
-	return []nftTable{{family: nftables.TableFamilyINet, chains: chains, vmaps: svcMaps}}
+	chains = append(chains, polChains...)
+	return []nftTable{{family: nftables.TableFamilyINet, chains: chains, vmaps: svcMaps, sets: polSets}}
 }

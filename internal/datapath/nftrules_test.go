@@ -35,7 +35,7 @@ func TestNodeRulesGolden(t *testing.T) {
 }
 
 func TestRouterRulesGolden(t *testing.T) {
-	golden.CheckString(t, "router.nft", renderTables(routerRules(goldenState().Networks[1], nil)))
+	golden.CheckString(t, "router.nft", renderTables(routerRules(goldenState().Networks[1], nil, nil)))
 }
 
 // goldenServices are services of goldenState's primary network: one TCP
@@ -80,7 +80,7 @@ func withServiceAddrs(s State) State {
 }
 
 func TestRouterServiceRulesGolden(t *testing.T) {
-	golden.CheckString(t, "router-services.nft", renderTables(routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices())))
+	golden.CheckString(t, "router-services.nft", renderTables(routerRules(withServiceAddrs(goldenState()).Networks[1], goldenServices(), nil)))
 }
 
 func TestValidateServices(t *testing.T) {
@@ -169,7 +169,7 @@ func TestLongCommentTruncated(t *testing.T) {
 		long[i] = 'n'
 	}
 	n := Network{Name: string(long), ID: 5, Primary: true}
-	for _, tb := range routerRules(n, nil) {
+	for _, tb := range routerRules(n, nil, nil) {
 		for _, c := range tb.chains {
 			for _, r := range c.rules {
 				if len(r.comment) > maxCommentLen {

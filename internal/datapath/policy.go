@@ -80,8 +80,9 @@ func (d *PolicyDirection) Allows(peer netip.Addr, proto byte, port uint16) (rule
 }
 
 // validatePolicies checks s.Policies against the ports (by host
-// interface name) and each other.
-func validatePolicies(pols []PortPolicy, ports []Port, bad badFunc) {
+// interface name) and each other, and returns the first rule of each
+// name by network (validatePolicyRule's map).
+func validatePolicies(pols []PortPolicy, ports []Port, bad badFunc) map[string]*PolicyRule {
 	byIf := map[string]*Port{} // host interface -> port
 	for i := range ports {
 		byIf[ports[i].HostIfName] = &ports[i]
@@ -114,6 +115,7 @@ func validatePolicies(pols []PortPolicy, ports []Port, bad badFunc) {
 			}
 		}
 	}
+	return rules
 }
 
 // validatePolicyRule checks one rule, and that it has the peers of the
@@ -155,14 +157,21 @@ func policyNames(d *PolicyDirection) string {
 }
 
 // policyVerdicts holds, for one network, the isolated directions of its
-// local ports by address.
+// local ports by address, and what its routers check instead of the
+// bridge: connections from their service addresses (svcNets) and to the
+// network's Service addresses (vips).
 type policyVerdicts struct {
 	ingress, egress map[netip.Addr]*PolicyDirection
+	svcNets         []netip.Prefix
+	vips            map[netip.Addr]bool
 }
 
 // allows reports whether a connection from src to dst, protocol proto,
-// destination port port, may exist under v.
+// destination port port, may exist under v on the bridge.
 func (v *policyVerdicts) allows(src, dst netip.Addr, proto byte, port uint16) bool {
+	if v.vips[dst] || slices.ContainsFunc(v.svcNets, func(p netip.Prefix) bool { return p.Contains(src) }) {
+		return true // a Service connection: its router decides (cutRouterDenied)
+	}
 	if d := v.egress[src]; d != nil {
 		if _, ok := d.Allows(dst, proto, port); !ok {
 			return false
@@ -180,8 +189,10 @@ func (v *policyVerdicts) allows(src, dst netip.Addr, proto byte, port uint16) bo
 // ID, which is also the network's conntrack zone.
 func policyZones(s State) map[uint16]*policyVerdicts {
 	nets := map[string]int{} // network name -> ID
-	for _, n := range s.Networks {
+	byName := map[string]*Network{}
+	for i, n := range s.Networks {
 		nets[n.Name] = n.ID
+		byName[n.Name] = &s.Networks[i]
 	}
 	ports := map[string]Port{} // host interface -> port
 	for _, p := range s.Ports {
@@ -193,7 +204,17 @@ func policyZones(s State) map[uint16]*policyVerdicts {
 		id := uint16(nets[p.Network])
 		v := out[id]
 		if v == nil {
-			v = &policyVerdicts{ingress: map[netip.Addr]*PolicyDirection{}, egress: map[netip.Addr]*PolicyDirection{}}
+			v = &policyVerdicts{ingress: map[netip.Addr]*PolicyDirection{}, egress: map[netip.Addr]*PolicyDirection{}, vips: map[netip.Addr]bool{}}
+			if n := byName[p.Network]; n != nil && n.Primary {
+				for _, sa := range n.ServiceAddrs {
+					v.svcNets = append(v.svcNets, sa.Masked())
+				}
+				for _, sv := range s.Services {
+					if sv.Network == n.Name && !sv.ViaNode {
+						v.vips[sv.VIP.Addr()] = true
+					}
+				}
+			}
 			out[id] = v
 		}
 		for _, ip := range p.IPs {

@@ -27,7 +27,7 @@ import (
 // ensureRouter creates or repairs network n's router namespace, its two
 // veths, addresses, routes, sysctls and rules. If it created the namespace
 // and then fails, it removes it again.
-func (d *Datapath) ensureRouter(n Network, services []Service) (err error) {
+func (d *Datapath) ensureRouter(n Network, services []Service, rp *routerPolicy) (err error) {
 	name := RouterNSName(d.cfg, n.ID)
 	existed := nl.NamedNSExists(name)
 	path, err := nl.CreateNamedNS(name)
@@ -39,22 +39,25 @@ func (d *Datapath) ensureRouter(n Network, services []Service) (err error) {
 			_ = nl.DeleteNamedNS(name)
 		}
 	}()
-	if err := withNS(path, func(fd int) error { return d.wireRouter(n, services, path, fd) }); err != nil {
+	if err := withNS(path, func(fd int) error { return d.wireRouter(n, services, rp, path, fd) }); err != nil {
 		return fmt.Errorf("network %q: router %q: %w", n.Name, name, err)
 	}
 	return nil
 }
 
 // wireRouter does ensureRouter's work inside the router namespace at path
-// (open as fd).
-func (d *Datapath) wireRouter(n Network, services []Service, path string, fd int) error {
+// (open as fd). rp is what it checks on Service connections.
+func (d *Datapath) wireRouter(n Network, services []Service, rp *routerPolicy, path string, fd int) error {
 	// Rules and sysctls first: a fresh namespace forwards everything, and
 	// the rules only name interfaces, so they can precede them.
 	conn, err := nftConn(fd)
 	if err != nil {
 		return err
 	}
-	if err := syncTables(conn, routerRules(n, services)); err != nil {
+	if err := syncTables(conn, routerRules(n, services, rp)); err != nil {
+		return err
+	}
+	if err := d.cutRouterDenied(n, rp, path); err != nil {
 		return err
 	}
 	fams := networkFamilies(n)

@@ -202,6 +202,11 @@ type State struct {
 	// Policies are the network policies of local ports (see PortPolicy),
 	// at most one per port.
 	Policies []PortPolicy
+	// EndpointPolicies are the ingress policies of the endpoints of the
+	// networks' Services, local or not, which each network's router
+	// checks on the Service connections it translates (see
+	// EndpointPolicy).
+	EndpointPolicies []EndpointPolicy
 }
 
 // Route is a route in a pod: to Dst via Via; an invalid Via makes Dst

@@ -36,7 +36,8 @@ func (s *State) validate() (map[string]*Network, error) {
 			bad("nodeAddrs[%d]: %q is not a node address", i, a)
 		}
 	}
-	validatePolicies(s.Policies, s.Ports, bad)
+	rules := validatePolicies(s.Policies, s.Ports, bad)
+	validateEndpointPolicies(s.EndpointPolicies, byName, rules, bad)
 	sc := serviceClaims{vips: map[string]string{}, nodePorts: map[string]string{}, nodePortNets: map[string]string{}, externals: map[string]string{}}
 	for i, sv := range s.Services {
 		validateService(i, sv, byName, &sc, bad)

@@ -163,22 +163,50 @@ const (
 // namespaces and CRDs first), taking ownership of conflicting fields;
 // an IfAbsent object that exists and is not kvnet's is kept as it is.
 // A CRD is waited for until the API server serves it, so that objects of
-// its kind later in the list apply.
-func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, log io.Writer) error {
+// its kind later in the list apply. Webhook configurations come last: a
+// new one only once kvnet-controller serves it (prepareWebhooks), else
+// Apply fails with ErrWebhookNotServed, everything else applied.
+func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, log io.Writer, opts ApplyOptions) error {
+	var held []*unstructured.Unstructured
 	for _, u := range objs {
-		if foreign, err := foreignIfAbsent(ctx, c, u); err != nil {
-			return err
-		} else if foreign {
-			fmt.Fprintf(log, "kept %s %s: it exists and was not installed by kvnet\n", u.GetKind(), objName(u))
+		if isWebhookConfig(u) {
+			held = append(held, u)
+		}
+	}
+	for _, u := range objs {
+		if isWebhookConfig(u) {
 			continue
 		}
-		obj := u.DeepCopy()
-		obj.SetResourceVersion("")
-		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // unstructured apply
-			return fmt.Errorf("apply %s %s: %w", u.GetKind(), objName(u), err)
+		if err := applyOne(ctx, c, u, log); err != nil {
+			return err
 		}
-		fmt.Fprintf(log, "applied %s %s\n", u.GetKind(), objName(u))
 	}
+	for _, u := range held {
+		ready, err := prepareWebhooks(ctx, c, u, opts, log)
+		if err != nil {
+			return err
+		}
+		if err := applyOne(ctx, c, ready, log); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyOne server-side applies u, unless it is IfAbsent and foreign.
+func applyOne(ctx context.Context, c client.Client, u *unstructured.Unstructured, log io.Writer) error {
+	if foreign, err := foreignIfAbsent(ctx, c, u); err != nil {
+		return err
+	} else if foreign {
+		fmt.Fprintf(log, "kept %s %s: it exists and was not installed by kvnet\n", u.GetKind(), objName(u))
+		return nil
+	}
+	obj := u.DeepCopy()
+	obj.SetResourceVersion("")
+	if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // unstructured apply
+		return fmt.Errorf("apply %s %s: %w", u.GetKind(), objName(u), err)
+	}
+	fmt.Fprintf(log, "applied %s %s\n", u.GetKind(), objName(u))
 	return nil
 }
 

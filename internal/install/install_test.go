@@ -3,6 +3,7 @@ package install_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,20 +12,30 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/install"
+	"kvnet.io/kvnet/internal/k8s/certs"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-var c client.Client
+var (
+	c client.Client
+	w client.WithWatch // for the certificate manager
+)
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) error {
 		c = e.Client
-		return nil
+		var err error
+		w, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Client.Scheme()})
+		return err
 	}))
 }
 
@@ -124,15 +135,71 @@ func TestApplyCheckDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	if err := install.Apply(ctx, c, objs, &log); err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
-	// Applying again (an upgrade) changes nothing and fails nothing.
-	if err := install.Apply(ctx, c, objs, &log); err != nil {
-		t.Fatalf("second apply: %v", err)
+	// No kvnet-controller serves the webhooks yet: everything but their
+	// configuration is applied, and install says why.
+	short := install.ApplyOptions{WebhookTimeout: 2 * time.Second, Poll: 100 * time.Millisecond}
+	err = install.Apply(ctx, c, objs, &log, short)
+	if !errors.Is(err, install.ErrWebhookNotServed) || !strings.Contains(err.Error(), "Service kvnet-system/kvnet-webhook has no ready endpoint") {
+		t.Fatalf("apply without a webhook server: %v, want ErrWebhookNotServed naming the Service\n%s", err, log.String())
 	}
 	if err := get(t, "apps/v1", "DaemonSet", "kvnet-system", "kvnet-node"); err != nil {
 		t.Fatalf("kvnet-node DaemonSet after install: %v", err)
+	}
+	if err := get(t, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "", "kvnet-mutator"); !apierrors.IsNotFound(err) {
+		t.Fatalf("webhook configuration applied before kvnet-controller serves it: %v", err)
+	}
+	var ns corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: "kvnet-system"}, &ns); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("kvnet-system namespace labels %v (%v), want Pod Security enforce=privileged for kvnet-node", ns.Labels, err)
+	}
+
+	// kvnet-controller comes up: its certificate manager writes the CA
+	// (the real one, as kvnet-controller runs it) and, once it is Ready,
+	// the EndpointSlice controller lists it behind the Service (no
+	// kubelet here: the test writes that slice).
+	cm := certs.New(w, certs.Options{Namespace: "kvnet-system", SecretName: certs.SecretName, DNSNames: []string{"kvnet-webhook.kvnet-system.svc"}})
+	if err := cm.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ready := true
+	testenv.Create(t, c, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "kvnet-system", Name: "kvnet-webhook-test", Labels: map[string]string{discoveryv1.LabelServiceName: "kvnet-webhook"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	})
+	log.Reset()
+	if err := install.Apply(ctx, c, objs, &log, short); err != nil {
+		t.Fatalf("apply with kvnet-controller serving: %v\n%s", err, log.String())
+	}
+	ca, err := cm.CABundle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caBundles := func() []string {
+		var wc admissionregistrationv1.MutatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: "kvnet-mutator"}, &wc); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, w := range wc.Webhooks {
+			out = append(out, string(w.ClientConfig.CABundle))
+		}
+		return out
+	}
+	for i, b := range caBundles() {
+		if b != string(ca) {
+			t.Errorf("webhook %d's caBundle is not kvnet-controller's CA: %q", i, b)
+		}
+	}
+	// Applying again (an upgrade) changes nothing, fails nothing and keeps
+	// the caBundle.
+	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
+		t.Fatalf("second apply: %v", err)
+	}
+	for i, b := range caBundles() {
+		if b != string(ca) {
+			t.Errorf("after an upgrade, webhook %d's caBundle is %q", i, b)
+		}
 	}
 
 	// No kubelet runs here: the Deployment exists but is not ready, and
@@ -231,7 +298,7 @@ func TestApplyCRDIfAbsent(t *testing.T) {
 
 	// The control plane's own copy (someone else's): kept, untouched.
 	var log bytes.Buffer
-	if err := install.Apply(ctx, c, crd, &log); err != nil {
+	if err := install.Apply(ctx, c, crd, &log, install.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(log.String(), "kept CustomResourceDefinition "+name) || slices.Contains(managers(), install.FieldOwner) {
@@ -255,9 +322,9 @@ func TestApplyCRDIfAbsent(t *testing.T) {
 		return nil
 	})
 	// Whatever happens, leave the CRD for the other tests.
-	t.Cleanup(func() { _ = install.Apply(ctx, c, crd, io.Discard) })
+	t.Cleanup(func() { _ = install.Apply(ctx, c, crd, io.Discard, install.ApplyOptions{}) })
 	log.Reset()
-	if err := install.Apply(ctx, c, crd, &log); err != nil {
+	if err := install.Apply(ctx, c, crd, &log, install.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(managers(), install.FieldOwner) {

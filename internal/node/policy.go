@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/netip"
+	"slices"
 
 	networkingv1 "k8s.io/api/networking/v1"
 
@@ -34,7 +35,10 @@ func (p *planner) policies(dn datapath.Network, namespaces map[string]bool, hs [
 
 // enforce compiles policies nps, in the network's namespaces, over the
 // network's holders hs (every node's) into the plan's port policies of
-// its local ports (ports).
+// its local ports (ports), and into the ingress policies of the
+// network's Service endpoints, every node's, which the network's router
+// here checks on the Service connections it translates (the plan's
+// Services come first).
 func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps []*networkingv1.NetworkPolicy, hs []*holder, ports []datapath.Port) {
 	if len(nps) == 0 {
 		return
@@ -47,12 +51,21 @@ func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps [
 	for i := range ports {
 		portOf[ports[i].HostIfName] = &ports[i]
 	}
+	backends := map[netip.Addr]bool{} // addresses of the network's Service endpoints
+	for _, sv := range p.plan.State.Services {
+		if sv.Network == dn.Name && !sv.ViaNode {
+			for _, ep := range sv.Endpoints {
+				backends[ep.Addr()] = true
+			}
+		}
+	}
 	ifNames := map[string][]string{} // pod namespace/name -> local host interfaces
 	for _, h := range hs {
 		e := policy.Endpoint{Namespace: h.pod.Namespace, Name: h.pod.Name, Labels: h.pod.Labels, Ports: policy.NamedPortsOf(h.pod)}
 		for _, s := range h.a.IPAddresses {
 			if pfx, err := netip.ParsePrefix(s); err == nil {
 				e.Addrs = append(e.Addrs, pfx.Addr())
+				e.Backend = e.Backend || backends[pfx.Addr()]
 			}
 		}
 		if h.node == p.in.Node {
@@ -68,18 +81,23 @@ func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps [
 		p.problem("%v", err)
 	}
 	var pols []datapath.PortPolicy
+	var eps []datapath.EndpointPolicy
 	for _, pp := range compiled.Ports {
 		for _, ifName := range ifNames[pp.Key()] {
 			pols = append(pols, datapath.PortPolicy{Port: ifName, Ingress: direction(pp.Ingress), Egress: direction(pp.Egress)})
 		}
+		if pp.Ingress.Isolated && slices.ContainsFunc(pp.Addrs, func(a netip.Addr) bool { return backends[a] }) {
+			eps = append(eps, datapath.EndpointPolicy{Network: dn.Name, Name: pp.Key(), Addrs: pp.Addrs, Ingress: direction(pp.Ingress)})
+		}
 	}
 	// One network's policies the datapath would refuse must not stop the
 	// rest: Apply refuses a whole state with an invalid policy in it.
-	if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Ports: ports, Policies: pols}); err != nil {
+	if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Ports: ports, Policies: pols, EndpointPolicies: eps}); err != nil {
 		p.problem("network %s: policies not enforced: %v", dn.Name, err)
 		return
 	}
 	p.plan.State.Policies = append(p.plan.State.Policies, pols...)
+	p.plan.State.EndpointPolicies = append(p.plan.State.EndpointPolicies, eps...)
 }
 
 // namespaceLabels returns the labels of namespace ns (none if unknown).

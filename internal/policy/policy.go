@@ -31,9 +31,11 @@ type Endpoint struct {
 	Addrs []netip.Addr
 	// Ports are its named container ports.
 	Ports []NamedPort
-	// Local marks an endpoint with a port on this node: only these get a
-	// PortPolicy.
-	Local bool
+	// Local marks an endpoint with a port on this node; Backend one that
+	// backs a Service of the network, wherever it runs, whose ingress the
+	// node's router checks on the Service connections it translates. Only
+	// these get a PortPolicy.
+	Local, Backend bool
 }
 
 // Key returns "namespace/name".
@@ -181,7 +183,7 @@ func Compile(in Input) (Compiled, []error) {
 			continue
 		}
 		c.byNS[e.Namespace] = append(c.byNS[e.Namespace], e)
-		if e.Local {
+		if e.Local || e.Backend {
 			c.localByNS[e.Namespace] = append(c.localByNS[e.Namespace], e)
 		}
 	}
@@ -214,7 +216,7 @@ func Compile(in Input) (Compiled, []error) {
 type compiler struct {
 	in        Input
 	byNS      map[string][]*Endpoint // namespace -> endpoints
-	localByNS map[string][]*Endpoint // namespace -> local endpoints
+	localByNS map[string][]*Endpoint // namespace -> local and Backend endpoints
 }
 
 // peerSet is one rule's peers: prefixes of ipBlocks and endpoints

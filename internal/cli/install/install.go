@@ -7,6 +7,7 @@ package install
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -24,6 +25,9 @@ type options struct {
 	images install.Options
 	dryRun bool
 	crds   bool
+	// webhookTimeout bounds install's wait for kvnet-controller to serve
+	// its webhooks before it applies their configuration.
+	webhookTimeout time.Duration
 }
 
 func (o *options) addImageFlags(cmd *cobra.Command) {
@@ -54,9 +58,11 @@ func NewCommand() *cobra.Command {
 		Short: "Install kvnet into the cluster (config/default, with the images you name)",
 		Long: "Renders config/default (embedded in this binary) with kustomize, pointing kvnet-controller\n" +
 			"and kvnet-node at <registry>/<name>:<tag>, and applies it with server-side apply (field\n" +
-			"manager kvnet-install): CRDs, RBAC, the kvnet-system namespace, the Deployment, the DaemonSet,\n" +
-			"the webhooks and the admission policy. Run it again to upgrade. `kvnet check` reports what is\n" +
-			"missing; --dry-run prints the manifests instead of applying them.",
+			"manager kvnet-install): CRDs, RBAC, the kvnet-system namespace, the Deployment, the DaemonSet\n" +
+			"and the admission policy; then, once kvnet-controller serves its webhooks (its Service has a\n" +
+			"ready endpoint and its CA exists), the webhook configurations with that CA, so that no VM or\n" +
+			"pod create fails for want of a webhook server (--webhook-timeout). Run it again to upgrade.\n" +
+			"`kvnet check` reports what is missing; --dry-run prints the manifests instead of applying them.",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -72,7 +78,7 @@ func NewCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := install.Apply(cmd.Context(), c, objs, cmd.OutOrStdout()); err != nil {
+			if err := install.Apply(cmd.Context(), c, objs, cmd.OutOrStdout(), install.ApplyOptions{WebhookTimeout: o.webhookTimeout}); err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "installed; `kvnet check` reports when kvnet is ready")
@@ -82,6 +88,8 @@ func NewCommand() *cobra.Command {
 	o.conn.Add(cmd.Flags())
 	o.addImageFlags(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the manifests, apply nothing")
+	cmd.Flags().DurationVar(&o.webhookTimeout, "webhook-timeout", install.DefaultWebhookTimeout,
+		"how long to wait for kvnet-controller to serve its webhooks before applying their configuration (a webhook without a server would fail VM creates)")
 	return cmd
 }
 

@@ -41,6 +41,10 @@ const (
 	keyTLSKey  = "tls.key"
 )
 
+// SecretName is the Secret, in kvnet-controller's namespace, that holds
+// the webhook CA and serving certificate.
+const SecretName = "kvnet-webhook-certs"
+
 // InjectLabel marks the webhook configurations whose caBundle kvnet keeps
 // current.
 const InjectLabel = "kvnet.io/inject-ca"

@@ -207,7 +207,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if err != nil {
 			return nil, err
 		}
-		certMgr = certs.New(direct, certs.Options{Namespace: w.Namespace, SecretName: "kvnet-webhook-certs", DNSNames: w.DNSNames, IPs: w.IPs})
+		certMgr = certs.New(direct, certs.Options{Namespace: w.Namespace, SecretName: certs.SecretName, DNSNames: w.DNSNames, IPs: w.IPs})
 		// Certificates before serving: the API server must never meet a
 		// webhook without one.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
