@@ -40,7 +40,7 @@ func serveMultusWebhooks(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	var secret corev1.Secret
-	if err := c.Get(ctx, client.ObjectKey{Namespace: "kvnet-system", Name: "kvnet-webhook-certs"}, &secret); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "kvnet-system", Name: certs.SecretName}, &secret); err != nil {
 		t.Fatal(err)
 	}
 	cert, err := tls.X509KeyPair(secret.Data["tls.crt"], secret.Data["tls.key"])
