@@ -517,7 +517,7 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
 	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed, Reserved: a.cfg.Reserved,
 		VMINodes: map[types.NamespacedName]string{}, Migrations: map[types.NamespacedName]*migration.Migration{},
-		Announced: a.announce.Announced()}
+		LauncherDHCPv4: map[types.NamespacedName]bool{}, Announced: a.announce.Announced()}
 	var nads nadv1.NetworkAttachmentDefinitionList
 	if err := c.List(ctx, &nads); err != nil {
 		return in, err
@@ -578,6 +578,9 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		for _, vmi := range vmis.Items {
 			key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 			in.VMINodes[key] = vmi.Status.NodeName
+			if launcherServesDHCPv4(&vmi) {
+				in.LauncherDHCPv4[key] = true
+			}
 			if m := migration.Of(&vmi); m != nil {
 				in.Migrations[key] = m
 			}

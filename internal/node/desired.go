@@ -43,6 +43,11 @@ type Input struct {
 	// (migration.Of), by VMI. While one is in progress, its source and
 	// target launcher pods hold the VM's MAC and both get a port.
 	Migrations map[types.NamespacedName]*migration.Migration
+	// LauncherDHCPv4 holds the VirtualMachineInstances whose virt-launcher
+	// serves the guest DHCPv4 on the pod network itself (the bridge
+	// binding, launcherServesDHCPv4): their launcher pods get no DHCPv4
+	// lease from the node.
+	LauncherDHCPv4 map[types.NamespacedName]bool
 	// Announced holds the MACs whose migrated guest announced itself on
 	// this node's Standby port (its first frame there: QEMU's RARP or an
 	// IP packet, see announce.go): that port is open although the VMI

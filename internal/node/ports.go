@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"net/netip"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
@@ -84,24 +86,25 @@ func remoteMACPinned(t topology) bool { return t == layer2 }
 // lease is what the DHCP servers give h: its IPv4 address with the
 // subnet's mask and its IPv6 address (DHCPv6), the gateway as router, the
 // pod interface's MTU (the network's, else the node's pod MTU, as
-// kvnet-cni sets it), and the VM's name as hostname.
+// kvnet-cni sets it), the guest's hostname (guestHostname) and
+// OVN-Kubernetes's lease time. A guest whose virt-launcher serves it
+// DHCPv4 itself (Input.LauncherDHCPv4) gets no IPv4 lease here, so that
+// it hears one DHCPv4 server.
 func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in Input) (dhcp.Lease, bool) {
 	if mtu == 0 {
 		mtu = in.MTU
 	}
-	host := h.pod.Annotations[kubevirtv1.DomainAnnotation]
-	if host == "" {
-		host = h.pod.Name
-	}
-	l := dhcp.Lease{Router: router, DNS: guestDNS(clusterDNS, in.DNS), MTU: mtu, Hostname: host}
+	l := dhcp.Lease{Router: router, DNS: guestDNS(clusterDNS, in.DNS), MTU: mtu, Hostname: guestHostname(h.pod), LeaseTime: vmLeaseTime}
 	if len(clusterDNS) > 0 {
 		l.Search = clusterSearch(h.pod.Namespace, in.ClusterDomain)
 	}
+	vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+	launcherV4 := vmi != "" && in.LauncherDHCPv4[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}]
 	for _, s := range h.a.IPAddresses {
 		p, err := netip.ParsePrefix(s)
 		switch {
 		case err != nil:
-		case p.Addr().Is4() && !l.IP.IsValid():
+		case p.Addr().Is4() && !l.IP.IsValid() && !launcherV4:
 			l.IP = p
 		case p.Addr().Is6() && !l.IP6.IsValid():
 			l.IP6 = p.Addr()

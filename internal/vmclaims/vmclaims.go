@@ -152,6 +152,11 @@ type PodOptions struct {
 	// claim, MAC and IPs go in that element; DefaultNetworkNAD is unused
 	// and the cluster default network stays the pod's eth0.
 	PrimaryInNetworks bool
+	// PrimaryKey is "<ns>/<name>" of the namespace's primary NAD ("" when
+	// none). With PrimaryInNetworks, a pod whose primary network has no
+	// claim (no persistent IPs) still gets the network's element: KubeVirt
+	// rebuilds the networks annotation on hot plug without it.
+	PrimaryKey string
 }
 
 // MutatePod returns the annotations a launcher pod must have so the IPAM
@@ -194,6 +199,15 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 		}
 	}
 	if primary == nil {
+		if opts.PrimaryInNetworks && opts.PrimaryKey != "" {
+			v, changed, err := multus.WithPrimaryElement(out[multus.NetworksAnnotation], pod.Namespace, opts.PrimaryKey, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrDeny, err)
+			}
+			if changed {
+				out[multus.NetworksAnnotation] = v
+			}
+		}
 		return out, nil
 	}
 	if opts.PrimaryInNetworks {

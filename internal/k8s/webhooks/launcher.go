@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
@@ -64,20 +65,76 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	if vmiName == "" {
 		return admission.Allowed("not a VM pod")
 	}
+	if req.Operation == admissionv1.Update {
+		return m.update(ctx, req, &pod, vmiName)
+	}
+	ann, err := m.annotations(ctx, &pod, vmiName, true)
+	if err != nil {
+		if errors.Is(err, vmclaims.ErrDeny) {
+			return admission.Denied(err.Error())
+		}
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return patchAnnotations(req.Object.Raw, ann)
+}
+
+// update admits an UPDATE of a live launcher pod, always: KubeVirt patches
+// its launcher pods all the time (virt-controller syncs its annotations,
+// adds the migration-target-ready timestamp and the descheduler's, and on
+// a hot plug or unplug rebuilds the networks annotation), and a refused
+// patch would stall the VM's lifecycle for as long as the cause lasts
+// (say a secondary NAD deleted while the VM runs). What is checked at
+// CREATE is not checked again; kvnet's additions are kept
+// (vmclaims.KeepOnUpdate), and when the update touches them the claim
+// references, and in multus mode the primary network's element, are
+// written again as at CREATE, as far as they can be worked out.
+func (m *LauncherPodMutator) update(ctx context.Context, req admission.Request, pod *corev1.Pod, vmiName string) admission.Response {
+	var old corev1.Pod
+	if err := m.Decoder.DecodeRaw(req.OldObject, &old); err != nil {
+		log.FromContext(ctx).Error(err, "launcher pod update: old object not decoded; admitted unchanged", "pod", pod.Namespace+"/"+pod.Name)
+		return admission.Allowed("update of a launcher pod")
+	}
+	if !vmclaims.KvnetAnnotationsChanged(&old, pod) {
+		return admission.Allowed("update leaves kvnet's annotations alone")
+	}
+	kept, changed, err := vmclaims.KeepOnUpdate(&old, pod)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "launcher pod update: kvnet's elements not kept", "pod", pod.Namespace+"/"+pod.Name)
+	}
+	pod.Annotations = kept
+	ann, err := m.annotations(ctx, pod, vmiName, false)
+	if err != nil {
+		// Admitted with what KeepOnUpdate kept: refusing would not bring
+		// the reference back, only block KubeVirt.
+		log.FromContext(ctx).Error(err, "launcher pod update: claim references not recomputed; admitted with kvnet's previous elements", "pod", pod.Namespace+"/"+pod.Name)
+		if !changed {
+			return admission.Allowed("update of a launcher pod")
+		}
+		return patchAnnotations(req.Object.Raw, kept)
+	}
+	return patchAnnotations(req.Object.Raw, ann)
+}
+
+// annotations returns the annotations launcher pod pod of VMI vmiName must
+// have: its claim references, and in multus mode the primary network's
+// element. An error wrapping vmclaims.ErrDeny refuses a CREATE. On an
+// update (create false), a NAD that does not exist (any more) is not an
+// error: its network gets no claim reference.
+func (m *LauncherPodMutator) annotations(ctx context.Context, pod *corev1.Pod, vmiName string, create bool) (map[string]string, error) {
 	vmi, err := m.getVMI(ctx, pod.Namespace, vmiName)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get VMI %s/%s of launcher pod: %w", pod.Namespace, vmiName, err))
+		return nil, fmt.Errorf("get VMI %s/%s of launcher pod: %w", pod.Namespace, vmiName, err)
 	}
 	labelled, primaryKey, err := m.primary(ctx, pod.Namespace)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+		return nil, err
 	}
-	if labelled && primaryKey == "" {
+	if labelled && primaryKey == "" && create {
 		// Without the NAD, the pod would get no claim reference and its
 		// primary IPs, once the network exists, would not persist: refuse
 		// until it does (virt-controller retries the pod).
-		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but has no primary network yet (its UserDefinedNetwork's NetworkAttachmentDefinition does not exist): the launcher pod of VMI %s is refused until it does, so that the VM's IPs persist",
-			pod.Namespace, udn.PrimaryNamespaceLabel, vmiName))
+		return nil, fmt.Errorf("%w: namespace %s is labelled %s but has no primary network yet (its UserDefinedNetwork's NetworkAttachmentDefinition does not exist): the launcher pod of VMI %s is refused until it does, so that the VM's IPs persist",
+			vmclaims.ErrDeny, pod.Namespace, udn.PrimaryNamespaceLabel, vmiName)
 	}
 	var primaryNet *netconf.Served
 	lookup := func(key string) (*netconf.Served, bool, error) {
@@ -88,7 +145,7 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 		if key == primaryKey {
 			primaryNet = s
 		}
-		if err == nil && !found && key != primaryKey {
+		if err == nil && !found && key != primaryKey && create {
 			// As for the primary NAD above: admitted now, the pod would
 			// get no claim reference on this network, and its IPs there
 			// would not persist.
@@ -98,29 +155,20 @@ func (m *LauncherPodMutator) Handle(ctx context.Context, req admission.Request) 
 	}
 	claims, err := vmclaims.Claims(vmi, vmi.Name, primaryKey, lookup)
 	if err != nil {
-		if errors.Is(err, vmclaims.ErrDeny) {
-			return admission.Denied(err.Error())
-		}
-		return admission.Errored(http.StatusInternalServerError, err)
+		return nil, err
 	}
 	var primarySubnets []netip.Prefix
 	if slices.ContainsFunc(claims, func(c vmclaims.Claim) bool { return c.Primary }) {
 		if primarySubnets, err = claimSubnets(primaryKey, primaryNet); err != nil {
-			return admission.Denied(err.Error())
+			return nil, err
 		}
 	}
-	ann, err := vmclaims.MutatePod(&pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
+	return vmclaims.MutatePod(pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
 		DefaultNetworkNAD: m.DefaultNetworkNAD,
-		Create:            req.Operation == admissionv1.Create,
+		Create:            create,
 		PrimaryInNetworks: m.PrimaryInNetworks,
+		PrimaryKey:        primaryKey,
 	})
-	if err != nil {
-		if errors.Is(err, vmclaims.ErrDeny) {
-			return admission.Denied(err.Error())
-		}
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	return patchAnnotations(req.Object.Raw, ann)
 }
 
 // claimSubnets returns the subnets of the network a primary claim is on
