@@ -18,10 +18,11 @@
 // with runc) and the kubelet and reaps orphans; when it dies, the kernel
 // kills everything in the node, containers included.
 //
-// The API server listens on the host's loopback; each node reaches it at
-// the same 127.0.0.1 address through a forwarder in its namespace
-// (simnet.Forward), so one kubeconfig works everywhere. The API server
-// reaches kubelets at their InternalIP on the bridge.
+// The API server listens on [HostIP] (controlplane.InCluster): the host,
+// the nodes and pods (through the kubernetes Service, with ServiceAccount
+// tokens) all reach it there, so one kubeconfig works everywhere. The API
+// server reaches kubelets at their InternalIP on the bridge. Each node
+// runs kube-proxy (nftables mode) beside its kubelet.
 //
 // # Pod network
 //
