@@ -284,7 +284,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 		// The pod subnet, as kube-controller-manager's node IPAM would
-		// assign it (and Flannel will read it): fixed per node here.
+		// assign it (and Flannel reads it): fixed per node here.
 		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, PodCIDR(n.i), PodCIDR(n.i))
 		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n.name(), types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return nil, fmt.Errorf("node %s: set pod CIDR: %w", n.name(), err)

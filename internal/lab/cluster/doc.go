@@ -26,11 +26,15 @@
 //
 // # Pod network
 //
-// Until Flannel lands, each node's default CNI network is the reference
-// bridge plugin with host-local IPAM on the node's pod subnet (the
-// node's spec.podCIDR, which Up assigns: 10.244.i.0/24), with routes
-// between nodes: every node and the host route each other node's pod
-// subnet to that node's address on the bridge. No NAT between pods.
+// The default network is Flannel (VXLAN), installed from
+// manifests/flannel.yaml (upstream's kube-flannel.yml with the images the
+// repo builds) once every node has its spec.podCIDR (which Up assigns:
+// 10.244.i.0/24). With Config.DefaultNetwork "bridge", each node's
+// default CNI network is instead the reference bridge plugin with
+// host-local IPAM on that subnet, with routes between nodes: every node
+// and the host route each other node's pod subnet to that node's address
+// on the bridge. No NAT between pods either way. CoreDNS
+// (manifests/coredns.yaml) answers at [DNSServiceIP].
 //
 // # Lifetime
 //

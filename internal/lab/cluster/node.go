@@ -75,8 +75,8 @@ func (n node) write(kubeconfig, proxyKubeconfig []byte, sandboxImage, registry s
 		"kubelet.yaml": render(kubeletConfig, map[string]any{
 			"CgroupRoot": n.cgroupRoot(), "NodeIP": NodeIP(n.i).String(), "ResolvConf": n.path("resolv.conf"),
 		}),
-		// Pods with dnsPolicy Default get this; the cluster DNS (CoreDNS,
-		// a later stage) is set in kubelet.yaml for ClusterFirst.
+		// Pods with dnsPolicy Default get this; the cluster DNS (CoreDNS)
+		// is set in kubelet.yaml for ClusterFirst.
 		"resolv.conf": "nameserver " + HostIP.String() + "\noptions ndots:1\n",
 		"init.sh":     render(initScript, map[string]any{"Dir": n.dir, "Dirs": nodeDirs, "Name": n.name(), "NodeIP": NodeIP(n.i).String(), "BinDir": n.binDir}),
 	}
