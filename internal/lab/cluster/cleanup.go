@@ -74,6 +74,17 @@ func Preflight(binDir string) error {
 	if _, err := os.Stat("/proc/sys/net/ipv4/ip_forward"); err != nil {
 		return errors.New("cluster: kernel feature IPv4 networking missing")
 	}
+	// Tried in a network namespace of their own, which goes with the
+	// command: Flannel's VXLAN device and kube-proxy's nf_tables.
+	probes := []struct{ feature, script string }{
+		{"vxlan (Flannel's VXLAN backend)", "ip link add kvc-probe type vxlan id 1 dstport 8472"},
+		{"nf_tables (kube-proxy's nftables mode)", "nft add table ip kvc-probe"},
+	}
+	for _, p := range probes {
+		if out, err := exec.Command("unshare", "--net", "sh", "-c", p.script).CombinedOutput(); err != nil {
+			return fmt.Errorf("cluster: kernel feature %s missing: %s: %v: %s", p.feature, p.script, err, strings.TrimSpace(string(out)))
+		}
+	}
 	return nil
 }
 
