@@ -5,6 +5,9 @@
 #                                         the version hack/tools/k8s pins)
 #   registry                              hack/tools/registry (distribution v3)
 #   bridge, host-local, loopback          the CNI plugins of kvnet's go.mod
+#   coredns                               hack/tools/coredns (github.com/coredns/coredns)
+#   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
+#   flannel, portmap (CNI)                hack/tools/flannel-cni (containernetworking/plugins v0.9.1)
 # containerd and runc are Debian's (hack/install-deps.sh --cluster).
 #
 # Builds are cached OUTSIDE the clone, keyed by version, so that fresh
@@ -40,9 +43,18 @@ fi
 registry_mod=$root/hack/tools/registry
 registry_version=$(pin "$registry_mod" github.com/distribution/distribution/v3)
 cni_version=$(pin "$root" github.com/containernetworking/plugins)
+coredns_mod=$root/hack/tools/coredns
+coredns_version=$(pin "$coredns_mod" github.com/coredns/coredns)
+flannel_mod=$root/hack/tools/flannel
+flannel_version=$(pin "$flannel_mod" github.com/flannel-io/flannel)
+flannel_cni_mod=$root/hack/tools/flannel-cni
+flannel_cni_version=$(pin "$flannel_cni_mod" github.com/containernetworking/plugins)
 
 # build GROUP VERSION MODDIR STAMP LDFLAGS PACKAGES...: go build PACKAGES in
 # MODDIR into the group's cache directory unless it is there already.
+# RENAME=FROM:TO in its environment renames binary FROM to TO; CGO=1 builds
+# with cgo (LDFLAGS then link statically, so that the binary runs in an
+# image without a C library).
 build() {
   local group=$1 version=$2 dir=$3 stamp=$4 ldflags=$5; shift 5
   stamp=$(echo "$stamp $ldflags" | sha256sum | cut -c1-16)
@@ -54,7 +66,9 @@ build() {
     local start=$SECONDS
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
+    (cd "$dir" && CGO_ENABLED=${CGO:-0} go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
+    # RENAME=FROM:TO renames a binary whose package name clashes with another's.
+    if [ -n "${RENAME:-}" ]; then mv "$out.tmp/${RENAME%%:*}" "$out.tmp/${RENAME#*:}"; fi
     touch "$out.tmp/.done"
     rm -rf "$out"
     mv "$out.tmp" "$out"
@@ -82,6 +96,17 @@ build cni-plugins "$cni_version" "$root" "$(grep "^github.com/containernetworkin
   github.com/containernetworking/plugins/plugins/main/bridge \
   github.com/containernetworking/plugins/plugins/ipam/host-local \
   github.com/containernetworking/plugins/plugins/main/loopback
+build coredns "$coredns_version" "$coredns_mod" "$(stamp_of "$coredns_mod")" "-s -w" \
+  github.com/coredns/coredns
+# flanneld reports its version from this variable; the stand-in module
+# it builds with (hack/tools/flannel/tencentvpc) is part of the stamp. Its
+# udp backend is cgo (as upstream, linked statically).
+flannel_stamp=$(cat "$flannel_mod/go.mod" "$flannel_mod/go.sum" "$flannel_mod"/tencentvpc/go.mod "$flannel_mod"/tencentvpc/*/*.go | sha256sum | cut -c1-16)
+CGO=1 RENAME=flannel:flanneld build flannel "$flannel_version" "$flannel_mod" "$flannel_stamp" \
+  "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_version -linkmode external -extldflags -static" \
+  github.com/flannel-io/flannel
+build flannel-cni "$flannel_cni_version" "$flannel_cni_mod" "$(stamp_of "$flannel_cni_mod")" "-s -w" \
+  github.com/containernetworking/plugins/plugins/meta/flannel github.com/containernetworking/plugins/plugins/meta/portmap
 
 # busybox for the workload image: Debian's busybox-static, the candidate
 # version, downloaded (not installed: it conflicts with package busybox)

@@ -12,8 +12,9 @@
 # hack/install-deps.sh --cluster: the packages of the real cluster
 # (internal/lab/cluster, docs/cluster.md) instead: containerd and runc (each
 # node runs Debian's), iptables (the kubelet's and the CNI plugins'
-# helpers), util-linux (nsenter, unshare), dpkg (to unpack busybox-static
-# for the workload image).
+# helpers), nftables (kube-proxy's nftables mode runs nft), util-linux
+# (nsenter, unshare), dpkg (to unpack busybox-static for the workload
+# image).
 set -euo pipefail
 need=()
 if [ "${1:-}" = --cluster ]; then
@@ -22,6 +23,7 @@ if [ "${1:-}" = --cluster ]; then
   command -v containerd >/dev/null || need+=(containerd)
   command -v runc >/dev/null || need+=(runc)
   command -v iptables >/dev/null || need+=(iptables)
+  command -v nft >/dev/null || need+=(nftables)
   command -v dpkg-deb >/dev/null || need+=(dpkg)
   command -v sysctl >/dev/null || need+=(procps)
   if [ ${#need[@]} -gt 0 ]; then

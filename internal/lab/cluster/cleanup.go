@@ -33,6 +33,9 @@ func Preflight(binDir string) error {
 		{"containerd", "containerd"},
 		{"containerd-shim-runc-v2", "containerd"},
 		{"runc", "runc"},
+		{"nft", "nftables"}, // kube-proxy's nftables mode
+		{"ldd", "libc-bin"}, // the Flannel image's iptables
+		{iptablesBinary, "iptables"},
 		{"apt-get", "apt"},
 	}
 	for _, t := range tools {
@@ -43,7 +46,7 @@ func Preflight(binDir string) error {
 	if binDir == "" {
 		return errors.New("cluster: no bin dir: pass the directory hack/build-cluster-tools.sh prints")
 	}
-	for _, b := range []string{"kubelet", "kube-scheduler", "registry", "busybox", "bridge", "host-local", "loopback"} {
+	for _, b := range []string{"kubelet", "kube-scheduler", "kube-proxy", "registry", "busybox", "coredns", "flanneld", "flannel", "portmap", "bridge", "host-local", "loopback"} {
 		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
 			return fmt.Errorf("cluster: %s not in %s: run hack/build-cluster-tools.sh", b, binDir)
 		}
@@ -70,6 +73,17 @@ func Preflight(binDir string) error {
 	}
 	if _, err := os.Stat("/proc/sys/net/ipv4/ip_forward"); err != nil {
 		return errors.New("cluster: kernel feature IPv4 networking missing")
+	}
+	// Tried in a network namespace of their own, which goes with the
+	// command: Flannel's VXLAN device and kube-proxy's nf_tables.
+	probes := []struct{ feature, script string }{
+		{"vxlan (Flannel's VXLAN backend)", "ip link add kvc-probe type vxlan id 1 dstport 8472"},
+		{"nf_tables (kube-proxy's nftables mode)", "nft add table ip kvc-probe"},
+	}
+	for _, p := range probes {
+		if out, err := exec.Command("unshare", "--net", "sh", "-c", p.script).CombinedOutput(); err != nil {
+			return fmt.Errorf("cluster: kernel feature %s missing: %s: %v: %s", p.feature, p.script, err, strings.TrimSpace(string(out)))
+		}
 	}
 	return nil
 }
@@ -190,13 +204,19 @@ var KeepFiles = []string{"cluster.log", "cluster.pid"}
 // node's init kills its whole PID namespace), deletes the network
 // namespaces and the bridge, the nodes' cgroups, the host mount points
 // the cluster created and the directory's contents but KeepFiles.
-func Cleanup(dir string) error {
+func Cleanup(dir string) error { return cleanup(dir, true) }
+
+// cleanup is Cleanup; killUsers false skips killing the processes using
+// dir, for Down, whose own processes are gone already: a command waiting
+// for this one to finish (kvnet-lab cluster down --dir <dir>) names dir
+// too and must live.
+func cleanup(dir string, killUsers bool) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	if _, err := os.Stat(abs); err == nil {
+	if _, err := os.Stat(abs); err == nil && killUsers {
 		procs, _ := controlplane.ProcessesUsing(abs, controlplane.UsageOptions{Cwd: true})
 		for _, p := range procs {
 			_ = syscall.Kill(p.PID, syscall.SIGKILL)

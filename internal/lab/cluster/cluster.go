@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"kvnet.io/kvnet/internal/lab/controlplane"
-	"kvnet.io/kvnet/internal/lab/simnet"
 	"kvnet.io/kvnet/internal/repo"
 )
 
@@ -53,6 +51,11 @@ type Config struct {
 	// KvnetImages also builds kvnet's images (make images) and pushes them
 	// to the registry under <registry>/kvnet/<name>:KvnetTag.
 	KvnetImages bool
+	// DefaultNetwork is the cluster's default pod network: Flannel (VXLAN,
+	// installed from its manifest) when empty or "flannel"; "bridge" is
+	// stage 1's layout (the reference bridge plugin per node and host
+	// routes between the nodes' pod subnets).
+	DefaultNetwork string
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }
@@ -72,13 +75,15 @@ type Cluster struct {
 	Nodes []string
 	// Client is an admin client.
 	Client kubernetes.Interface
+	// DefaultNetwork is the default pod network (NetworkFlannel or
+	// NetworkBridge).
+	DefaultNetwork string
 	// CP is the control plane.
 	CP *controlplane.ControlPlane
 
 	log   io.Writer
 	sp    *controlplane.Spawner
 	procs []*proc
-	fwds  []*simnet.Forwarder
 }
 
 // proc is a child process and the end of its wait.
@@ -106,6 +111,13 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
+	switch cfg.DefaultNetwork {
+	case "":
+		cfg.DefaultNetwork = NetworkFlannel
+	case NetworkFlannel, NetworkBridge:
+	default:
+		return nil, fmt.Errorf("cluster: default network %q: want %q or %q", cfg.DefaultNetwork, NetworkFlannel, NetworkBridge)
+	}
 	if err := Preflight(cfg.BinDir); err != nil {
 		return nil, err
 	}
@@ -125,7 +137,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c := &Cluster{Dir: dir, log: cfg.Log, sp: controlplane.NewSpawner(), Images: map[string]string{},
+	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, sp: controlplane.NewSpawner(), Images: map[string]string{},
 		Registry: net.JoinHostPort(HostIP.String(), strconv.Itoa(RegistryPort))}
 	defer func() {
 		if err != nil {
@@ -146,18 +158,28 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	if err := routePodSubnets(cfg.Nodes); err != nil {
-		return nil, err
+	if cfg.DefaultNetwork == NetworkBridge {
+		if err := routePodSubnets(cfg.Nodes); err != nil {
+			return nil, err
+		}
 	}
 
 	step("registry on %s", c.Registry)
 	if err := c.startRegistry(ctx, cfg.BinDir); err != nil {
 		return nil, err
 	}
-	step("images: pause, busybox")
+	step("images: pause, busybox, coredns")
 	labImages, err := buildLabImages(ctx, root, cfg.BinDir, filepath.Join(dir, "work"))
 	if err != nil {
 		return nil, err
+	}
+	if cfg.DefaultNetwork == NetworkFlannel {
+		step("images: flannel, flannel-cni-plugin")
+		fl, err := flannelImages(cfg.BinDir)
+		if err != nil {
+			return nil, err
+		}
+		labImages = append(labImages, fl...)
 	}
 	refs, err := pushLabImages(ctx, c.Registry, labImages)
 	if err != nil {
@@ -183,14 +205,21 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		LogDir: filepath.Join(dir, "logs"),
 		// The node lifecycle controller takes the not-ready taint the
 		// kubelet registers its node with off once the node is Ready
-		// (and marks nodes that stop reporting).
-		Controllers: []string{"nodelifecycle"},
+		// (and marks nodes that stop reporting); the ClusterRole
+		// aggregation controller fills the view, edit and admin roles;
+		// the workload controllers run the add-ons (CoreDNS's
+		// Deployment) and what users install.
+		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc"},
 		APIServerArgs: map[string]string{
 			// Kubelets register their hostname, which this host cannot
 			// resolve: the API server reaches them (exec, logs) at their
 			// InternalIP on the bridge.
 			"kubelet-preferred-address-types": "InternalIP,Hostname",
 		},
+		// Pods reach the API server (the kubernetes Service's endpoint)
+		// on the bridge, with ServiceAccount tokens; so do the nodes and
+		// the host's clients.
+		InCluster: &controlplane.InCluster{Address: HostIP, ServiceIP: KubernetesServiceIP},
 	})
 	if err != nil {
 		return nil, err
@@ -205,11 +234,10 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := bindNodes(ctx, c.Client); err != nil {
 		return nil, err
 	}
-	apiURL, err := url.Parse(c.CP.Config.Host)
+	proxyKC, err := proxyKubeconfig(ctx, c.CP.Env, c.Client)
 	if err != nil {
-		return nil, fmt.Errorf("API server address %q: %w", c.CP.Config.Host, err)
+		return nil, err
 	}
-	apiPort := apiURL.Port()
 
 	step("kube-scheduler")
 	if err := c.startScheduler(cfg.BinDir); err != nil {
@@ -223,28 +251,19 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := os.WriteFile(filepath.Join(dir, createdFile), []byte(strings.Join(created, "\n")), 0o644); err != nil { //nolint:gosec // not secret
 		return nil, err
 	}
-	port, err := strconv.Atoi(apiPort)
-	if err != nil {
-		return nil, fmt.Errorf("API server address %q: %w", c.CP.Config.Host, err)
-	}
 	nodes := make([]node, cfg.Nodes)
 	for i := 1; i <= cfg.Nodes; i++ {
-		n := node{i: i, dir: filepath.Join(dir, "nodes", NodeName(i)), binDir: cfg.BinDir, apiPort: port}
+		n := node{i: i, dir: filepath.Join(dir, "nodes", NodeName(i)), binDir: cfg.BinDir}
 		nodes[i-1] = n
 		c.Nodes = append(c.Nodes, n.name())
-		step("node %s: containerd, kubelet", n.name())
+		step("node %s: containerd, kubelet, kube-proxy", n.name())
 		kc, err := nodeKubeconfig(c.CP.Env, n.name())
 		if err != nil {
 			return nil, err
 		}
-		if err := n.write(kc, c.Images["pause"], c.Registry); err != nil {
+		if err := n.write(kc, proxyKC, c.Images["pause"], c.Registry); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name(), err)
 		}
-		fwd, err := simnet.Forward("/run/netns/"+Netns(i), "127.0.0.1:"+apiPort, "127.0.0.1:"+apiPort)
-		if err != nil {
-			return nil, err
-		}
-		c.fwds = append(c.fwds, fwd)
 		if err := makeCgroupRoot(n.cgroupRoot()); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name(), err)
 		}
@@ -265,13 +284,22 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 		// The pod subnet, as kube-controller-manager's node IPAM would
-		// assign it (and Flannel will read it): fixed per node here.
+		// assign it (and Flannel reads it): fixed per node here.
 		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, PodCIDR(n.i), PodCIDR(n.i))
 		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n.name(), types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return nil, fmt.Errorf("node %s: set pod CIDR: %w", n.name(), err)
 		}
-		if err := n.writeCNI(); err != nil {
-			return nil, fmt.Errorf("node %s: CNI config: %w", n.name(), err)
+		if cfg.DefaultNetwork == NetworkBridge {
+			if err := n.writeCNI(); err != nil {
+				return nil, fmt.Errorf("node %s: CNI config: %w", n.name(), err)
+			}
+		}
+	}
+	if cfg.DefaultNetwork == NetworkFlannel {
+		// Once every node has its pod subnet: flanneld reads it.
+		step("Flannel (VXLAN) from its manifest")
+		if err := c.installFlannel(ctx); err != nil {
+			return nil, err
 		}
 	}
 	step("waiting for the nodes to be Ready")
@@ -285,6 +313,10 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}); err != nil {
 			return nil, err
 		}
+	}
+	step("CoreDNS (kube-dns %s)", DNSServiceIP)
+	if err := c.installCoreDNS(ctx); err != nil {
+		return nil, err
 	}
 	if err := c.writeEnv(); err != nil {
 		return nil, err
@@ -434,6 +466,26 @@ func bindNodes(ctx context.Context, cs kubernetes.Interface) error {
 	return nil
 }
 
+// proxyKubeconfig is the kubeconfig every node's kube-proxy uses: a
+// client certificate for user system:kube-proxy, bound to the
+// system:node-proxier ClusterRole (as kubeadm binds it).
+func proxyKubeconfig(ctx context.Context, env *envtest.Environment, cs kubernetes.Interface) ([]byte, error) {
+	const user = "system:kube-proxy"
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kvnet-lab:kube-proxy"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-proxier"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("bind %s to system:node-proxier: %w", user, err)
+	}
+	u, err := env.ControlPlane.AddUser(envtest.User{Name: user}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("kube-proxy: user: %w", err)
+	}
+	return u.KubeConfig()
+}
+
 // nodeKubeconfig is a kubeconfig for the kubelet of node name: a client
 // certificate for system:node:<name> in group system:nodes.
 func nodeKubeconfig(env *envtest.Environment, name string) ([]byte, error) {
@@ -464,7 +516,7 @@ func (c *Cluster) writeEnv() error {
 	if _, ok := c.Images["kvnet-node"]; ok {
 		fmt.Fprintf(&b, "KVNET_REGISTRY=%s/kvnet\nKVNET_TAG=%s\n", c.Registry, KvnetTag)
 	}
-	fmt.Fprintf(&b, "DEFAULT_NETWORK=bridge\nMULTUS=none\n")
+	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=none\n", c.DefaultNetwork)
 	fmt.Fprintf(&b, "NODES=%q\n", strings.Join(c.Nodes, " "))
 	return os.WriteFile(filepath.Join(c.Dir, EnvFile), []byte(b.String()), 0o644) //nolint:gosec // not secret
 }
@@ -482,10 +534,6 @@ func (c *Cluster) Down() error {
 		<-p.done
 	}
 	c.procs = nil
-	for _, f := range c.fwds {
-		_ = f.Close()
-	}
-	c.fwds = nil
 	var errs []error
 	if c.CP != nil {
 		if err := c.CP.Stop(); err != nil {
@@ -497,7 +545,7 @@ func (c *Cluster) Down() error {
 		c.sp.Stop()
 		c.sp = nil
 	}
-	if err := Cleanup(c.Dir); err != nil {
+	if err := cleanup(c.Dir, false); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -18,18 +18,23 @@
 // with runc) and the kubelet and reaps orphans; when it dies, the kernel
 // kills everything in the node, containers included.
 //
-// The API server listens on the host's loopback; each node reaches it at
-// the same 127.0.0.1 address through a forwarder in its namespace
-// (simnet.Forward), so one kubeconfig works everywhere. The API server
-// reaches kubelets at their InternalIP on the bridge.
+// The API server listens on [HostIP] (controlplane.InCluster): the host,
+// the nodes and pods (through the kubernetes Service, with ServiceAccount
+// tokens) all reach it there, so one kubeconfig works everywhere. The API
+// server reaches kubelets at their InternalIP on the bridge. Each node
+// runs kube-proxy (nftables mode) beside its kubelet.
 //
 // # Pod network
 //
-// Until Flannel lands, each node's default CNI network is the reference
-// bridge plugin with host-local IPAM on the node's pod subnet (the
-// node's spec.podCIDR, which Up assigns: 10.244.i.0/24), with routes
-// between nodes: every node and the host route each other node's pod
-// subnet to that node's address on the bridge. No NAT between pods.
+// The default network is Flannel (VXLAN), installed from
+// manifests/flannel.yaml (upstream's kube-flannel.yml with the images the
+// repo builds) once every node has its spec.podCIDR (which Up assigns:
+// 10.244.i.0/24). With Config.DefaultNetwork "bridge", each node's
+// default CNI network is instead the reference bridge plugin with
+// host-local IPAM on that subnet, with routes between nodes: every node
+// and the host route each other node's pod subnet to that node's address
+// on the bridge. No NAT between pods either way. CoreDNS
+// (manifests/coredns.yaml) answers at [DNSServiceIP].
 //
 // # Lifetime
 //

@@ -36,6 +36,7 @@ type labImage struct {
 	files []file
 	entry []string // entrypoint
 	cmd   []string
+	env   []string // nil: PATH=/bin
 }
 
 type file struct {
@@ -55,8 +56,8 @@ var busyboxApplets = []string{
 	"head", "tail", "wc", "true", "false", "test", "[", "date", "id", "uname", "netstat", "arp", "timeout",
 }
 
-// buildLabImages compiles pause and httpget and assembles the pause and
-// busybox images.
+// buildLabImages compiles pause and httpget and assembles the pause,
+// busybox and coredns images (CoreDNS from hack/build-cluster-tools.sh).
 func buildLabImages(ctx context.Context, repoRoot, binDir, work string) ([]labImage, error) {
 	out := filepath.Join(work, "bin")
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out+"/",
@@ -101,9 +102,14 @@ func buildLabImages(ctx context.Context, repoRoot, binDir, work string) ([]labIm
 	for _, a := range busyboxApplets {
 		bbFiles = append(bbFiles, file{path: "bin/" + a, link: "busybox"})
 	}
+	coredns, err := read(filepath.Join(binDir, "coredns"))
+	if err != nil {
+		return nil, fmt.Errorf("%w (run hack/build-cluster-tools.sh)", err)
+	}
 	return []labImage{
 		{name: "pause", files: []file{{path: "pause", content: pause, mode: 0o755}}, entry: []string{"/pause"}},
 		{name: "busybox", files: bbFiles, cmd: []string{"sh"}},
+		{name: "coredns", files: []file{{path: "coredns", content: coredns, mode: 0o755}}, entry: []string{"/coredns"}},
 	}, nil
 }
 
@@ -154,6 +160,9 @@ func (li labImage) image() (v1.Image, error) {
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
 	cf.Config.Entrypoint, cf.Config.Cmd = li.entry, li.cmd
 	cf.Config.Env = []string{"PATH=/bin"}
+	if li.env != nil {
+		cf.Config.Env = li.env
+	}
 	cf.Config.WorkingDir = "/"
 	cf.Config.Labels = map[string]string{"org.opencontainers.image.title": li.name, "org.opencontainers.image.source": "kvnet.io/kvnet"}
 	return mutate.ConfigFile(img, cf)

@@ -29,6 +29,9 @@ var (
 	HostIP = netip.MustParseAddr("10.89.0.1")
 	// NodeSubnet is the bridge's subnet.
 	NodeSubnet = netip.MustParsePrefix("10.89.0.0/24")
+	// KubernetesServiceIP is the kubernetes Service's cluster IP, the
+	// first of the lab's Service range (controlplane.ServiceCIDR).
+	KubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
 	// ClusterCIDR holds every node's pod subnet (10.244.<i>.0/24).
 	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 )

@@ -22,15 +22,16 @@ var nodeDirs = []string{
 	"/opt/cni/bin",
 }
 
-// cniPlugins are copied into every node's /opt/cni/bin from the bin dir.
-var cniPlugins = []string{"bridge", "host-local", "loopback"}
+// cniPlugins are copied into every node's /opt/cni/bin from the bin dir:
+// the reference plugins a node has from its CNI package (Flannel
+// delegates to bridge and host-local, and chains portmap).
+var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 
 // node is one node's files.
 type node struct {
-	i       int
-	dir     string // <cluster dir>/nodes/node-i
-	binDir  string // kubelet and the CNI plugins
-	apiPort int    // the API server's port on 127.0.0.1
+	i      int
+	dir    string // <cluster dir>/nodes/node-i
+	binDir string // kubelet and the CNI plugins
 }
 
 func (n node) name() string         { return NodeName(n.i) }
@@ -41,8 +42,9 @@ func (n node) path(p string) string { return filepath.Join(n.dir, p) }
 // under it in every hierarchy.
 func (n node) cgroupRoot() string { return "/" + cgroupPrefix + n.name() }
 
-// write lays out the node's directories and configuration files.
-func (n node) write(kubeconfig []byte, sandboxImage, registry string) error {
+// write lays out the node's directories and configuration files: the
+// kubelet's kubeconfig and kube-proxy's.
+func (n node) write(kubeconfig, proxyKubeconfig []byte, sandboxImage, registry string) error {
 	for _, d := range nodeDirs {
 		if err := os.MkdirAll(n.root(d), 0o755); err != nil {
 			return err
@@ -63,14 +65,18 @@ func (n node) write(kubeconfig []byte, sandboxImage, registry string) error {
 		}
 	}
 	files := map[string]string{
-		"kubeconfig":                          string(kubeconfig),
+		"kubeconfig":            string(kubeconfig),
+		"kube-proxy.kubeconfig": string(proxyKubeconfig),
+		"kube-proxy.yaml": render(kubeProxyConfig, map[string]any{
+			"Kubeconfig": n.path("kube-proxy.kubeconfig"), "Name": n.name(), "ClusterCIDR": ClusterCIDR.String(),
+		}),
 		"containerd.toml":                     render(containerdConfig, map[string]any{"SandboxImage": sandboxImage, "CertsDir": n.path("certs.d")}),
 		"certs.d/" + registry + "/hosts.toml": render(registryHosts, map[string]any{"Registry": registry}),
 		"kubelet.yaml": render(kubeletConfig, map[string]any{
 			"CgroupRoot": n.cgroupRoot(), "NodeIP": NodeIP(n.i).String(), "ResolvConf": n.path("resolv.conf"),
 		}),
-		// Pods with dnsPolicy Default get this; the cluster DNS (CoreDNS,
-		// a later stage) is set in kubelet.yaml for ClusterFirst.
+		// Pods with dnsPolicy Default get this; the cluster DNS (CoreDNS)
+		// is set in kubelet.yaml for ClusterFirst.
 		"resolv.conf": "nameserver " + HostIP.String() + "\noptions ndots:1\n",
 		"init.sh":     render(initScript, map[string]any{"Dir": n.dir, "Dirs": nodeDirs, "Name": n.name(), "NodeIP": NodeIP(n.i).String(), "BinDir": n.binDir}),
 	}
@@ -211,9 +217,29 @@ nodeStatusReportFrequency: 10s
 oomScoreAdj: 0
 `))
 
+// kubeProxyConfig: kube-proxy in nftables mode, in the node's network
+// namespace (docs/cluster.md says why a process and not a DaemonSet).
+var kubeProxyConfig = template.Must(template.New("kube-proxy").Parse(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection:
+  kubeconfig: {{.Kubeconfig}}
+hostnameOverride: {{.Name}}
+# Traffic from outside the pod network to a Service is masqueraded.
+clusterCIDR: {{.ClusterCIDR}}
+detectLocalMode: ClusterCIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  # nf_conntrack_max is the host's, not the node's to change (and
+  # read-only in a network namespace): 0 leaves it as it is.
+  maxPerCore: 0
+  min: 0
+`))
+
 // initScript is the node's PID 1 (sh, in its own network, mount and PID
-// namespaces): it lays the node's mounts, starts containerd and the
-// kubelet, and reaps orphans until it is killed.
+// namespaces): it lays the node's mounts, starts containerd, the kubelet
+// and kube-proxy, and reaps orphans until it is killed.
 var initScript = template.Must(template.New("init").Funcs(funcs).Parse(`#!/bin/sh
 # PID 1 of kvnet-lab cluster node {{.Name}} (internal/lab/cluster).
 set -eu
@@ -235,6 +261,7 @@ while [ ! -S /run/containerd/containerd.sock ]; do
 done
 {{.BinDir}}/kubelet --config="$N/kubelet.yaml" --kubeconfig="$N/kubeconfig" \
   --hostname-override={{.Name}} --node-ip={{.NodeIP}} --v=1 >"$N/logs/kubelet.log" 2>&1 &
+{{.BinDir}}/kube-proxy --config="$N/kube-proxy.yaml" --v=1 >"$N/logs/kube-proxy.log" 2>&1 &
 # Reap every child, orphans of containerd's shims included, until killed.
 while true; do wait || true; sleep 1; done
 `))

@@ -74,6 +74,10 @@ type Config struct {
 	// beside the garbage collector, namespace and EndpointSlice ones, e.g.
 	// the real-cluster lab's nodelifecycle.
 	Controllers []string
+	// InCluster, when set, serves the API server to pods (see InCluster):
+	// the real-cluster lab sets it; nil keeps envtest's loopback-only
+	// server without ServiceAccount admission.
+	InCluster *InCluster
 }
 
 // ControlPlane is a running control plane.
@@ -90,6 +94,9 @@ type ControlPlane struct {
 	dir     string   // scratch directory owned by the control plane
 	certDir string   // kube-apiserver's certificates, under dir
 	spawner *Spawner // forks every child (see spawn.go)
+	// inCluster: the certificate directory holds InCluster's CA and
+	// keys, and kube-controller-manager runs its controllers.
+	inCluster bool
 }
 
 // ServiceCIDR is the lab's and tests' IPv4 Service cluster IP range, and
@@ -166,6 +173,12 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	// which examples' UDN subnets use: a Service's cluster IP inside a UDN
 	// subnet is reached on-link, never through the network's router.
 	env.ControlPlane.APIServer.Configure().Set("service-cluster-ip-range", ServiceCIDR+","+ServiceCIDR6)
+	if cfg.InCluster != nil {
+		if err := cfg.InCluster.configure(env.ControlPlane.APIServer, certDir); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	for k, v := range cfg.APIServerArgs {
 		env.ControlPlane.APIServer.Configure().Set(k, v)
 	}
@@ -193,7 +206,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir, apiLog: apiLog, spawner: sp}
+	cp := &ControlPlane{Env: env, Config: restCfg, dir: dir, certDir: certDir, apiLog: apiLog, spawner: sp, inCluster: cfg.InCluster != nil}
 	ok := false
 	defer func() {
 		if !ok {
@@ -240,19 +253,25 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, binDir, logD
 	if err := os.WriteFile(kubeconfig, cp.Kubeconfig, 0o600); err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(binDir, "kube-controller-manager"),
-		"--kubeconfig="+kubeconfig,
-		// The garbage collector makes owner references behave as in a
-		// cluster; the namespace controller makes namespace deletion
-		// finish; the EndpointSlice controller lists Services' pods, as
-		// kvnet's mirror controller expects.
-		"--controllers="+strings.Join(append([]string{"garbagecollector", "namespace", "endpointslice"}, more...), ","),
+	// The garbage collector makes owner references behave as in a
+	// cluster; the namespace controller makes namespace deletion finish;
+	// the EndpointSlice controller lists Services' pods, as kvnet's mirror
+	// controller expects.
+	controllers := append([]string{"garbagecollector", "namespace", "endpointslice"}, more...)
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
 		"--secure-port=0",
 		"--leader-elect=false",
 		"--concurrent-gc-syncs=10",
 		"--namespace-sync-period=10s",
 		"--v=1",
-	)
+	}
+	if cp.inCluster {
+		controllers = append(controllers, inClusterControllers...)
+		args = append(args, inClusterControllerManagerArgs(cp.certDir)...)
+	}
+	args = append(args, "--controllers="+strings.Join(controllers, ","))
+	cmd := exec.Command(filepath.Join(binDir, "kube-controller-manager"), args...)
 	if logDir != "" {
 		f, err := os.Create(filepath.Join(logDir, "kube-controller-manager.log"))
 		if err != nil {
