@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -40,28 +41,8 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-defnet"
-	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
-	create(t, &udnv1.UserDefinedNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
-		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
-			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.86.0.0/24"}}},
-	})
-	var nad nadv1.NetworkAttachmentDefinition
-	testenv.Eventually(t, waitTimeout, "NAD", func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
-	})
 	statusFile := filepath.Join(t.TempDir(), "status.json")
-	var conf map[string]any
-	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
-		t.Fatal(err)
-	}
-	if conf["role"] != "primary" {
-		t.Fatalf("NAD role %v, want primary", conf["role"])
-	}
-	conf["statusFile"] = statusFile
-	config, _ := json.Marshal(conf)
-	list := confList(t, string(config))
+	list := primaryUDN(t, ns, "10.86.0.0/24", statusFile)
 
 	// The cluster default network.
 	node := netnsFor(t)
@@ -155,6 +136,34 @@ func TestDefaultNetworkOptOut(t *testing.T) {
 			}
 		})
 	}
+}
+
+// primaryUDN makes namespace ns with a primary Layer2 UDN "net" on
+// subnet and returns its NAD's configuration, kvnet-cni reading its
+// status from statusFile.
+func primaryUDN(t *testing.T, ns, subnet, statusFile string) *libcni.NetworkConfigList {
+	t.Helper()
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	create(t, &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
+	})
+	var nad nadv1.NetworkAttachmentDefinition
+	testenv.Eventually(t, waitTimeout, "NAD", func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
+	})
+	var conf map[string]any
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf["role"] != "primary" {
+		t.Fatalf("NAD role %v, want primary", conf["role"])
+	}
+	conf["statusFile"] = statusFile
+	config, _ := json.Marshal(conf)
+	return confList(t, string(config))
 }
 
 // serveName answers every TCP connection to ip:8080 in the namespace at

@@ -2,7 +2,6 @@ package cni_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,12 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
-	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/nstest"
@@ -28,15 +22,15 @@ import (
 // kubelet's probes on eth0 whatever layout the cluster default network
 // gives it, though ovn-udn1 takes its default route. In a node namespace
 // (the node's own address 10.99.0.11 on lo) the reference ptp plugin
-// attaches eth0 with a /32-style layout and a link-local gateway
-// (169.254.1.1, as Calico lays pods out), then kvnet-cni attaches
-// ovn-udn1 from the same node namespace, as Multus does. The node
-// "probes" (connects to the pod's eth0 address, as the kubelet's HTTP and
-// TCP probes do):
-//   - ptp as it is: the node's side of the veth holds the gateway, the
-//     probe comes from it, the pod's host route to it is on eth0;
-//   - the node probing from its own address (Calico's host side has no
-//     address): the reply needs a route via the link-local gateway, which
+// attaches eth0, then kvnet-cni attaches ovn-udn1 from the same node
+// namespace, as Multus does. The node "probes" (connects to the pod's
+// eth0 address, as the kubelet's HTTP and TCP probes do):
+//   - ptp with its gateway in the subnet: the node's side of the veth
+//     holds the gateway, the probe comes from it, the pod's host route to
+//     it is on eth0;
+//   - a link-local gateway (default via 169.254.1.1, as Calico lays pods
+//     out) with the node probing from its own address (Calico's host side
+//     has none): the reply needs a route via that gateway, which
 //     kvnet-cni adds.
 //
 // Either way the pod reaches another pod of the default network over
@@ -45,28 +39,11 @@ func TestProbePathLayouts(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-probes"
-	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
-	create(t, &udnv1.UserDefinedNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
-		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
-			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.85.0.0/24"}}},
-	})
-	var nad nadv1.NetworkAttachmentDefinition
-	testenv.Eventually(t, waitTimeout, "NAD", func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
-	})
 	statusFile := filepath.Join(t.TempDir(), "status.json")
 	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var conf map[string]any
-	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
-		t.Fatal(err)
-	}
-	conf["statusFile"] = statusFile
-	config, _ := json.Marshal(conf)
-	udn := confList(t, string(config))
+	udn := primaryUDN(t, ns, "10.85.0.0/24", statusFile)
 	ptpConf := func(name, subnet, gw, routes string) string {
 		return fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"type":"ptp","ipMasq":false,"mtu":1500,`+
 			`"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q,"gateway":%q}]],"routes":[%s]}}`,

@@ -206,6 +206,27 @@ func (w *npWorld) policy(t *testing.T, ns, name string, spec networkingv1.Networ
 	return np
 }
 
+// echoConn opens a TCP connection from the namespace nsPath to an echo
+// server at addr, closed when the test ends, and returns a round trip of
+// one line over it (an error once the connection is cut).
+func echoConn(t *testing.T, nsPath, addr string) func() error {
+	t.Helper()
+	conn, err := nstest.Dial(nsPath, addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := bufio.NewReader(conn)
+	return func() error {
+		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+		if _, err := fmt.Fprintln(conn, "ping"); err != nil {
+			return err
+		}
+		_, err := r.ReadString('\n')
+		return err
+	}
+}
+
 func deletePolicies(t *testing.T, nps ...*networkingv1.NetworkPolicy) {
 	t.Helper()
 	for _, np := range nps {
@@ -350,20 +371,7 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	upd := w.policy(t, "x", "from-ns", networkingv1.NetworkPolicySpec{
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "y")}}}}})
 	w.check(t, "x from y", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "y" })
-	conn, err := nstest.Dial(w.pod("y", "a").p.netns, net.JoinHostPort(xa, "82"), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	r := bufio.NewReader(conn)
-	roundTrip := func() error {
-		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
-		if _, err := fmt.Fprintln(conn, "ping"); err != nil {
-			return err
-		}
-		_, err := r.ReadString('\n')
-		return err
-	}
+	roundTrip := echoConn(t, w.pod("y", "a").p.netns, net.JoinHostPort(xa, "82"))
 	if err := roundTrip(); err != nil {
 		t.Fatalf("y/a's connection to x/a: %v", err)
 	}

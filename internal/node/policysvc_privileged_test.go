@@ -1,13 +1,11 @@
 package node_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -113,20 +111,7 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 
 	// An open connection through the cluster IP is cut when the policy
 	// stops admitting its client.
-	conn, err := nstest.Dial(far.netns, net.JoinHostPort(svc.Spec.ClusterIP, "82"), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	r := bufio.NewReader(conn)
-	roundTrip := func() error {
-		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
-		if _, err := fmt.Fprintln(conn, "ping"); err != nil {
-			return err
-		}
-		_, err := r.ReadString('\n')
-		return err
-	}
+	roundTrip := echoConn(t, far.netns, net.JoinHostPort(svc.Spec.ClusterIP, "82"))
 	if err := roundTrip(); err != nil {
 		t.Fatalf("far's connection through the cluster IP: %v", err)
 	}
