@@ -33,6 +33,8 @@ func main() {
 	flag.StringVar(&cfg.Datapath.RouterNSPrefix, "router-netns-prefix", "", "prefix of the names (under /run/netns) of the tenant router namespaces kvnet-node creates (default \"kvnet-r\"); "+
 		"set it when several kvnet-nodes share one /run/netns, as the lab's simulated nodes do")
 	flag.IntVar(&cfg.Datapath.MTU, "mtu", 0, "pod MTU (default: the underlay MTU minus the VXLAN overhead)")
+	flag.IntVar(&cfg.Datapath.VXLANPort, "vxlan-port", datapath.DefaultVXLANPort,
+		"UDP port of kvnet's VXLAN tunnels, the same on every node: change it where the cluster default network's VXLAN uses 4789 (Calico); Flannel and Cilium use 8472")
 	dns := flag.String("dns", "", "comma-separated DNS servers handed out by DHCP where the cluster DNS Service does not exist (default: the nameservers of /etc/resolv.conf)")
 	clusterDNS := flag.String("cluster-dns-service", node.DefaultClusterDNS.String(),
 		"namespace/name of the cluster DNS Service: pods on primary user-defined networks reach it, and DHCP hands its cluster IP to VMs there")

@@ -209,7 +209,7 @@ func rawVXLANPair(tb testing.TB, c *cluster) (sw, src, dst string, target netip.
 			}
 			vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vx0", MTU: PodMTU(1500)}, VxlanId: 42,
 				VtepDevIndex: eth.Attrs().Index, SrcAddr: net.IP(local.AsSlice()), Group: net.IP(remote.AsSlice()),
-				Port: vxlanPort, UDPCSum: true}
+				Port: DefaultVXLANPort, UDPCSum: true}
 			if err := h.LinkAdd(vx); err != nil {
 				return err
 			}

@@ -73,6 +73,13 @@ type pod struct {
 // Datapath on each; all of it is removed when the test ends.
 func newCluster(tb testing.TB, n int) *cluster {
 	tb.Helper()
+	return newClusterWith(tb, n, nil)
+}
+
+// newClusterWith is newCluster with each node's configuration changed by
+// configure (if not nil) before its Datapath is made.
+func newClusterWith(tb testing.TB, n int, configure func(*NodeConfig)) *cluster {
+	tb.Helper()
 	testenv.NeedsRoot(tb)
 	names := make([]string, n)
 	for i := range names {
@@ -86,7 +93,11 @@ func newCluster(tb testing.TB, n int) *cluster {
 	tb.Cleanup(c.cleanup)
 	for _, sn := range sim.Nodes {
 		nd := &node{name: sn.Name, ns: sn.NS, ip: sn.IP}
-		dp, err := New(NodeConfig{Name: nd.name, NetNS: nd.ns, UnderlayIP: nd.ip, UnderlayDev: underlayDev})
+		cfg := NodeConfig{Name: nd.name, NetNS: nd.ns, UnderlayIP: nd.ip, UnderlayDev: underlayDev}
+		if configure != nil {
+			configure(&cfg)
+		}
+		dp, err := New(cfg)
 		c.must(err)
 		nd.dp = dp
 		c.nodes = append(c.nodes, nd)

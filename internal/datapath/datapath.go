@@ -81,6 +81,9 @@ func New(cfg NodeConfig) (*Datapath, error) {
 	if cfg.MTU != 0 && (cfg.MTU < 576 || cfg.MTU > 65535) {
 		return nil, fmt.Errorf("new datapath for node %q: MTU %d out of range 576-65535", cfg.Name, cfg.MTU)
 	}
+	if cfg.VXLANPort < 0 || cfg.VXLANPort > 65535 {
+		return nil, fmt.Errorf("new datapath for node %q: VXLAN port %d out of range 1-65535", cfg.Name, cfg.VXLANPort)
+	}
 	nsh, err := nl.OpenNS(cfg.NetNS)
 	if err != nil {
 		return nil, fmt.Errorf("new datapath for node %q: %w", cfg.Name, err)
@@ -243,7 +246,7 @@ func (d *Datapath) syncNodeRules(s State) error {
 		}
 	}
 	d.activated = still // the planner caught up with the others
-	tables := nodeRules(s)
+	tables := nodeRulesPort(s, d.cfg.vxlanPort())
 	known := d.nodeTables.valid(int(d.nsh))
 	d.nodeTables = nil
 	next, nextErr := knownTablesOf(tables)

@@ -39,7 +39,7 @@ func (d *Datapath) ensureOverlay(n Network, rh *nl.Handle, fd int) error {
 		VxlanId:      n.ID,
 		VtepDevIndex: underlay.Attrs().Index,
 		SrcAddr:      net.IP(d.cfg.UnderlayIP.AsSlice()),
-		Port:         vxlanPort,
+		Port:         int(d.cfg.vxlanPort()),
 		Learning:     false,
 		UDPCSum:      true,
 	}

@@ -144,7 +144,7 @@ func (d *Datapath) ensureVXLAN(id int, br netlink.Link) (netlink.Link, error) {
 		VxlanId:      id,
 		VtepDevIndex: underlay.Attrs().Index,
 		SrcAddr:      net.IP(d.cfg.UnderlayIP.AsSlice()),
-		Port:         vxlanPort,
+		Port:         int(d.cfg.vxlanPort()),
 		Learning:     true,
 		UDPCSum:      true,
 	}

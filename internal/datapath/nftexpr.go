@@ -26,8 +26,17 @@ import (
 // needs none, and never touches other tables.
 const tableName = "kvnet"
 
-// vxlanPort is the IANA VXLAN UDP port, used for every VXLAN device.
-const vxlanPort = 4789
+// DefaultVXLANPort is the IANA VXLAN UDP port, the VXLAN devices' port
+// unless NodeConfig.VXLANPort says otherwise.
+const DefaultVXLANPort = 4789
+
+// vxlanPort returns the port of the node's VXLAN devices.
+func (c NodeConfig) vxlanPort() uint16 {
+	if c.VXLANPort == 0 {
+		return DefaultVXLANPort
+	}
+	return uint16(c.VXLANPort)
+}
 
 // nftTable is one desired nftables table.
 type nftTable struct {

@@ -16,7 +16,10 @@ import (
 // inet table (node stack kept off tenant bridges, transit isolation,
 // egress masquerade) and an arp table (no ARP between the node and tenant
 // bridges). There are none when s has no network.
-func nodeRules(s State) []nftTable {
+func nodeRules(s State) []nftTable { return nodeRulesPort(s, DefaultVXLANPort) }
+
+// nodeRulesPort is nodeRules with the node's VXLAN port.
+func nodeRulesPort(s State, vxlanPort uint16) []nftTable {
 	if len(s.Networks) == 0 {
 		return nil
 	}

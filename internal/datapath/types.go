@@ -25,6 +25,11 @@ type NodeConfig struct {
 	// MTU overrides the pod MTU; 0 = UnderlayDev's MTU minus the VXLAN
 	// overhead (50 for an IPv4 underlay, 70 for IPv6).
 	MTU int
+	// VXLANPort is the UDP port of the node's VXLAN devices, the same on
+	// every node; 0 is DefaultVXLANPort. Set it where the cluster default
+	// network's own VXLAN uses 4789 (Calico's VXLAN mode does; Flannel and
+	// Cilium use 8472).
+	VXLANPort int
 	// RouterNSPrefix overrides the prefix of router namespace names
 	// (RouterNSName); "" = "kvnet-r" in the host namespace, or
 	// "kvnet-<base name of NetNS>-r" for a node in its own namespace.
