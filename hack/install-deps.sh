@@ -15,8 +15,33 @@
 # helpers), nftables (kube-proxy's nftables mode runs nft), util-linux
 # (nsenter, unshare), dpkg (to unpack busybox-static for the workload
 # image).
+#
+# hack/install-deps.sh --kubevirt: the packages KubeVirt's images are built
+# with (hack/build-kubevirt.sh, docs/kubevirt-images.md): gcc and
+# libvirt-dev (virt-launcher and virt-handler link libvirt with cgo; the C
+# helpers are compiled from KubeVirt's source), debootstrap (virt-launcher's
+# libvirt + QEMU root filesystem), syslinux, syslinux-common, mtools,
+# dosfstools and fdisk (the guest's bootable containerDisk).
 set -euo pipefail
 need=()
+if [ "${1:-}" = --kubevirt ]; then
+  command -v gcc >/dev/null || need+=(gcc)
+  [ -f /usr/include/libvirt/libvirt.h ] || need+=(libvirt-dev)
+  command -v pkg-config >/dev/null || need+=(pkg-config)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+  command -v syslinux >/dev/null || need+=(syslinux)
+  [ -f /usr/lib/syslinux/mbr/mbr.bin ] || need+=(syslinux-common)
+  command -v mcopy >/dev/null || need+=(mtools)
+  command -v mkfs.fat >/dev/null || need+=(dosfstools)
+  command -v sfdisk >/dev/null || need+=(fdisk)
+  if [ ${#need[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { echo "install-deps: building KubeVirt's images needs root; missing ${need[*]}" >&2; exit 1; }
+    command -v apt-get >/dev/null || { echo "install-deps: missing ${need[*]} (Debian package names) and no apt-get" >&2; exit 1; }
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+  fi
+  exit 0
+fi
 if [ "${1:-}" = --cluster ]; then
   command -v ip >/dev/null || need+=(iproute2)
   { command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v setpriv >/dev/null; } || need+=(util-linux)

@@ -131,6 +131,7 @@ type console struct {
 	leases6 map[string]Lease // DHCPv6, by guest NIC
 	gone6   map[string]bool  // NICs whose last DHCPv6 line says the address is gone
 	ready   bool
+	name    string // the name of the KVNET-READY line
 	errors  []string
 	tail    []string // the last lines, for error messages
 }
@@ -196,6 +197,11 @@ func (c *console) line(s string) {
 		}
 	case strings.Contains(s, ReadyPrefix):
 		c.ready = true
+		for _, f := range strings.Fields(s[strings.Index(s, ReadyPrefix):]) {
+			if v, ok := strings.CutPrefix(f, "name="); ok {
+				c.name = v
+			}
+		}
 	case strings.Contains(s, ErrorPrefix):
 		c.errors = append(c.errors, s[strings.Index(s, ErrorPrefix):])
 	}

@@ -150,6 +150,17 @@ func (l *lab) addTap(tb testing.TB, name, bridge string) {
 // mac with gw as router and DNS server, and the MTU mtu.
 func (l *lab) serveDHCP(tb testing.TB, bridge string, gw netip.Addr, mtu int, mac string, ip netip.Addr) {
 	tb.Helper()
+	l.serveDHCPHostname(tb, bridge, gw, mtu, mac, ip, "")
+}
+
+// serveDHCPHostname is serveDHCP, also sending hostname (option 12)
+// unless it is "".
+func (l *lab) serveDHCPHostname(tb testing.TB, bridge string, gw netip.Addr, mtu int, mac string, ip netip.Addr, hostname string) {
+	tb.Helper()
+	extra := ""
+	if hostname != "" {
+		extra = "option hostname " + hostname + "\n"
+	}
 	conf := filepath.Join(l.dir, "udhcpd-"+bridge+".conf")
 	leases := filepath.Join(l.dir, "udhcpd-"+bridge+".leases")
 	if err := os.WriteFile(leases, nil, 0o644); err != nil {
@@ -172,7 +183,7 @@ option router %s
 option dns %s
 option mtu %d
 option lease 3600
-`, bridge, first, last, leases, filepath.Join(l.dir, "udhcpd-"+bridge+".pid"), mac, ip, gw, gw, mtu)), 0o644)
+%s`, bridge, first, last, leases, filepath.Join(l.dir, "udhcpd-"+bridge+".pid"), mac, ip, gw, gw, mtu, extra)), 0o644)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -198,7 +209,9 @@ option lease 3600
 
 func (l *lab) start(tb testing.TB, ctx context.Context, cfg Config) *VM {
 	tb.Helper()
-	cfg.Image = testImage(tb)
+	if cfg.Disk == "" {
+		cfg.Image = testImage(tb)
+	}
 	cfg.NetNS = l.ns
 	if cfg.ConsoleLog == "" {
 		cfg.ConsoleLog = filepath.Join(l.dir, cfg.Name+".console")

@@ -148,6 +148,9 @@ func TestConsoleFollowsTheLog(t *testing.T) {
 	if !c.ready || len(c.errors) != 1 || c.errors[0] != "KVNET-ERROR insmod virtio_net" {
 		t.Fatalf("ready=%v errors=%q", c.ready, c.errors)
 	}
+	if c.name != "vm" {
+		t.Fatalf("ready name = %q, want vm (not the earlier run's)", c.name)
+	}
 	// A DHCPv6 lease is kept apart: the IPv4 one of the NIC stays.
 	appendLog("KVNET-LEASE6 iface=eth0 mac=52:54:00:00:00:01 ip=fd10:0:2::2/128 router=fe80::1 dns= mtu=1400\r\n")
 	if l := c.leases6["eth0"]; l.IP() != netip.MustParseAddr("fd10:0:2::2") {
@@ -192,6 +195,30 @@ func TestConfigArgs(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("args lack %q:\n%s", want, got)
+		}
+	}
+}
+
+func TestConfigArgsDisk(t *testing.T) {
+	c := Config{Name: "vm-a", Disk: "/d.img", ConsoleLog: "/tmp/c.log", QMPSocket: "/tmp/q.sock", MemoryMB: 96}
+	got := strings.Join(c.args(), " ")
+	if want := "-drive file=/d.img,format=raw,if=virtio,snapshot=on"; !strings.Contains(got, want) {
+		t.Errorf("args lack %q:\n%s", want, got)
+	}
+	for _, not := range []string{"-kernel", "-initrd", "-append"} {
+		if strings.Contains(got, not) {
+			t.Errorf("args boot from the disk but have %s:\n%s", not, got)
+		}
+	}
+	if err := (Config{Name: "vm", Disk: "/dev/null"}).validate(); err != nil {
+		t.Errorf("a disk without an image: %v", err)
+	}
+	for name, c := range map[string]Config{
+		"missing disk":    {Name: "vm", Disk: "/nonexistent/disk.img"},
+		"disk with comma": {Name: "vm", Disk: "/dev/null,x"},
+	} {
+		if err := c.validate(); err == nil || !strings.Contains(err.Error(), "Disk") {
+			t.Errorf("%s: error %v, want one naming Disk", name, err)
 		}
 	}
 }

@@ -51,6 +51,13 @@ type Config struct {
 	Name string
 	// Image is the kernel and initramfs (FindImage, EnsureImage).
 	Image Image
+	// Disk, when set, is a bootable raw disk (the guest's containerDisk,
+	// hack/guest/build-disk.sh) that the firmware boots instead of Image,
+	// as KubeVirt boots a containerDisk: attached as virtio-blk in
+	// snapshot mode (the file is never written). The kernel command line
+	// is then the disk's, so the guest learns its name from its first DHCP
+	// lease's hostname instead of Name.
+	Disk string
 	// NetNS is the network namespace QEMU runs in: a name under /run/netns
 	// or a path (/proc/<pid>/ns/net, ...); "" is the caller's.
 	NetNS string
@@ -181,12 +188,21 @@ func (c Config) validate() error {
 	if !validName.MatchString(c.Name) {
 		return fmt.Errorf("guest: invalid VM name %q: letters, digits, '.', '_' and '-' only", c.Name)
 	}
-	if c.Image.Kernel == "" || c.Image.Initrd == "" {
-		return fmt.Errorf("guest %s: Config.Image is empty: FindImage or EnsureImage gives it", c.Name)
-	}
-	for _, p := range []string{c.Image.Kernel, c.Image.Initrd} {
-		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("guest %s: %w (%w)", c.Name, ErrImageNotBuilt, err)
+	if c.Disk != "" {
+		if strings.Contains(c.Disk, ",") {
+			return fmt.Errorf("guest %s: Disk path %q may not contain ','", c.Name, c.Disk)
+		}
+		if _, err := os.Stat(c.Disk); err != nil {
+			return fmt.Errorf("guest %s: Disk: %w", c.Name, err)
+		}
+	} else {
+		if c.Image.Kernel == "" || c.Image.Initrd == "" {
+			return fmt.Errorf("guest %s: Config.Image is empty: FindImage or EnsureImage gives it", c.Name)
+		}
+		for _, p := range []string{c.Image.Kernel, c.Image.Initrd} {
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("guest %s: %w (%w)", c.Name, ErrImageNotBuilt, err)
+			}
 		}
 	}
 	if c.MemoryMB < 0 {
@@ -260,15 +276,22 @@ func (c Config) args() []string {
 		"-nodefaults", "-no-user-config",
 		"-display", "none",
 		"-no-reboot",
-		"-kernel", c.Image.Kernel,
-		"-initrd", c.Image.Initrd,
-		// panic=-1 reboots at once on a panic, which -no-reboot turns into
-		// QEMU exiting.
-		"-append", "console=ttyS0 quiet panic=-1 kvnet.name=" + c.Name,
-		"-chardev", "file,id=console,path=" + c.ConsoleLog + ",append=on",
-		"-serial", "chardev:console",
-		"-qmp", "unix:" + c.QMPSocket + ",server=on,wait=off",
 	}
+	if c.Disk != "" {
+		a = append(a, "-drive", "file="+c.Disk+",format=raw,if=virtio,snapshot=on")
+	} else {
+		a = append(a,
+			"-kernel", c.Image.Kernel,
+			"-initrd", c.Image.Initrd,
+			// panic=-1 reboots at once on a panic, which -no-reboot turns
+			// into QEMU exiting.
+			"-append", "console=ttyS0 quiet panic=-1 kvnet.name="+c.Name)
+	}
+	a = append(a,
+		"-chardev", "file,id=console,path="+c.ConsoleLog+",append=on",
+		"-serial", "chardev:console",
+		"-qmp", "unix:"+c.QMPSocket+",server=on,wait=off",
+	)
 	for i, n := range c.NICs {
 		id := "n" + strconv.Itoa(i)
 		a = append(a,
@@ -450,6 +473,15 @@ func (v *VM) Leases() map[string]Lease {
 // Start.
 func (v *VM) Leases6() map[string]Lease {
 	return v.leaseMap(func(c *console) map[string]Lease { return c.leases6 })
+}
+
+// ReadyName returns the name the guest announced in its KVNET-READY line
+// ("" before it): Config.Name, or with Config.Disk its DHCP hostname.
+func (v *VM) ReadyName() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_ = v.console.poll() // best effort, as leaseMap
+	return v.console.name
 }
 
 // Released6 returns the guest NICs whose DHCPv6 address went (a
