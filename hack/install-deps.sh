@@ -70,6 +70,14 @@ command -v make >/dev/null || need+=(make)
 # control plane starts etcd and kube-apiserver under a parent-death signal).
 { command -v nsenter >/dev/null && command -v setpriv >/dev/null; } || need+=(util-linux)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# The guest's bootable containerDisk (hack/guest/build-disk.sh), which
+# internal/lab/guest's TestDiskBootsNamedByDHCP boots: a partition table,
+# a FAT file system written without mounting, syslinux and its MBR.
+command -v sfdisk >/dev/null || need+=(fdisk)
+command -v mkfs.fat >/dev/null || need+=(dosfstools)
+command -v mcopy >/dev/null || need+=(mtools)
+command -v syslinux >/dev/null || need+=(syslinux)
+[ -f /usr/lib/syslinux/mbr/mbr.bin ] || need+=(syslinux-common)
 # skopeo: the images test checks that an independent OCI tool reads what
 # make images writes.
 command -v skopeo >/dev/null || need+=(skopeo)
