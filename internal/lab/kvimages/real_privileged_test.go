@@ -98,6 +98,26 @@ func TestRealImages(t *testing.T) {
 	if out := run(launcher, "/usr/sbin/virtqemud", "--version"); !strings.Contains(out, "virtqemud (libvirt) ") {
 		t.Errorf("virtqemud --version = %q, want libvirt's daemon", out)
 	}
+	// The stand-in virtqemud serves libvirt's QEMU driver as KubeVirt uses
+	// it: started as node-labeller.sh starts it, in a mount and PID
+	// namespace of its own with the image as root, it answers
+	// domcapabilities for q35 under emulation on qemu:///system (root
+	// virt-launcher) and on virtqemud-sock (non-root virt-launcher,
+	// virt-handler's migration proxy), and runs under the name virtqemud.
+	script := `mount -t sysfs sys "$1/sys" && mount --rbind /dev "$1/dev" && mount -t tmpfs tmpfs "$1/run" &&
+chroot "$1" sh -c '
+virtqemud -d -f /etc/libvirt/virtqemud.conf
+for i in $(seq 100); do [ -S /var/run/libvirt/libvirt-sock ] && break; sleep 0.1; done
+virsh -c qemu:///system domcapabilities --machine q35 --arch x86_64 --virttype qemu | grep "<machine>"
+virsh -c "qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock" version | grep "Running hypervisor"
+ps -eo comm | grep -x virtqemud'`
+	out, err := exec.Command("unshare", "--mount", "--fork", "--pid", "--mount-proc="+filepath.Join(launcher, "proc"),
+		"sh", "-c", script, "sh", launcher).CombinedOutput()
+	for _, want := range []string{"<machine>pc-q35-", "Running hypervisor: QEMU ", "virtqemud"} {
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("virtqemud in the launcher image: %v; want %q in:\n%s", err, want, out)
+		}
+	}
 	if out := run(launcher, "qemu-system-x86_64", "--version"); !strings.Contains(out, "QEMU emulator version") {
 		t.Errorf("qemu-system-x86_64 --version = %q", out)
 	}
