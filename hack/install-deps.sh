@@ -5,7 +5,9 @@
 # util-linux for nsenter and setpriv, dhcpcd-base for dhcpcd (the DHCPv6
 # client the DHCPv6 server is tested with),
 # qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
-# is built from Debian packages by hack/guest/build.sh).
+# is built from Debian packages by hack/guest/build.sh), syslinux,
+# syslinux-common, mtools, dosfstools and fdisk for the guest's bootable
+# disk (hack/guest/build-disk.sh, booted by internal/lab/guest's tests).
 # Go modules come from the module proxy; control-plane binaries are built by
 # hack/build-tools.sh (make tools).
 #
@@ -68,6 +70,14 @@ command -v make >/dev/null || need+=(make)
 # control plane starts etcd and kube-apiserver under a parent-death signal).
 { command -v nsenter >/dev/null && command -v setpriv >/dev/null; } || need+=(util-linux)
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# The guest's bootable disk (hack/guest/build-disk.sh), which the guest
+# package's privileged tests boot: syslinux and its MBR, mtools,
+# dosfstools, fdisk (sfdisk).
+command -v syslinux >/dev/null || need+=(syslinux)
+[ -f /usr/lib/syslinux/mbr/mbr.bin ] || need+=(syslinux-common)
+command -v mcopy >/dev/null || need+=(mtools)
+command -v mkfs.fat >/dev/null || need+=(dosfstools)
+command -v sfdisk >/dev/null || need+=(fdisk)
 # skopeo: the images test checks that an independent OCI tool reads what
 # make images writes.
 command -v skopeo >/dev/null || need+=(skopeo)
