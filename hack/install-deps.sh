@@ -5,7 +5,9 @@
 # util-linux for nsenter and setpriv, dhcpcd-base for dhcpcd (the DHCPv6
 # client the DHCPv6 server is tested with),
 # qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
-# is built from Debian packages by hack/guest/build.sh).
+# is built from Debian packages by hack/guest/build.sh), syslinux,
+# syslinux-common, mtools, dosfstools and fdisk for the guest's bootable
+# disk (hack/guest/build-disk.sh, booted by internal/lab/guest's tests).
 # Go modules come from the module proxy; control-plane binaries are built by
 # hack/build-tools.sh (make tools).
 #

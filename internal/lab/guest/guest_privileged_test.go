@@ -209,7 +209,7 @@ option lease 3600
 
 func (l *lab) start(tb testing.TB, ctx context.Context, cfg Config) *VM {
 	tb.Helper()
-	if cfg.Disk == "" {
+	if cfg.Disk == "" && cfg.Image.Kernel == "" {
 		cfg.Image = testImage(tb)
 	}
 	cfg.NetNS = l.ns

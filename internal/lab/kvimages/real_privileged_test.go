@@ -98,6 +98,39 @@ func TestRealImages(t *testing.T) {
 	if out := run(launcher, "/usr/sbin/virtqemud", "--version"); !strings.Contains(out, "virtqemud (libvirt) ") {
 		t.Errorf("virtqemud --version = %q, want libvirt's daemon", out)
 	}
+	// The stand-in virtqemud serves libvirt's QEMU driver as KubeVirt uses
+	// it. As root, started as node-labeller.sh starts it, it answers
+	// domcapabilities for q35 under emulation on qemu:///system and runs
+	// under the name virtqemud; as the qemu user with KubeVirt's
+	// XDG_RUNTIME_DIR (a non-root virt-launcher), it answers on the
+	// virtqemud-sock session URI. Each runs in a mount and PID namespace
+	// of its own, rooted at the unpacked launcher image, with a fresh /run.
+	inNS := func(inner string) string {
+		t.Helper()
+		outer := `mount -t sysfs sys "$1/sys" && mount --rbind /dev "$1/dev" && mount -t tmpfs tmpfs "$1/run" && chroot "$1" sh -c "$2"`
+		out, err := exec.Command("unshare", "--mount", "--fork", "--pid", "--mount-proc="+filepath.Join(launcher, "proc"),
+			"sh", "-c", outer, "sh", launcher, inner).CombinedOutput()
+		if err != nil {
+			t.Errorf("in the launcher image: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	const waitSock = `for i in $(seq 100); do [ -S /var/run/libvirt/libvirt-sock ] && break; sleep 0.1; done; `
+	const session = `qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock`
+	out := inNS(`virtqemud -d -f /etc/libvirt/virtqemud.conf; ` + waitSock +
+		`virsh -c qemu:///system domcapabilities --machine q35 --arch x86_64 --virttype qemu | grep "<machine>"; ps -eo comm | grep -x virtqemud`)
+	for _, want := range []string{"<machine>pc-q35-", "virtqemud"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("virtqemud as root: want %q in:\n%s", want, out)
+		}
+	}
+	out = inNS(`mkdir -p /var/run/libvirt /var/run/kubevirt-private && chown 107:107 /var/run/libvirt /var/run/kubevirt-private &&
+cp /etc/libvirt/virtqemud.conf /var/run/libvirt/ &&
+setpriv --reuid 107 --regid 107 --clear-groups env XDG_RUNTIME_DIR=/var/run XDG_CONFIG_HOME=/var/run/kubevirt-private XDG_CACHE_HOME=/var/run/kubevirt-private HOME=/home/qemu sh -c '
+virtqemud -d -f /var/run/libvirt/virtqemud.conf; ` + waitSock + `virsh -c "` + session + `" version'`)
+	if !strings.Contains(out, "Running hypervisor: QEMU ") {
+		t.Errorf("virtqemud as the qemu user, on %s: want QEMU's version in:\n%s", session, out)
+	}
 	if out := run(launcher, "qemu-system-x86_64", "--version"); !strings.Contains(out, "QEMU emulator version") {
 		t.Errorf("qemu-system-x86_64 --version = %q", out)
 	}
