@@ -191,6 +191,7 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	t.Run("InClusterAPI", func(t *testing.T) { testInClusterAPI(ctx, t, c, ns.Name) })
 	t.Run("KubeProxy", func(t *testing.T) { testKubeProxy(ctx, t, c, ns.Name) })
 	t.Run("CoreDNS", func(t *testing.T) { testCoreDNS(ctx, t, c, ns.Name) })
+	t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns.Name) })
 }
 
 // testCoreDNS resolves the Service web (KubeProxy made it) by name from
