@@ -8,6 +8,8 @@
 #   coredns                               hack/tools/coredns (github.com/coredns/coredns)
 #   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
 #   flannel, portmap (CNI)                hack/tools/flannel-cni (containernetworking/plugins v0.9.1)
+#   multus-daemon, multus-shim, multus,   hack/tools/multus
+#   install_multus, passthru (gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 # containerd and runc are Debian's (hack/install-deps.sh --cluster).
 #
 # Builds are cached OUTSIDE the clone, keyed by version, so that fresh
@@ -49,6 +51,8 @@ flannel_mod=$root/hack/tools/flannel
 flannel_version=$(pin "$flannel_mod" github.com/flannel-io/flannel)
 flannel_cni_mod=$root/hack/tools/flannel-cni
 flannel_cni_version=$(pin "$flannel_cni_mod" github.com/containernetworking/plugins)
+multus_mod=$root/hack/tools/multus
+multus_version=$(pin "$multus_mod" gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 
 # build GROUP VERSION MODDIR STAMP LDFLAGS PACKAGES...: go build PACKAGES in
 # MODDIR into the group's cache directory unless it is there already.
@@ -107,6 +111,15 @@ CGO=1 RENAME=flannel:flanneld build flannel "$flannel_version" "$flannel_mod" "$
   github.com/flannel-io/flannel
 build flannel-cni "$flannel_cni_version" "$flannel_cni_mod" "$(stamp_of "$flannel_cni_mod")" "-s -w" \
   github.com/containernetworking/plugins/plugins/meta/flannel github.com/containernetworking/plugins/plugins/meta/portmap
+# Multus reports its version from these variables (multus-daemon -version).
+multus_pkg=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
+RENAME=passthru-cni:passthru build multus "$multus_version" "$multus_mod" "$(stamp_of "$multus_mod")" \
+  "-s -w -X $multus_pkg.version=$multus_version -X $multus_pkg.gitTreeState=clean" \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/install_multus \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni
 
 # busybox for the workload image: Debian's busybox-static, the candidate
 # version, downloaded (not installed: it conflicts with package busybox)

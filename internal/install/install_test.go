@@ -256,11 +256,17 @@ func TestApplyCheckDelete(t *testing.T) {
 }
 
 // TestApplyCRDIfAbsent: the MultiNetworkPolicy CRD, which the
-// multi-networkpolicy project installs too, is applied only where it is
-// absent and deleted only where kvnet install applied it.
+// multi-networkpolicy project installs too, and the
+// NetworkAttachmentDefinition CRD, which Multus installs, are applied only
+// where they are absent and deleted only where kvnet install applied them.
 func TestApplyCRDIfAbsent(t *testing.T) {
+	for _, name := range []string{"multi-networkpolicies.k8s.cni.cncf.io", "network-attachment-definitions.k8s.cni.cncf.io"} {
+		t.Run(name, func(t *testing.T) { testApplyCRDIfAbsent(t, name) })
+	}
+}
+
+func testApplyCRDIfAbsent(t *testing.T, name string) {
 	ctx := context.Background()
-	const name = "multi-networkpolicies.k8s.cni.cncf.io"
 	rendered, err := install.Render(install.Options{})
 	if err != nil {
 		t.Fatal(err)

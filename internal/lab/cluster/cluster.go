@@ -56,6 +56,9 @@ type Config struct {
 	// stage 1's layout (the reference bridge plugin per node and host
 	// routes between the nodes' pod subnets).
 	DefaultNetwork string
+	// Multus is the Multus mode: MultusThick (its DaemonSet, from
+	// upstream's manifest) when empty, or MultusNone.
+	Multus string
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }
@@ -78,6 +81,8 @@ type Cluster struct {
 	// DefaultNetwork is the default pod network (NetworkFlannel or
 	// NetworkBridge).
 	DefaultNetwork string
+	// Multus is the Multus mode (MultusThick or MultusNone).
+	Multus string
 	// CP is the control plane.
 	CP *controlplane.ControlPlane
 
@@ -118,6 +123,13 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	default:
 		return nil, fmt.Errorf("cluster: default network %q: want %q or %q", cfg.DefaultNetwork, NetworkFlannel, NetworkBridge)
 	}
+	switch cfg.Multus {
+	case "":
+		cfg.Multus = MultusThick
+	case MultusThick, MultusNone:
+	default:
+		return nil, fmt.Errorf("cluster: multus %q: want %q or %q", cfg.Multus, MultusThick, MultusNone)
+	}
 	if err := Preflight(cfg.BinDir); err != nil {
 		return nil, err
 	}
@@ -137,7 +149,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, sp: controlplane.NewSpawner(), Images: map[string]string{},
+	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, Multus: cfg.Multus, sp: controlplane.NewSpawner(), Images: map[string]string{},
 		Registry: net.JoinHostPort(HostIP.String(), strconv.Itoa(RegistryPort))}
 	defer func() {
 		if err != nil {
@@ -158,10 +170,10 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	if cfg.DefaultNetwork == NetworkBridge {
-		if err := routePodSubnets(cfg.Nodes); err != nil {
-			return nil, err
-		}
+	// The host routes each node's pod subnet to the node (with the bridge
+	// layout the nodes do too; Flannel routes between the nodes itself).
+	if err := routePodSubnets(cfg.Nodes, cfg.DefaultNetwork == NetworkBridge); err != nil {
+		return nil, err
 	}
 
 	step("registry on %s", c.Registry)
@@ -180,6 +192,14 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 		labImages = append(labImages, fl...)
+	}
+	if cfg.Multus == MultusThick {
+		step("image: multus")
+		mi, err := multusImage(cfg.BinDir)
+		if err != nil {
+			return nil, err
+		}
+		labImages = append(labImages, mi)
 	}
 	refs, err := pushLabImages(ctx, c.Registry, labImages)
 	if err != nil {
@@ -208,13 +228,20 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		// (and marks nodes that stop reporting); the ClusterRole
 		// aggregation controller fills the view, edit and admin roles;
 		// the workload controllers run the add-ons (CoreDNS's
-		// Deployment) and what users install.
-		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc"},
+		// Deployment) and what users install; the namespace and
+		// garbage collector controllers delete what is in a deleted
+		// namespace and what a deleted owner owned (kvnet uninstall).
+		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc", "namespace", "garbagecollector"},
 		APIServerArgs: map[string]string{
 			// Kubelets register their hostname, which this host cannot
 			// resolve: the API server reaches them (exec, logs) at their
 			// InternalIP on the bridge.
 			"kubelet-preferred-address-types": "InternalIP,Hostname",
+			// Webhooks and aggregated APIs are called at their
+			// Service's endpoint (a pod IP, which the host routes to
+			// its node) rather than its cluster IP: the host runs no
+			// kube-proxy, as a control-plane host without a kubelet.
+			"enable-aggregator-routing": "true",
 		},
 		// Pods reach the API server (the kubernetes Service's endpoint)
 		// on the bridge, with ServiceAccount tokens; so do the nodes and
@@ -311,6 +338,12 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			}
 			return NodeReady(nd), nil
 		}); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Multus == MultusThick {
+		step("Multus (thick) from its manifest")
+		if err := c.installMultus(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -516,7 +549,7 @@ func (c *Cluster) writeEnv() error {
 	if _, ok := c.Images["kvnet-node"]; ok {
 		fmt.Fprintf(&b, "KVNET_REGISTRY=%s/kvnet\nKVNET_TAG=%s\n", c.Registry, KvnetTag)
 	}
-	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=none\n", c.DefaultNetwork)
+	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=%s\n", c.DefaultNetwork, c.Multus)
 	fmt.Fprintf(&b, "NODES=%q\n", strings.Join(c.Nodes, " "))
 	return os.WriteFile(filepath.Join(c.Dir, EnvFile), []byte(b.String()), 0o644) //nolint:gosec // not secret
 }

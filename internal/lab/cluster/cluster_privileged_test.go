@@ -85,7 +85,7 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	binDir := buildTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, Log: testLog{t}})
+	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t}})
 	if err != nil {
 		t.Fatalf("up: %v", err)
 	}
@@ -191,6 +191,8 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	t.Run("InClusterAPI", func(t *testing.T) { testInClusterAPI(ctx, t, c, ns.Name) })
 	t.Run("KubeProxy", func(t *testing.T) { testKubeProxy(ctx, t, c, ns.Name) })
 	t.Run("CoreDNS", func(t *testing.T) { testCoreDNS(ctx, t, c, ns.Name) })
+	t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns.Name) })
+	t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c) })
 }
 
 // testCoreDNS resolves the Service web (KubeProxy made it) by name from

@@ -118,14 +118,16 @@ func buildNodeNet(i int) error {
 }
 
 // routePodSubnets routes every node's pod subnet to that node: on the
-// host and on every other node (the stand-in for Flannel's routes).
-func routePodSubnets(nodes int) error {
+// host and, with betweenNodes, on every other node (the stand-in for
+// Flannel's routes). The host's routes let the API server reach pods: a
+// webhook's or an aggregated API's endpoint (--enable-aggregator-routing).
+func routePodSubnets(nodes int, betweenNodes bool) error {
 	for j := 1; j <= nodes; j++ {
 		via := NodeIP(j).String()
 		if err := run("ip", "route", "replace", PodCIDR(j).String(), "via", via, "dev", BridgeName); err != nil {
 			return err
 		}
-		for i := 1; i <= nodes; i++ {
+		for i := 1; i <= nodes && betweenNodes; i++ {
 			if i == j {
 				continue
 			}

@@ -32,6 +32,7 @@ type flagpole struct {
 	nodes       int
 	kvnetImages bool
 	network     string
+	multus      string
 	foreground  bool
 	timeout     time.Duration
 }
@@ -58,6 +59,7 @@ func NewCommand() *cobra.Command {
 	up.Flags().StringVar(&f.binDir, "bin-dir", "", "the directory hack/build-cluster-tools.sh prints (kubelet, kube-scheduler, registry, CNI plugins, busybox)")
 	up.Flags().IntVar(&f.nodes, "nodes", 3, "number of nodes (1 to 9)")
 	up.Flags().StringVar(&f.network, "default-network", labcluster.NetworkFlannel, "the default pod network: flannel (VXLAN, from its manifest) or bridge (the bridge plugin and host routes)")
+	up.Flags().StringVar(&f.multus, "multus", labcluster.MultusThick, "Multus: thick (its DaemonSet, from upstream's manifest) or none")
 	up.Flags().BoolVar(&f.kvnetImages, "kvnet-images", true, "also build kvnet's images (make images) and push them to the registry")
 	up.Flags().BoolVar(&f.foreground, "foreground", false, "run in the foreground until interrupted")
 	up.Flags().DurationVar(&f.timeout, "timeout", 15*time.Minute, "how long to wait for the cluster to be up")
@@ -83,7 +85,7 @@ func runForeground(ctx context.Context, f *flagpole) error {
 		return err
 	}
 	c, err := labcluster.Up(ctx, labcluster.Config{
-		Dir: f.dir, BinDir: f.binDir, Nodes: f.nodes, KvnetImages: f.kvnetImages, DefaultNetwork: f.network, Log: os.Stdout,
+		Dir: f.dir, BinDir: f.binDir, Nodes: f.nodes, KvnetImages: f.kvnetImages, DefaultNetwork: f.network, Multus: f.multus, Log: os.Stdout,
 	})
 	if err != nil {
 		return err
@@ -115,7 +117,7 @@ func startBackground(f *flagpole) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(self, "cluster", "up", "--foreground", "--dir", f.dir, "--bin-dir", f.binDir,
-		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--default-network="+f.network)
+		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--default-network="+f.network, "--multus="+f.multus)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
