@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -210,10 +211,25 @@ func applyOne(ctx context.Context, c client.Client, u *unstructured.Unstructured
 	return nil
 }
 
+// ErrNetworksExist is returned by Delete when it would remove
+// kvnet-controller while user-defined networks exist: their finalizers
+// need it, so they and their namespaces would stay Terminating for good.
+var ErrNetworksExist = errors.New("user-defined networks exist")
+
 // Delete removes the objects in reverse order; CRDs only when crds is set
 // (deleting a CRD deletes every object of its kind: the users' networks
-// and claims). Objects already gone are skipped.
+// and claims). Objects already gone are skipped. When the objects hold
+// kvnet-controller's Deployment and a UserDefinedNetwork or
+// ClusterUserDefinedNetwork exists, it deletes nothing and returns
+// ErrNetworksExist naming them.
 func Delete(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, crds bool, log io.Writer) error {
+	if slices.ContainsFunc(objs, func(u *unstructured.Unstructured) bool {
+		return u.GetKind() == "Deployment" && u.GetName() == "kvnet-controller"
+	}) {
+		if err := noNetworks(ctx, c); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	for i := len(objs) - 1; i >= 0; i-- {
 		u := objs[i]
@@ -260,6 +276,31 @@ func foreignIfAbsent(ctx context.Context, c client.Client, u *unstructured.Unstr
 		}
 	}
 	return true, nil
+}
+
+// noNetworks returns ErrNetworksExist naming the user-defined networks
+// of the cluster, nil when there are none (or their CRDs are not served).
+func noNetworks(ctx context.Context, c client.Client) error {
+	var names []string
+	for _, kind := range []string{"UserDefinedNetworkList", "ClusterUserDefinedNetworkList"} {
+		list := &unstructured.UnstructuredList{}
+		list.SetAPIVersion("k8s.ovn.org/v1")
+		list.SetKind(kind)
+		switch err := c.List(ctx, list); {
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("list %ss: %w", strings.TrimSuffix(kind, "List"), err)
+		}
+		for _, u := range list.Items {
+			names = append(names, strings.TrimSuffix(kind, "List")+" "+objName(&u))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; delete them first (kvnet-controller removes their finalizers, so without it they and their namespaces would stay Terminating), then uninstall",
+		ErrNetworksExist, strings.Join(names, ", "))
 }
 
 func objName(u *unstructured.Unstructured) string {

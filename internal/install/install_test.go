@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/install"
 	"kvnet.io/kvnet/internal/k8s/certs"
 	"kvnet.io/kvnet/internal/testenv"
@@ -239,6 +240,29 @@ func TestApplyCheckDelete(t *testing.T) {
 	if f := findings(t, install.CheckOptions{Prerequisites: true})["KubeVirt l2bridge binding"]; f.Status != install.OK {
 		t.Errorf("binding finding with l2bridge: %v", f)
 	}
+
+	// A network left: uninstall refuses, names it and deletes nothing
+	// (without kvnet-controller its finalizer would never go).
+	udn := &udnv1.UserDefinedNetwork{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "left-behind"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRoleSecondary, Subnets: udnv1.DualStackCIDRs{"10.9.0.0/24"}}}}
+	testenv.Create(t, c, udn)
+	err = install.Delete(ctx, c, objs, false, &log)
+	if !errors.Is(err, install.ErrNetworksExist) || !strings.Contains(err.Error(), "UserDefinedNetwork default/left-behind") {
+		t.Fatalf("uninstall with a UDN left: %v, want ErrNetworksExist naming it", err)
+	}
+	if err := get(t, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "", "kvnet-mutator"); err != nil {
+		t.Fatalf("webhook configuration after a refused uninstall: %v, want kept", err)
+	}
+	if err := c.Delete(ctx, udn); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "UDN deleted", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(udn), udn); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
 
 	if err := install.Delete(ctx, c, objs, false, &log); err != nil {
 		t.Fatal(err)

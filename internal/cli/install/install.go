@@ -101,7 +101,7 @@ func NewUninstallCommand() *cobra.Command {
 		Short: "Remove what kvnet install applied (CRDs only with --crds)",
 		Long: "Deletes every object of config/default in reverse order. CRDs stay unless --crds is given:\n" +
 			"deleting them deletes every UserDefinedNetwork, NAD and IPAMClaim in the cluster, and with\n" +
-			"the claims the VMs' addresses.",
+			"the claims the VMs' addresses. It refuses while user-defined networks exist (their finalizers need kvnet-controller).",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
