@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -36,6 +37,11 @@ func main() {
 	err = apiwait.Wait(ctx, restCfg, apiwait.DefaultBackoff, ctrl.Log.WithName("kvnet-controller"))
 	if err == nil {
 		err = manager.Run(ctx, restCfg, opts)
+	}
+	if errors.Is(err, manager.ErrKubeVirtArrived) {
+		// Its Deployment starts it again, with the VM controllers.
+		ctrl.Log.Info("exiting to be restarted", "reason", err.Error())
+		os.Exit(1)
 	}
 	if err != nil {
 		ctrl.Log.Error(err, "kvnet-controller failed")

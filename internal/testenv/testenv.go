@@ -14,9 +14,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,6 +41,9 @@ type Env struct {
 type Options struct {
 	// NoControllerManager skips kube-controller-manager (API-only tests).
 	NoControllerManager bool
+	// NoKubeVirtCRDs leaves KubeVirt's CRDs (kubevirt.io) out, as on a
+	// cluster without KubeVirt.
+	NoKubeVirtCRDs bool
 }
 
 // Start starts a control plane with kvnet's CRDs and config/policy applied.
@@ -54,6 +59,11 @@ func Start(opts Options) (*Env, error) {
 		return nil, err
 	}
 	cfg.NoControllerManager = opts.NoControllerManager
+	if opts.NoKubeVirtCRDs {
+		cfg.CRDs = slices.DeleteFunc(slices.Clone(cfg.CRDs), func(crd *apiextensionsv1.CustomResourceDefinition) bool {
+			return crd.Spec.Group == "kubevirt.io"
+		})
+	}
 	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
 		return nil, err

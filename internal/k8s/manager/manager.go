@@ -22,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -259,12 +260,23 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("set up IPAM controllers: %w", err)
 	}
-	if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{After: ipamStarted.Rebuilt, SkipNameValidation: opts.SkipNameValidation}); err != nil {
-		return nil, fmt.Errorf("set up VM claims controller: %w", err)
+	vms, err := kubeVirtServed(mgr)
+	if err != nil {
+		return nil, err
+	}
+	if vms {
+		if err := vmclaimscontroller.Setup(mgr, vmclaimscontroller.Options{After: ipamStarted.Rebuilt, SkipNameValidation: opts.SkipNameValidation}); err != nil {
+			return nil, fmt.Errorf("set up VM claims controller: %w", err)
+		}
+	} else {
+		ctrllog.Log.Info("KubeVirt's VirtualMachine CRD is not served: running without the VM claims controller, the MAC pool and the VM webhook; stopping when it appears, to be restarted with them")
+		if err := mgr.Add(kubeVirtWatch{cfg: cfg}); err != nil {
+			return nil, err
+		}
 	}
 	var macReady healthz.Checker
 	if opts.Webhook != nil {
-		if macReady, err = setupWebhooks(mgr, opts, certMgr); err != nil {
+		if macReady, err = setupWebhooks(mgr, opts, certMgr, vms); err != nil {
 			return nil, err
 		}
 	}
@@ -285,15 +297,21 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	return mgr, nil
 }
 
-func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (healthz.Checker, error) {
+// setupWebhooks registers the webhooks, and the MAC pool behind the VM
+// webhook when vms (KubeVirt's VirtualMachine CRD is served).
+func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms bool) (healthz.Checker, error) {
 	w := opts.Webhook
-	pool, err := macpoolcontroller.Setup(mgr, macpoolcontroller.Options{
-		ConfigMap:          types.NamespacedName{Namespace: w.Namespace, Name: w.MACRangeConfigMap},
-		PendingTimeout:     w.MACPendingTimeout,
-		SkipNameValidation: opts.SkipNameValidation,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("set up MAC pool: %w", err)
+	var pool *macpoolcontroller.Manager
+	if vms {
+		var err error
+		pool, err = macpoolcontroller.Setup(mgr, macpoolcontroller.Options{
+			ConfigMap:          types.NamespacedName{Namespace: w.Namespace, Name: w.MACRangeConfigMap},
+			PendingTimeout:     w.MACPendingTimeout,
+			SkipNameValidation: opts.SkipNameValidation,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("set up MAC pool: %w", err)
+		}
 	}
 	srv := mgr.GetWebhookServer()
 	dec := admission.NewDecoder(mgr.GetScheme())
@@ -304,11 +322,14 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager) (heal
 	srv.Register(webhooks.PrimaryPodPath, &webhook.Admission{Handler: &webhooks.PrimaryPodMutator{
 		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, Multus: w.PrimaryAttachment == PrimaryByMultus,
 	}})
-	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	// Renewals and caBundle upkeep, on every replica.
 	if err := mgr.Add(certMgr); err != nil {
 		return nil, err
 	}
+	if pool == nil {
+		return nil, nil
+	}
+	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	return func(*http.Request) error {
 		if !pool.Ready() {
 			return errors.New("MAC pool not rebuilt yet")
