@@ -129,17 +129,7 @@ func TestLauncherPodHotPlugKeepsPrimaryThroughAPIServer(t *testing.T) {
 	}
 	primaryFirst("after CREATE", 0)
 
-	vmi.Spec.Domain.Devices.Interfaces = append(vmi.Spec.Domain.Devices.Interfaces,
-		kubevirtv1.Interface{Name: "blue-net", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:ef:00:00:00:02"})
-	vmi.Spec.Networks = append(vmi.Spec.Networks, kubevirtv1.Network{Name: "blue-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "blue"}})
-	if err := c.Update(ctx, vmi); err != nil {
-		t.Fatal(err)
-	}
-	rebuilt, err := launcher.Annotations(vmi, kubevirtBindings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := jsonPatchAdd(ctx, pod, map[string]string{multus.NetworksAnnotation: rebuilt[multus.NetworksAnnotation]}); err != nil {
+	if err := hotPlug(ctx, vmi, pod, "blue-net", "blue", "02:ef:00:00:00:02"); err != nil {
 		t.Fatalf("hot plug refused: %v", err)
 	}
 	primaryFirst("after hot plug", 1)

@@ -154,17 +154,7 @@ func TestLauncherPodUpdatesNeverDenied(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(vmi), vmi); err != nil {
 		t.Fatal(err)
 	}
-	vmi.Spec.Domain.Devices.Interfaces = append(vmi.Spec.Domain.Devices.Interfaces,
-		kubevirtv1.Interface{Name: "red-net", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:dd:00:00:00:03"})
-	vmi.Spec.Networks = append(vmi.Spec.Networks, kubevirtv1.Network{Name: "red-net", Multus: &kubevirtv1.MultusNetwork{NetworkName: "red"}})
-	if err := c.Update(ctx, vmi); err != nil {
-		t.Fatal(err)
-	}
-	rebuilt, err := launcher.Annotations(vmi, kubevirtBindings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := jsonPatchAdd(ctx, pod, map[string]string{multus.NetworksAnnotation: rebuilt[multus.NetworksAnnotation]}); err != nil {
+	if err := hotPlug(ctx, vmi, pod, "red-net", "red", "02:dd:00:00:00:03"); err != nil {
 		t.Fatalf("hot plug's networks annotation refused: %v", err)
 	}
 	checkClaims("after hot plug", map[string]string{"blue": "vm1.blue-net", "red": "vm1.red-net"})
@@ -300,4 +290,23 @@ func TestLauncherPodHotPlugKeepsPrimaryElement(t *testing.T) {
 			checkPrimary("after unplug", got, 0)
 		})
 	}
+}
+
+// hotPlug does what virt-controller does on a hot plug of a bridge
+// interface iface on NAD nad with mac: adds it to the VMI, rebuilds the
+// launcher pod's networks annotation from the VMI alone
+// (pkg/network/pod/annotations/generator.go GenerateFromActivePod) and
+// writes it with a JSON patch; it returns the patch's error.
+func hotPlug(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, pod *corev1.Pod, iface, nad, mac string) error {
+	vmi.Spec.Domain.Devices.Interfaces = append(vmi.Spec.Domain.Devices.Interfaces,
+		kubevirtv1.Interface{Name: iface, Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: mac})
+	vmi.Spec.Networks = append(vmi.Spec.Networks, kubevirtv1.Network{Name: iface, Multus: &kubevirtv1.MultusNetwork{NetworkName: nad}})
+	if err := c.Update(ctx, vmi); err != nil {
+		return fmt.Errorf("update VMI: %w", err)
+	}
+	rebuilt, err := launcher.Annotations(vmi, kubevirtBindings)
+	if err != nil {
+		return err
+	}
+	return jsonPatchAdd(ctx, pod, map[string]string{multus.NetworksAnnotation: rebuilt[multus.NetworksAnnotation]})
 }
