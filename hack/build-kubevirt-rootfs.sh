@@ -85,6 +85,12 @@ umount "$root/var/cache/apt/archives"
 chroot "$root" groupadd --system --gid 107 qemu
 chroot "$root" useradd --system --uid 107 --gid 107 --home-dir /home/qemu --create-home --shell /bin/bash qemu
 umount "$root/proc"
+# The daemons the image runs live in this root file system, not on the
+# host: libvirtd (which the image's virtqemud stand-in starts), virtlogd,
+# QEMU and virsh. A package that installed without them stops here.
+for bin in /usr/sbin/libvirtd /usr/sbin/virtlogd /usr/bin/qemu-system-x86_64 /usr/bin/virsh; do
+  [ -x "$root$bin" ] || die "$bin missing from the $suite root file system after apt-get install ${packages[*]}"
+done
 # Versions, for the docs and the image's labels.
 chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' "${packages[@]}" libvirt0 >"$out.tmp/versions"
 rm -f "$root/usr/sbin/policy-rc.d"

@@ -23,7 +23,12 @@
 # libvirt-dev (virt-launcher and virt-handler link libvirt with cgo; the C
 # helpers are compiled from KubeVirt's source), debootstrap (virt-launcher's
 # libvirt + QEMU root filesystem), syslinux, syslinux-common, mtools,
-# dosfstools and fdisk (the guest's bootable containerDisk).
+# dosfstools and fdisk (the guest's bootable containerDisk). libvirtd,
+# virtlogd and QEMU for virt-launcher are not host tools: they are
+# installed into the image's root file system (libvirt-daemon & co. in
+# hack/build-kubevirt-rootfs.sh, which checks them there), and the
+# image's virtqemud is kvnet's stand-in script in front of that
+# libvirtd (internal/lab/kvimages); nothing runs either on the host.
 set -euo pipefail
 need=()
 if [ "${1:-}" = --kubevirt ]; then
