@@ -212,11 +212,12 @@ func (d *Datapath) Apply(ctx context.Context, s State) error {
 			return result()
 		}
 	}
+	routerPols := routerPolicies(s)
 	for _, n := range nets {
 		if !step(d.ensureNetwork(n, s.RemoteMACs)) {
 			return result()
 		}
-		if n.HasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name), routerPolicyOf(s, n.Name))) {
+		if n.HasRouter() && !step(d.ensureRouter(n, servicesOf(s.Services, n.Name), routerPols[n.Name])) {
 			return result()
 		}
 	}

@@ -94,32 +94,43 @@ type routerPolicy struct {
 	egress, ingress []addrPolicy
 }
 
-// routerPolicyOf returns the router policy of network name in s
-// (validated), nil when it has none.
-func routerPolicyOf(s State, name string) *routerPolicy {
+// routerPolicies returns the router policy of each network of s
+// (validated) that has one, by network name: one pass over the policies
+// for every router of an Apply.
+func routerPolicies(s State) map[string]*routerPolicy {
+	if len(s.Policies) == 0 && len(s.EndpointPolicies) == 0 {
+		return nil
+	}
 	ports := map[string]*Port{} // host interface -> port
 	for i := range s.Ports {
 		ports[s.Ports[i].HostIfName] = &s.Ports[i]
 	}
-	rp := &routerPolicy{}
+	out := map[string]*routerPolicy{}
+	of := func(network string) *routerPolicy {
+		if out[network] == nil {
+			out[network] = &routerPolicy{}
+		}
+		return out[network]
+	}
 	for _, pp := range s.Policies {
-		if p := ports[pp.Port]; p != nil && p.Network == name && pp.Egress != nil {
+		if p := ports[pp.Port]; p != nil && pp.Egress != nil {
 			v4, v6 := portAddrs(*p)
+			rp := of(p.Network)
 			rp.egress = append(rp.egress, addrPolicy{name: p.HostIfName, addrs: append(v4, v6...), d: pp.Egress})
 		}
 	}
 	for _, ep := range s.EndpointPolicies {
-		if ep.Network == name && ep.Ingress != nil {
+		if ep.Ingress != nil {
+			rp := of(ep.Network)
 			rp.ingress = append(rp.ingress, addrPolicy{name: ep.Name, addrs: ep.Addrs, d: ep.Ingress})
 		}
 	}
-	if len(rp.egress) == 0 && len(rp.ingress) == 0 {
-		return nil
+	for _, rp := range out {
+		for _, l := range [][]addrPolicy{rp.egress, rp.ingress} {
+			slices.SortFunc(l, func(a, b addrPolicy) int { return strings.Compare(a.name, b.name) })
+		}
 	}
-	for _, l := range [][]addrPolicy{rp.egress, rp.ingress} {
-		slices.SortFunc(l, func(a, b addrPolicy) int { return strings.Compare(a.name, b.name) })
-	}
-	return rp
+	return out
 }
 
 // routerPolicyRules returns what rp adds to network n's router table:

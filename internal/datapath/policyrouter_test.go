@@ -38,7 +38,7 @@ func TestRouterPolicyRulesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := s.Networks[1]
-	golden.CheckString(t, "router-policies.nft", renderTables(routerRules(n, servicesOf(s.Services, n.Name), routerPolicyOf(s, n.Name))))
+	golden.CheckString(t, "router-policies.nft", renderTables(routerRules(n, servicesOf(s.Services, n.Name), routerPolicies(s)[n.Name])))
 	node := renderTables(nodeRules(s))
 	for _, want := range []string{
 		`ip saddr 100.88.0.0/16 accept comment "network tenant-a_udn: Service connections from its routers, checked there"`,
@@ -48,7 +48,7 @@ func TestRouterPolicyRulesGolden(t *testing.T) {
 			t.Errorf("node rules lack %q:\n%s", want, node)
 		}
 	}
-	if routerPolicyOf(goldenState(), "tenant-a_udn") != nil {
+	if routerPolicies(goldenState())["tenant-a_udn"] != nil {
 		t.Error("a router policy without policies")
 	}
 }
@@ -90,7 +90,7 @@ func TestCtRouterFilter(t *testing.T) {
 	s := withServiceAddrs(goldenState())
 	s.Policies = goldenPolicies()
 	s.EndpointPolicies = goldenEndpointPolicies()
-	rp := routerPolicyOf(s, "tenant-a_udn")
+	rp := routerPolicies(s)["tenant-a_udn"]
 	f := ctRouterFilter{subnets: s.Networks[1].Subnets, egress: map[netip.Addr]*PolicyDirection{}, ingress: map[netip.Addr]*PolicyDirection{}}
 	for _, ap := range rp.egress {
 		for _, a := range ap.addrs {

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
-	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/lab/controlplane"
 	"kvnet.io/kvnet/internal/testenv"
@@ -59,16 +58,7 @@ func TestShippedRBAC(t *testing.T) {
 	go func() { done <- mgr.Start(mctx) }()
 	defer func() { cancel(); <-done }()
 
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rbac", Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
-		t.Fatal(err)
-	}
-	u := &udnv1.UserDefinedNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "rbac", Name: "net"},
-		Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.0.0.0/24"}}},
-	}
-	if err := c.Create(ctx, u); err != nil {
-		t.Fatal(err)
-	}
+	u := primaryUDN(t, c, "rbac")
 	testenv.Eventually(t, timeout, "UDN synced with events", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
 			return err

@@ -53,16 +53,7 @@ func TestWithoutKubeVirt(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
 
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nokv", Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
-		t.Fatal(err)
-	}
-	u := &udnv1.UserDefinedNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "nokv", Name: "net"},
-		Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.0.0.0/24"}}},
-	}
-	if err := c.Create(ctx, u); err != nil {
-		t.Fatal(err)
-	}
+	u := primaryUDN(t, c, "nokv")
 	testenv.Eventually(t, timeout, "ready and the UDN reconciled without KubeVirt", func() error {
 		select {
 		case err := <-done:
@@ -130,4 +121,22 @@ func httpOK(url string) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return nil
+}
+
+// primaryUDN creates namespace ns labelled for a primary network and a
+// primary Layer2 UDN "net" in it, and returns the UDN.
+func primaryUDN(t *testing.T, c client.Client, ns string) *udnv1.UserDefinedNetwork {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}); err != nil {
+		t.Fatal(err)
+	}
+	u := &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+		Spec:       udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{"10.0.0.0/24"}}},
+	}
+	if err := c.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
