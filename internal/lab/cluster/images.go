@@ -14,14 +14,13 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"kvnet.io/kvnet/internal/images"
+	"kvnet.io/kvnet/internal/lab/ociimage"
 )
 
 // LabTag tags the lab's own images (pause, busybox) in the registry.
@@ -147,25 +146,14 @@ func (li labImage) image() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.Append(base, mutate.Addendum{Layer: layer, MediaType: types.OCILayer})
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Entrypoint, cf.Config.Cmd = li.entry, li.cmd
-	cf.Config.Env = []string{"PATH=/bin"}
-	if li.env != nil {
-		cf.Config.Env = li.env
-	}
-	cf.Config.WorkingDir = "/"
-	cf.Config.Labels = map[string]string{"org.opencontainers.image.title": li.name, "org.opencontainers.image.source": "kvnet.io/kvnet"}
-	return mutate.ConfigFile(img, cf)
+	return ociimage.New([]v1.Layer{layer}, func(cf *v1.ConfigFile) {
+		cf.Config.Entrypoint, cf.Config.Cmd = li.entry, li.cmd
+		cf.Config.Env = []string{"PATH=/bin"}
+		if li.env != nil {
+			cf.Config.Env = li.env
+		}
+		cf.Config.Labels = map[string]string{"org.opencontainers.image.title": li.name, "org.opencontainers.image.source": "kvnet.io/kvnet"}
+	})
 }
 
 // ref is the image's name in the registry.

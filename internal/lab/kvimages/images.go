@@ -9,17 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/lab/ociimage"
 )
 
 // The components, by image name.
@@ -224,32 +221,17 @@ const capNetBindService = 10
 
 // image is an OCI image of layers with the given user and entrypoint.
 func image(title, version string, layers []v1.Layer, user string, entrypoint []string) (v1.Image, error) {
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	var adds []mutate.Addendum
-	for _, l := range layers {
-		adds = append(adds, mutate.Addendum{Layer: l, MediaType: types.OCILayer})
-	}
-	img, err := mutate.Append(base, adds...)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{Time: epoch}
-	cf.Config.Entrypoint = entrypoint
-	cf.Config.User = user
-	cf.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cf.Config.WorkingDir = "/"
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   title,
-		"org.opencontainers.image.version": version,
-		"org.opencontainers.image.source":  "kvnet.io/kvnet (lab: internal/lab/kvimages)",
-	}
-	return mutate.ConfigFile(img, cf)
+	return ociimage.New(layers, func(cf *v1.ConfigFile) {
+		cf.Created = v1.Time{Time: epoch}
+		cf.Config.Entrypoint = entrypoint
+		cf.Config.User = user
+		cf.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+		cf.Config.Labels = map[string]string{
+			"org.opencontainers.image.title":   title,
+			"org.opencontainers.image.version": version,
+			"org.opencontainers.image.source":  "kvnet.io/kvnet (lab: internal/lab/kvimages)",
+		}
+	})
 }
 
 // Push assembles the images of in and pushes them to registry (host:port,
