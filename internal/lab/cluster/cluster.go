@@ -61,6 +61,9 @@ type Config struct {
 	Multus string
 	// Log receives progress lines (nil: none).
 	Log io.Writer
+	// WaitForLock makes Up wait for another cluster on this machine to go
+	// (LockPath) instead of failing with ErrClusterRunning.
+	WaitForLock bool
 }
 
 // Cluster is a running cluster.
@@ -89,6 +92,7 @@ type Cluster struct {
 	log   io.Writer
 	sp    *controlplane.Spawner
 	procs []*proc
+	lock  *os.File
 }
 
 // proc is a child process and the end of its wait.
@@ -137,6 +141,15 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	lock, err := lockMachine(LockPath, cfg.WaitForLock)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = lock.Close() // Down closed it too when it ran: harmless
+		}
+	}()
 	if err := Cleanup(dir); err != nil {
 		return nil, fmt.Errorf("cluster: leftovers of an earlier run: %w", err)
 	}
@@ -149,7 +162,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, Multus: cfg.Multus, sp: controlplane.NewSpawner(), Images: map[string]string{},
+	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, Multus: cfg.Multus, sp: controlplane.NewSpawner(), Images: map[string]string{}, lock: lock,
 		Registry: net.JoinHostPort(HostIP.String(), strconv.Itoa(RegistryPort))}
 	defer func() {
 		if err != nil {
@@ -580,6 +593,10 @@ func (c *Cluster) Down() error {
 	}
 	if err := cleanup(c.Dir, false); err != nil {
 		errs = append(errs, err)
+	}
+	if c.lock != nil {
+		_ = c.lock.Close()
+		c.lock = nil
 	}
 	return errors.Join(errs...)
 }

@@ -85,7 +85,8 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	binDir := buildTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t}})
+	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t},
+		WaitForLock: true}) // queue behind another cluster on this machine
 	if err != nil {
 		t.Fatalf("up: %v", err)
 	}
