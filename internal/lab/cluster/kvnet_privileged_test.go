@@ -161,7 +161,9 @@ func testPrimaryUDN(ctx context.Context, t *testing.T, c *Cluster) {
 	addr := map[string]netip.Addr{}
 	for _, name := range []string{"udn-1", "udn-2"} {
 		p := waitPodReady(ctx, t, c, ns, name)
-		t.Logf("pod %s: networks %s; network-status %s", name, p.Annotations["k8s.v1.cni.cncf.io/networks"], p.Annotations["k8s.v1.cni.cncf.io/network-status"])
+		t.Logf("pod %s: networks %s; default-network %s; network-status %s", name, p.Annotations["k8s.v1.cni.cncf.io/networks"],
+			p.Annotations["v1.multus-cni.io/default-network"], p.Annotations["k8s.v1.cni.cncf.io/network-status"])
+		checkPrimaryDefault(t, p)
 		var statuses []networkStatus
 		if err := json.Unmarshal([]byte(p.Annotations["k8s.v1.cni.cncf.io/network-status"]), &statuses); err != nil {
 			t.Fatalf("pod %s: network-status: %v", name, err)
