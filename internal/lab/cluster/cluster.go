@@ -247,8 +247,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		// the workload controllers run the add-ons (CoreDNS's
 		// Deployment) and what users install; the namespace and
 		// garbage collector controllers delete what is in a deleted
-		// namespace and what a deleted owner owned (kvnet uninstall).
-		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc", "namespace", "garbagecollector"},
+		// namespace and what a deleted owner owned (kvnet uninstall); the
+		// job controller runs Jobs (virt-operator's install strategy).
+		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc", "namespace", "garbagecollector", "job"},
 		APIServerArgs: map[string]string{
 			// Kubelets register their hostname, which this host cannot
 			// resolve: the API server reaches them (exec, logs) at their
