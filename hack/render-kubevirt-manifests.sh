@@ -39,8 +39,13 @@ fi
 
 src=$(cd "$mod" && go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 mkdir -p "$outdir"
+# Two passes, as KubeVirt's hack/build-manifests.sh: the generated
+# manifests (CRDs, RBAC) are included first, then the variables filled.
+"$bin/manifest-templator" --process-files --generated-manifests-dir="$src/manifests/generated" \
+  --input-file="$src/manifests/release/kubevirt-operator.yaml.in" >"$outdir/kubevirt-operator.yaml.in"
 "$bin/manifest-templator" --process-vars --namespace=kubevirt \
   --container-prefix="$registry/kubevirt" --container-tag="$version" --image-pull-policy=IfNotPresent \
-  --generated-manifests-dir="$src/manifests/generated" --kubevirt-logo-path="$src/assets/kubevirt_logo.png" \
-  --input-file="$src/manifests/release/kubevirt-operator.yaml.in" >"$outdir/kubevirt-operator.yaml"
+  --kubevirt-logo-path="$src/assets/kubevirt_logo.png" \
+  --input-file="$outdir/kubevirt-operator.yaml.in" >"$outdir/kubevirt-operator.yaml"
+rm "$outdir/kubevirt-operator.yaml.in"
 log "rendered $outdir/kubevirt-operator.yaml (KubeVirt $version, images $registry/kubevirt)"

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -109,7 +110,7 @@ func (c *Cluster) installKubeVirt(ctx context.Context, root string, log io.Write
 	}); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, 20*time.Minute, "KubeVirt CR Deployed", func() (bool, error) {
+	err = c.waitFor(ctx, 20*time.Minute, "KubeVirt CR Deployed", func() (bool, error) {
 		kv, err := dyn.Resource(kubeVirtGVR).Namespace(KubeVirtNamespace).Get(ctx, "kubevirt", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -121,4 +122,42 @@ func (c *Cluster) installKubeVirt(ctx context.Context, root string, log io.Write
 		conds, _, _ := unstructured.NestedSlice(kv.Object, "status", "conditions")
 		return false, fmt.Errorf("phase %q, conditions %v", phase, conds)
 	})
+	if err != nil {
+		c.describePods(ctx, KubeVirtNamespace, log)
+	}
+	return err
+}
+
+// describePods writes what a user would look at first when KubeVirt does
+// not come up: each pod of namespace ns with its node, phase and
+// containers' states, the tail of the log of every container not ready,
+// and the namespace's warning events.
+func (c *Cluster) describePods(ctx context.Context, ns string, w io.Writer) {
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(w, "describe %s: %v\n", ns, err)
+		return
+	}
+	for _, p := range pods.Items {
+		fmt.Fprintf(w, "pod %s/%s on %s: %s\n", ns, p.Name, p.Spec.NodeName, p.Status.Phase)
+		statuses := append(append([]corev1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+		for _, cs := range statuses {
+			fmt.Fprintf(w, "  container %s ready=%v restarts=%d state=%+v last=%+v\n", cs.Name, cs.Ready, cs.RestartCount, cs.State, cs.LastTerminationState)
+			if cs.Ready {
+				continue
+			}
+			tail := int64(25)
+			b, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, TailLines: &tail}).DoRaw(ctx)
+			if err != nil {
+				b, _ = c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, TailLines: &tail, Previous: true}).DoRaw(ctx)
+			}
+			fmt.Fprintf(w, "  log of %s:\n%s\n", cs.Name, b)
+		}
+	}
+	events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "type=Warning"})
+	if err == nil {
+		for _, e := range events.Items {
+			fmt.Fprintf(w, "event %s %s: %s: %s\n", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
 }
