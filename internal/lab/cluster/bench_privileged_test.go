@@ -42,15 +42,18 @@ const (
 // BenchmarkClusterPodReady brings a 3-node cluster up, installs kvnet
 // with kvnet install, and measures in the same run, per round of
 // benchPods pods in each of a primary Layer2 UDN namespace and a
-// default-network-only namespace (docs/benchmarks.md says what each
-// number covers):
+// default-network-only namespace (docs/cluster.md, "Benchmarks", says
+// what each number covers):
 //
 //   - pod create → Ready (udn-*, default-*, ratio-p50) and create →
 //     container running (*-running-p50-ms), from client-side timestamps of
 //     an informer's watch events;
 //   - the CNI ADD Multus performs for each pod and kvnet-cni's delegate in
-//     it (cni-add-*, kvnet-add-*, kvnet-share, default-cni-add-p50-ms),
-//     from the multus-daemon log lines of each pod's successful ADD.
+//     it (cni-add-*, kvnet-add-*, kvnet-share-p50,
+//     default-cni-add-p50-ms), from the multus-daemon log lines of each
+//     pod's successful ADD;
+//   - the start-up of kvnet-cni and of the bridge plugin
+//     (*-start-p50-ms).
 //
 // Pods are created one at a time (concurrency 1: each waits for the
 // previous one to be Ready), alternating the two namespaces, over the
