@@ -94,6 +94,11 @@ cluster-test: cluster-deps tools ## Run the real-cluster test (root; builds kube
 	hack/build-cluster-tools.sh >/dev/null
 	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 30m -v -run TestCluster ./internal/lab/cluster/
 
+.PHONY: cluster-bench
+cluster-bench: cluster-deps tools ## Run the real-cluster benchmarks (root; docs/cluster.md, "Benchmarks")
+	hack/build-cluster-tools.sh >/dev/null
+	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 60m -run '^$$' -bench BenchmarkCluster -benchtime 1x ./internal/lab/cluster/
+
 .PHONY: kubevirt-images-test
 kubevirt-images-test: ## Build KubeVirt v1.7 and its images, and the guest containerDisk, and test them (root; the first run takes long, cached after; docs/kubevirt-images.md)
 	hack/install-deps.sh --kubevirt

@@ -34,7 +34,7 @@ import (
 
 // buildTools runs hack/build-cluster-tools.sh and returns the directory it
 // prints.
-func buildTools(t *testing.T) string {
+func buildTools(t testing.TB) string {
 	t.Helper()
 	root, err := repo.Root()
 	if err != nil {

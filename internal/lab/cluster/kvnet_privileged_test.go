@@ -31,7 +31,7 @@ import (
 
 // kvnetCLI builds cmd/kvnet and returns a function running it against the
 // cluster, as a user runs it.
-func kvnetCLI(t *testing.T, c *Cluster) func(args ...string) (string, error) {
+func kvnetCLI(t testing.TB, c *Cluster) func(args ...string) (string, error) {
 	t.Helper()
 	root, err := repo.Root()
 	if err != nil {
@@ -52,12 +52,11 @@ func kvnetCLI(t *testing.T, c *Cluster) func(args ...string) (string, error) {
 	}
 }
 
-// testKvnet installs kvnet from the registry's images with kvnet install,
-// as a user does, checks it with kvnet check, runs pods of a primary
-// Layer2 UDN on two nodes through real Multus and kvnet-cni, and
-// uninstalls it again.
-func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
-	kvnet := kvnetCLI(t, c)
+// installKvnet installs kvnet from the registry's images with kvnet
+// install, as a user does, waits for kvnet-controller and kvnet-node on
+// every node, and fails on any "missing" line of kvnet check.
+func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args ...string) (string, error)) {
+	t.Helper()
 	// No KubeVirt on this cluster yet: kvnet-controller serves pods
 	// without it.
 	out, err := kvnet("install", "--registry", c.Registry+"/kvnet", "--tag", KvnetTag)
@@ -92,6 +91,15 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Errorf("kvnet check: %v", err)
 	}
+}
+
+// testKvnet installs kvnet from the registry's images with kvnet install,
+// as a user does, checks it with kvnet check, runs pods of a primary
+// Layer2 UDN on two nodes through real Multus and kvnet-cni, and
+// uninstalls it again.
+func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
+	kvnet := kvnetCLI(t, c)
+	installKvnet(ctx, t, c, kvnet)
 
 	t.Run("PrimaryUDN", func(t *testing.T) { testPrimaryUDN(ctx, t, c) })
 
@@ -105,7 +113,7 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Fatal(err)
 	}
 
-	out, err = kvnet("uninstall", "--crds")
+	out, err := kvnet("uninstall", "--crds")
 	t.Logf("kvnet uninstall --crds:\n%s", out)
 	if err != nil {
 		t.Fatalf("kvnet uninstall: %v", err)
