@@ -167,11 +167,27 @@ func (p *Plugin) addWithDefault(args *skel.CmdArgs, r *request, a podnetworks.At
 	if err != nil {
 		return err // the runtime calls DEL, which removes eth0 too
 	}
-	merged, err := mergeDefault(def, res).GetAsVersion(r.version)
+	version := masterResultVersion(r.version)
+	merged, err := mergeDefault(def, res).GetAsVersion(version)
 	if err != nil {
 		return types.NewError(types.ErrIncompatibleCNIVersion, "result version", err.Error())
 	}
-	return types.PrintResult(merged, r.version)
+	return types.PrintResult(merged, version)
+}
+
+// masterResultVersion is the CNI version of addWithDefault's result: the
+// request's, but 1.1.0 is answered as 1.0.0. As Multus's default network
+// kvnet-cni's result goes back to the container runtime, and thin Multus
+// prints it unconverted (thick Multus converts it to its own
+// configuration's version); runtimes whose CNI library predates 1.1.0
+// read results up to 1.0.0 only (containerd 1.6 and 1.7: "unsupported CNI
+// result version \"1.1.0\"", seen on the real cluster with thin Multus).
+// CNI 1.1.0 changed no field of the ADD result, so 1.0.0 loses nothing.
+func masterResultVersion(requested string) string {
+	if requested == "" || requested == "1.1.0" {
+		return "1.0.0"
+	}
+	return requested
 }
 
 // mergeDefault returns the cluster default network's result def followed

@@ -34,7 +34,8 @@ import (
 // Multus feeds its master plugin's result, ovn-udn1 is the one default
 // entry and eth0 carries the default network's address; the pod's default
 // route is ovn-udn1's. DEL removes both and releases eth0's address in
-// host-local.
+// host-local. The result is CNI 1.0.0 for the NAD's 1.1.0, for runtimes
+// that read no newer result through thin Multus.
 func TestAttachDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
@@ -117,6 +118,11 @@ func TestAttachDefaultNetwork(t *testing.T) {
 		}
 	})
 
+	// Thin Multus hands the result to the runtime as it is, and
+	// containerd 1.6/1.7 read results up to CNI 1.0.0.
+	if conf["cniVersion"] == "1.1.0" && res.Version() != "1.0.0" {
+		t.Errorf("result version %s for a %s configuration, want 1.0.0", res.Version(), conf["cniVersion"])
+	}
 	// What Multus writes for its master plugin.
 	statuses, err := nadutils.CreateNetworkStatuses(res, ns+"/net", true, nil)
 	if err != nil {
