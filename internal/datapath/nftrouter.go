@@ -70,6 +70,19 @@ func routerRules(n Network, services []Service, rp *routerPolicy) []nftTable {
 		}
 		forward = append(forward, b.counter().rejectProhibited(fmt.Sprintf("network %s: no other Services of the cluster", n.Name)))
 	}
+	if len(n.DefaultNetworkSubnets) > 0 {
+		forward = append(forward, newRule().iifname(routerGwIf).oifname(routerTransitIf).ctStatusDNAT().
+			accept(fmt.Sprintf("network %s: the cluster's Services it reaches through the node", n.Name)))
+	}
+	for _, p := range n.DefaultNetworkSubnets {
+		b := newRule().iifname(routerGwIf).oifname(routerTransitIf).nfproto(p.Addr().Is6())
+		if p.Addr().Is6() {
+			b.ip6Daddr(p, false)
+		} else {
+			b.ipDaddr(p, false)
+		}
+		forward = append(forward, b.counter().rejectProhibited(fmt.Sprintf("network %s: never the cluster default network's pods", n.Name)))
+	}
 	polCheck, polChains, polSets := routerPolicyRules(n, rp)
 	forward = append(forward,
 		newRule().iifname(routerGwIf).oifname(routerTransitIf).accept(fmt.Sprintf("network %s: new connections go outwards only", n.Name)))

@@ -17,8 +17,9 @@ func goldenState() State {
 		Networks: []Network{
 			{Name: "l2net", ID: 300, Remotes: []netip.Addr{netip.MustParseAddr("192.168.100.2")}},
 			{Name: "tenant-a_udn", ID: 1, Primary: true,
-				Subnets:  []netip.Prefix{netip.MustParsePrefix("10.1.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
-				Gateways: []netip.Addr{netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("fd00:1::1")}},
+				Subnets:               []netip.Prefix{netip.MustParsePrefix("10.1.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
+				Gateways:              []netip.Addr{netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("fd00:1::1")},
+				DefaultNetworkSubnets: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244::/64")}},
 		},
 		Ports: []Port{
 			{Network: "tenant-a_udn", HostIfName: "pa2", MAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02},

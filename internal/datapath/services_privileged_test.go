@@ -437,3 +437,50 @@ func TestServiceCIDRs(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultNetworkSubnets: the node routes to a default-network pod (the
+// external namespace answers at 10.244.9.9, as another node's pod would
+// be reached through the node), and a tenant pod whose eth0 has no route
+// there (a /32 layout) sends to it through its router. Tenant A, without
+// the default network's subnets in its state, reaches it (the control);
+// tenant B, with them, is refused at its router, yet still reaches its
+// cluster DNS through the node, whose endpoint is such a pod, and the
+// internet.
+func TestDefaultNetworkSubnets(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	podAddr := netip.AddrPortFrom(netip.MustParseAddr("10.244.9.9"), 53)
+	dnsEP := netip.AddrPortFrom(netip.MustParseAddr("10.244.9.53"), 53)
+	c.must(withHandle(c.ext, func(h *nl.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		for _, a := range []netip.Addr{podAddr.Addr(), dnsEP.Addr()} {
+			if err := h.AddrAdd(lo, &vnetlink.Addr{IPNet: ipNet(hostPrefix(a))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	startUDPAnswer(t, c.ext, podAddr.String(), "default-network pod")
+	startUDPAnswer(t, c.ext, dnsEP.String(), "dns")
+	dns := netip.MustParseAddrPort("10.96.0.10:53")
+	nets[1].DefaultNetworkSubnets = []netip.Prefix{netip.MustParsePrefix("10.244.9.0/24")}
+	c.applyServices(nets, []Service{{Network: "tenant-b_udn", Name: "kube-system/kube-dns:dns", Protocol: "UDP", VIP: dns,
+		ViaNode: true, Endpoints: []netip.AddrPort{dnsEP}}})
+	if answer, err := queryDNS(pods["a1"].ns, podAddr.String()); err != nil || answer != "default-network pod" {
+		t.Fatalf("control: tenant A, without the default network's subnets, to %s: %q, %v", podAddr, answer, err)
+	}
+	for _, p := range []string{"b1", "b2"} {
+		if answer, err := queryDNS(pods[p].ns, podAddr.String()); err == nil {
+			t.Errorf("%s reached the default network's pod %s: %q", p, podAddr, answer)
+		}
+		if answer, err := queryDNS(pods[p].ns, dns.String()); err != nil || answer != "dns" {
+			t.Errorf("%s to its cluster DNS %s (endpoint %s): %q, %v", p, dns, dnsEP, answer, err)
+		}
+		if err := ping(pods[p].ns, pods[p].ips[0].Addr(), internetIP, 2*time.Second, true); err != nil {
+			t.Errorf("%s to the internet: %v", p, err)
+		}
+	}
+}

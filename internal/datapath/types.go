@@ -70,6 +70,15 @@ type Network struct {
 	// from it; the node's own service proxy would lead to the rest, other
 	// tenants' included.
 	ServiceCIDRs []netip.Prefix
+	// DefaultNetworkSubnets, on a primary network, are the pod subnets of
+	// the cluster default network: its router never sends a new
+	// connection into them out through the node, whose masquerade would
+	// otherwise lead the network's pods to the default network's (a pod
+	// whose eth0 has no route to them, as under a /32 layout, sends them
+	// to its default route, the network's router). Connections the
+	// router translated itself (Service.ViaNode: the cluster DNS, the API
+	// server) still go.
+	DefaultNetworkSubnets []netip.Prefix
 	// Physical, when set, makes this a localnet network: its bridge is
 	// patched into the node's Linux bridge of that name (the bridge mapping
 	// of the network's physical network) instead of a VXLAN tunnel, so its

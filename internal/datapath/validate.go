@@ -97,6 +97,15 @@ func validateNetwork(n *Network, bad badFunc) {
 			bad("network %q: service CIDR %q is not a network prefix", n.Name, p)
 		}
 	}
+	for _, p := range n.DefaultNetworkSubnets {
+		if !n.Primary {
+			bad("network %q: default network subnets on a secondary network", n.Name)
+			break
+		}
+		if !p.IsValid() || p.Addr().Zone() != "" || p != p.Masked() {
+			bad("network %q: default network subnet %q is not a network prefix", n.Name, p)
+		}
+	}
 	if len(n.ServiceAddrs) > 0 {
 		validateServiceAddrs(n, bad)
 	}

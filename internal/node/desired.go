@@ -206,6 +206,8 @@ type planner struct {
 	in   Input
 	plan Plan
 	self *corev1.Node // this node; nil while the API does not list it
+	// defaultNetworkSubnets are the nodes' pod CIDRs (nodePodCIDRs).
+	defaultNetworkSubnets []netip.Prefix
 	// mappings are this node's bridge mappings (physical network ->
 	// bridge, for localnet networks); mappingsErr why they are unusable.
 	mappings    map[string]string
@@ -228,6 +230,7 @@ func newPlanner(in Input) *planner {
 		p.gateways = GatewaysOf
 	}
 	p.self = nodeNamed(in.Nodes, in.Node)
+	p.defaultNetworkSubnets = nodePodCIDRs(in.Nodes)
 	if p.self != nil {
 		if p.mappings, p.mappingsErr = physnet.ParseBridgeMappings(p.self.Annotations[physnet.BridgeMappingsAnnotation]); p.mappingsErr != nil {
 			p.problem("node %s: annotation %s: %v", in.Node, physnet.BridgeMappingsAnnotation, p.mappingsErr)
@@ -306,8 +309,29 @@ func (p *planner) baseNetwork(n *network) datapath.Network {
 	if dn.Primary {
 		dn.Gateways = n.gateways
 		dn.ServiceCIDRs = familiesOf(p.in.ServiceCIDRs, n.subnets)
+		dn.DefaultNetworkSubnets = familiesOf(p.defaultNetworkSubnets, n.subnets)
 	}
 	return dn
+}
+
+// nodePodCIDRs returns the pod subnets of every node's spec.podCIDRs: the
+// cluster default network's pods, which tenants never reach (as
+// kube-controller-manager assigns them, and Flannel and most default
+// networks use them). Invalid entries are skipped.
+func nodePodCIDRs(nodes []corev1.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range nodes {
+		cidrs := n.Spec.PodCIDRs
+		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+			cidrs = []string{n.Spec.PodCIDR}
+		}
+		for _, c := range cidrs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
 }
 
 // GatewaysOf returns the gateway of each subnet of a primary network, as

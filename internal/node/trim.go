@@ -54,8 +54,11 @@ func trimNode(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	// Addresses: tenants are kept off node ports at every node's.
+	// Addresses: tenants are kept off node ports at every node's. Pod
+	// CIDRs: the cluster default network's pod subnets, which tenants
+	// never reach.
 	return &corev1.Node{TypeMeta: node.TypeMeta, ObjectMeta: trimMeta(node.ObjectMeta),
+		Spec:   corev1.NodeSpec{PodCIDR: node.Spec.PodCIDR, PodCIDRs: node.Spec.PodCIDRs},
 		Status: corev1.NodeStatus{Addresses: node.Status.Addresses}}, nil
 }
 
