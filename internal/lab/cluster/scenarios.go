@@ -141,7 +141,7 @@ func (c *Cluster) ScenarioTarget() ScenarioTarget {
 // cluster whose state directory (kvnet-lab cluster up --dir) is dir: its
 // kubeconfig, and BUSYBOX_IMAGE and REGISTRY of its env file.
 func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
-	env, err := readEnv(filepath.Join(dir, EnvFile))
+	env, err := ReadEnv(dir)
 	if err != nil {
 		return ScenarioTarget{}, err
 	}
@@ -162,8 +162,11 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/"}, nil
 }
 
-// readEnv reads the shell assignments of an env file (writeEnv's).
-func readEnv(path string) (map[string]string, error) {
+// ReadEnv reads the env file of the cluster whose state directory is
+// dir: its shell assignments (KUBECONFIG, REGISTRY, BUSYBOX_IMAGE,
+// KVNET_REGISTRY, KVNET_TAG, ...).
+func ReadEnv(dir string) (map[string]string, error) {
+	path := filepath.Join(dir, EnvFile)
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

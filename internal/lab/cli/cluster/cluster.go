@@ -37,7 +37,7 @@ type flagpole struct {
 	timeout     time.Duration
 }
 
-// NewCommand returns kvnet-lab's "cluster" command (up, down).
+// NewCommand returns kvnet-lab's "cluster" command (up, down, demo).
 func NewCommand() *cobra.Command {
 	f := &flagpole{}
 	cmd := &cobra.Command{
@@ -71,7 +71,7 @@ func NewCommand() *cobra.Command {
 	for _, c := range []*cobra.Command{up, down} {
 		c.Flags().StringVar(&f.dir, "dir", ".cluster", "the cluster's directory (kubeconfig, env, logs, state)")
 	}
-	cmd.AddCommand(up, down)
+	cmd.AddCommand(up, down, newDemoCommand())
 	return cmd
 }
 
