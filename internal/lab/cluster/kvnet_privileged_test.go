@@ -109,16 +109,17 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 }
 
 // testPodScenarios runs the pod scenarios (RunPodScenarios) on the
-// cluster and fails on each that fails; then removes their objects,
+// cluster and fails on each that fails, checks the primary UDN pods'
+// network-status (checkPrimaryDefault); then removes their objects,
 // kvnet's networks among them, which kvnet uninstall requires gone.
 func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	results, err := RunPodScenarios(ctx, c.ScenarioTarget(), testLog{t})
 	if err != nil {
 		t.Errorf("pod scenarios: %v", err)
 	}
-	got := map[string]bool{}
+	got, ok := map[string]bool{}, map[string]bool{}
 	for _, r := range results {
-		got[r.Name] = true
+		got[r.Name], ok[r.Name] = true, r.OK
 		if !r.OK {
 			t.Errorf("scenario %s: %s", r.Name, r.Detail)
 		}
@@ -126,6 +127,12 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	for _, name := range PodScenarios {
 		if !got[name] {
 			t.Errorf("scenario %s: no result", name)
+		}
+	}
+	if ok[ScenarioPrimaryReady] {
+		// network-status as KubeVirt reads it, written by Multus alone.
+		for _, name := range []string{"a-1", "a-2"} {
+			checkPrimaryDefault(t, mustPod(ctx, t, c, nsTenantA, name))
 		}
 	}
 	if err := CleanupPodScenarios(ctx, c.ScenarioTarget(), testLog{t}); err != nil {
