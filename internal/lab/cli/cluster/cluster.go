@@ -195,7 +195,8 @@ func running(dir string) (int, bool) {
 }
 
 // stop ends the cluster's process (which takes the cluster down), then
-// removes whatever is left, the directory included.
+// removes whatever is left, the directory included, unless another
+// cluster has started since (CleanupStopped).
 func stop(dir string) error {
 	if pid, ok := running(dir); ok {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
@@ -211,7 +212,12 @@ func stop(dir string) error {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	if err := labcluster.Cleanup(dir); err != nil {
+	switch err := labcluster.CleanupStopped(dir); {
+	case errors.Is(err, labcluster.ErrClusterRunning):
+		// Another cluster took the lock the moment this one's process
+		// ended: the bridge, namespaces and cgroups are its own now.
+		fmt.Printf("kvnet-lab cluster: another cluster runs now; left the network and cgroups to it (%v)\n", err)
+	case err != nil:
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
