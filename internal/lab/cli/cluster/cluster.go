@@ -141,12 +141,14 @@ func startBackground(f *flagpole) error {
 			// still waiting for the lock (in flock) ignores it until it
 			// has the lock, so it is killed.
 			_ = cmd.Process.Signal(syscall.SIGTERM)
+			var werr error
 			select {
-			case <-exited:
+			case werr = <-exited:
 			case <-time.After(2 * time.Minute):
 				_ = cmd.Process.Kill()
+				werr = <-exited
 			}
-			return fmt.Errorf("cluster not up after %s; log: %s", f.timeout, logPath)
+			return fmt.Errorf("cluster not up after %s (stopped: %v); log: %s", f.timeout, werr, logPath)
 		case <-time.After(500 * time.Millisecond):
 		}
 		if show(logPath, &shown) {
