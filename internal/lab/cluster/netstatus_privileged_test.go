@@ -48,17 +48,17 @@ func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
 }
 
 // checkLeaseReleased checks that the cluster default network's IPAM on
-// node i (Flannel delegates to host-local, which keeps one file per
+// node (Flannel delegates to host-local, which keeps one file per
 // address under /var/lib/cni/networks/<network>) holds no lease for ip:
 // kvnet-cni, the primary-UDN pod's default network for Multus, ran the
 // default network's DEL when the pod went.
-func checkLeaseReleased(t *testing.T, c *Cluster, i int, ip string) {
+func checkLeaseReleased(t *testing.T, c *Cluster, node, ip string) {
 	t.Helper()
-	leases, err := filepath.Glob(filepath.Join(c.Dir, "nodes", NodeName(i), "root", "var/lib/cni/networks", "*", ip))
+	leases, err := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/networks", "*", ip))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(leases) > 0 {
-		t.Errorf("node %s: default network lease %v still held after its pod was deleted", NodeName(i), leases)
+		t.Errorf("node %s: default network lease %v still held after its pod was deleted", node, leases)
 	}
 }
