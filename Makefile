@@ -91,6 +91,10 @@ cluster-up: cluster-deps tools build ## Build (cached) and start the real cluste
 cluster-down: ## Stop the real cluster and remove everything it made
 	@if [ -x $(BIN)/kvnet-lab ]; then $(BIN)/kvnet-lab cluster down --dir $(CLUSTER_DIR); fi
 
+.PHONY: cluster-demo
+cluster-demo: build ## Run the pod scenarios on the cluster of make cluster-up (installs kvnet first if needed); one PASS/FAIL line each
+	$(BIN)/kvnet-lab cluster demo --dir $(CLUSTER_DIR)
+
 # Not in make test yet: its first run builds kubelet & co. (minutes).
 .PHONY: cluster-test
 cluster-test: cluster-deps tools ## Run the real-cluster test (root; builds kubelet & co. on its first run, cached after)

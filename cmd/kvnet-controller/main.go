@@ -64,9 +64,11 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 	fs.IntVar(&w.Port, "webhook-port", w.Port, "port of the admission webhooks; 0 disables them")
 	fs.StringVar(&w.PrimaryAttachment, "primary-network-attachment", w.PrimaryAttachment,
 		"how pods get their namespace's primary network: "+manager.PrimaryByMultus+" (kvnet's webhook selects it in k8s.v1.cni.cncf.io/networks as ovn-udn1; "+
-			"the cluster default network stays eth0) or "+manager.PrimaryByDefaultNetwork+" (the cluster's default network plugin attaches it)")
+			"the cluster default network stays eth0), "+manager.PrimaryByMultusDefault+" (kvnet's webhook makes it the pod's default network for Multus, "+
+			"v1.multus-cni.io/default-network; kvnet-cni attaches the cluster default network as eth0 and the primary network as ovn-udn1 in one result, "+
+			"so that Multus reports ovn-udn1 as the default network; what kvnet install sets) or "+manager.PrimaryByDefaultNetwork+" (the cluster's default network plugin attaches it)")
 	fs.StringVar(&w.DefaultNetworkNAD, "default-network-nad", w.DefaultNetworkNAD, "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
-		"required in "+manager.PrimaryByDefaultNetwork+" mode (OVN-Kubernetes: ovn-kubernetes/default), unused with "+manager.PrimaryByMultus)
+		"required in "+manager.PrimaryByDefaultNetwork+" mode (OVN-Kubernetes: ovn-kubernetes/default), unused otherwise")
 	fs.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader lease (default: the pod's)")
 	reservedSubnets := reserved.Flags(fs)
 	globalNS := fs.String("global-namespaces", strings.Join(opts.GlobalNamespaces, ","),

@@ -65,7 +65,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=default"}, `default network NAD "default": want <namespace>/<name>`},
 		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=/default"}, `default network NAD "/default"`},
 		{[]string{"--primary-network-attachment=default-network", "--default-network-nad=a/b/c"}, `default network NAD "a/b/c"`},
-		{[]string{"--primary-network-attachment="}, `primary network attachment "": want "multus" or "default-network"`},
+		{[]string{"--primary-network-attachment="}, `primary network attachment "": want "multus", "multus-default" or "default-network"`},
 		{[]string{"--primary-network-attachment=bogus"}, `primary network attachment "bogus"`},
 		{[]string{"--webhook-port=70000"}, "webhook port 70000"},
 	} {

@@ -159,6 +159,12 @@ type request struct {
 	opts     Options
 	version  string
 	ipamOnly bool
+	// attachDefault: kvnet-cni is the pod's default network for Multus
+	// (DefaultNetworkArg); see addWithDefault.
+	attachDefault bool
+	// runtimeConfig is the runtime's (portMappings, ...), passed on to the
+	// cluster default network with attachDefault.
+	runtimeConfig map[string]any
 }
 
 func parse(stdin []byte) (*request, error) {
@@ -166,6 +172,10 @@ func parse(stdin []byte) (*request, error) {
 		CNIVersion string          `json:"cniVersion"`
 		Type       string          `json:"type"`
 		IPAM       json.RawMessage `json:"ipam"`
+		Args       struct {
+			CNI map[string]json.RawMessage `json:"cni"`
+		} `json:"args"`
+		RuntimeConfig map[string]any `json:"runtimeConfig"`
 		Options
 	}
 	if err := json.Unmarshal(stdin, &top); err != nil {
@@ -179,7 +189,17 @@ func parse(stdin []byte) (*request, error) {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
 			fmt.Sprintf("neither \"type\": %q nor \"ipam\": {\"type\": %q}", netconf.PluginType, netconf.IPAMType))
 	}
-	r := &request{served: s, opts: top.Options, version: top.CNIVersion, ipamOnly: s.IPAM != nil}
+	r := &request{served: s, opts: top.Options, version: top.CNIVersion, ipamOnly: s.IPAM != nil, runtimeConfig: top.RuntimeConfig}
+	if v, ok := top.Args.CNI[DefaultNetworkArg]; ok {
+		if err := json.Unmarshal(v, &r.attachDefault); err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
+				fmt.Sprintf("args.cni[%q] %s: want true or false", DefaultNetworkArg, v))
+		}
+		if r.attachDefault && (r.ipamOnly || !s.IsPrimary()) {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
+				fmt.Sprintf("args.cni[%q]: network %q is not a primary network; only a primary network can be the pod's default network", DefaultNetworkArg, s.Name))
+		}
+	}
 	if r.ipamOnly && len(top.IPAM) > 0 {
 		var o Options
 		if err := json.Unmarshal(top.IPAM, &o); err != nil {
@@ -358,9 +378,22 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		}
 		return types.PrintResult(res, r.version)
 	}
+	if r.attachDefault {
+		return p.addWithDefault(args, r, a)
+	}
+	res, err := wire(args, r, a)
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(res, r.version)
+}
+
+// wire makes the pod interface args.IfName for allocation a and returns
+// its CNI result.
+func wire(args *skel.CmdArgs, r *request, a podnetworks.Attachment) (*current.Result, error) {
 	mac, err := net.ParseMAC(a.MACAddress)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetworkConfig, "bad allocation", err.Error())
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "bad allocation", err.Error())
 	}
 	var ips []netip.Prefix
 	for _, s := range a.IPAddresses {
@@ -385,14 +418,14 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	// interface nothing connects.
 	if stErr == nil {
 		if err := unserved(st, r.served.Name); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	localnet := r.served.Conf.Topology == netconf.TopologyLocalnet
 	if localnet && (stErr != nil || !st.Ready) {
 		// Whether this node can attach it (bridge mapping, VLAN support)
 		// is known once kvnet-node has planned; the runtime retries ADD.
-		return types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready",
+		return nil, types.NewError(types.ErrPluginNotAvailable, "kvnet-node not ready",
 			fmt.Sprintf("network %q is a localnet network: whether this node can attach it is known once kvnet-node is ready", r.served.Name))
 	}
 	switch {
@@ -419,38 +452,38 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if primaryBesideEth0 {
 		gws, err := datapath.DefaultGateways(args.Netns, datapath.DefaultNetworkIfName)
 		if err != nil {
-			return types.NewError(types.ErrInternal, "read the cluster default network's routes", err.Error())
+			return nil, types.NewError(types.ErrInternal, "read the cluster default network's routes", err.Error())
 		}
 		eth0Gateways = gws
 	}
 	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
-		return types.NewError(types.ErrInternal, "set up pod interface", err.Error())
+		return nil, types.NewError(types.ErrInternal, "set up pod interface", err.Error())
 	}
 	if primaryBesideEth0 {
 		if _, err := datapath.KeepProbePath(args.Netns, datapath.DefaultNetworkIfName, eth0Gateways); err != nil {
-			return types.NewError(types.ErrInternal, "keep the kubelet's probes on the cluster default network", err.Error())
+			return nil, types.NewError(types.ErrInternal, "keep the kubelet's probes on the cluster default network", err.Error())
 		}
 	}
 	if primaryBesideEth0 && restrictsDefaultNetwork(st, stErr) {
 		if err := restrictDefaultNetwork(args.Netns); err != nil {
-			return types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
+			return nil, types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
 		}
 	}
 	// kvnet-node attaches the host end to the network's bridge (it knows
 	// the network ID and owns the bridge); the alias tells it which pod and
 	// network the port is, since the name only encodes the container.
 	if err := setAlias(host, portalias.Format(podKey(args), nadKeyOf(r, a))); err != nil {
-		return types.NewError(types.ErrInternal, "label host interface", err.Error())
+		return nil, types.NewError(types.ErrInternal, "label host interface", err.Error())
 	}
 	res, err := result(r.version, a, []*current.Interface{
 		{Name: host},
 		{Name: args.IfName, Mac: mac.String(), Sandbox: args.Netns},
 	}, r.served.IsPrimary())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ok = true
-	return types.PrintResult(res, r.version)
+	return res, nil
 }
 
 // Del removes the host end (the pod end goes with it). It succeeds when
@@ -462,6 +495,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	if r.ipamOnly {
 		return nil // addresses are freed by kvnet-controller when the pod goes
+	}
+	if r.attachDefault {
+		return delWithDefault(args, r)
 	}
 	if err := datapath.TeardownPodInterface(HostIfName(args.ContainerID, args.IfName)); err != nil {
 		return types.NewError(types.ErrInternal, "tear down pod interface", err.Error())
@@ -478,6 +514,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	if r.ipamOnly {
 		return nil
+	}
+	if r.attachDefault {
+		return checkWithDefault(args, r, a)
 	}
 	return checkInterface(args.Netns, args.IfName, a)
 }

@@ -145,11 +145,7 @@ func primaryUDN(t *testing.T, ns, subnet, statusFile string) *libcni.NetworkConf
 	t.Helper()
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
 		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
-	create(t, &udnv1.UserDefinedNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
-		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
-			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
-	})
+	create(t, primaryUDNObject(ns, subnet))
 	var nad nadv1.NetworkAttachmentDefinition
 	testenv.Eventually(t, waitTimeout, "NAD", func() error {
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
@@ -164,6 +160,15 @@ func primaryUDN(t *testing.T, ns, subnet, statusFile string) *libcni.NetworkConf
 	conf["statusFile"] = statusFile
 	config, _ := json.Marshal(conf)
 	return confList(t, string(config))
+}
+
+// primaryUDNObject is a primary Layer2 UDN "net" in ns on subnet.
+func primaryUDNObject(ns, subnet string) *udnv1.UserDefinedNetwork {
+	return &udnv1.UserDefinedNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+		Spec: udnv1.UserDefinedNetworkSpec{Topology: udnv1.NetworkTopologyLayer2, Layer2: &udnv1.Layer2Config{
+			Role: udnv1.NetworkRolePrimary, Subnets: udnv1.DualStackCIDRs{udnv1.CIDR(subnet)}}},
+	}
 }
 
 // serveName answers every TCP connection to ip:8080 in the namespace at

@@ -148,3 +148,52 @@ func WithPrimaryElement(value, podNamespace, primaryKey string, fill func(*Netwo
 	out, err = MarshalSelection(elems)
 	return out, true, err
 }
+
+// AttachDefaultNetworkArg is the "cni-args" key with which the
+// default-network element makes kvnet-cni attach the cluster default
+// network as eth0 and the primary network as ovn-udn1 in one result (see
+// kvnet-cni's package doc): Multus injects it into the NAD's
+// configuration as args.cni.
+const AttachDefaultNetworkArg = "kvnet.io/attach-default-network"
+
+// WithPrimaryDefaultNetwork returns the default-network annotation value
+// (DefaultNetworkAnnotation; value is its current value, "" if none) that
+// makes NAD primaryKey ("<ns>/<name>") the pod's default network through
+// kvnet-cni: one element selecting it with AttachDefaultNetworkArg, set
+// by fill when fill is not nil. An annotation that names another network,
+// or more than one, is an error: in a namespace with a primary network
+// kvnet owns it. changed is false when the annotation already says so.
+func WithPrimaryDefaultNetwork(value, podNamespace, primaryKey string, fill func(*NetworkSelectionElement)) (out string, changed bool, err error) {
+	ns, name, ok := strings.Cut(primaryKey, "/")
+	if !ok {
+		return "", false, fmt.Errorf("primary network %q is not <namespace>/<name>", primaryKey)
+	}
+	el := NetworkSelectionElement{Name: name, Namespace: ns}
+	var before *NetworkSelectionElement
+	if strings.TrimSpace(value) != "" {
+		elems, err := ParseSelection(DefaultNetworkAnnotation, value, podNamespace)
+		if err != nil {
+			return "", false, err
+		}
+		if len(elems) != 1 || elems[0].Key() != primaryKey {
+			return "", false, fmt.Errorf("%w: annotation %s is %q: in a namespace with a primary network kvnet sets it to the primary network %s", ErrInvalidSelection, DefaultNetworkAnnotation, value, primaryKey)
+		}
+		el = elems[0]
+		b := el
+		before = &b
+	}
+	args := map[string]any{}
+	for k, v := range el.CNIArgs {
+		args[k] = v
+	}
+	args[AttachDefaultNetworkArg] = true
+	el.CNIArgs = args
+	if fill != nil {
+		fill(&el)
+	}
+	if before != nil && reflect.DeepEqual(*before, el) {
+		return value, false, nil
+	}
+	out, err = MarshalSelection([]NetworkSelectionElement{el})
+	return out, true, err
+}

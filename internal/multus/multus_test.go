@@ -106,3 +106,36 @@ func TestWithPrimaryElement(t *testing.T) {
 		}
 	}
 }
+
+func TestWithPrimaryDefaultNetwork(t *testing.T) {
+	const ours = `[{"name":"tenant","namespace":"ns","cni-args":{"kvnet.io/attach-default-network":true}}]`
+	for _, tt := range []struct {
+		name, value, want, err string
+		changed                bool
+		fill                   func(*NetworkSelectionElement)
+	}{
+		{name: "none", value: "", want: ours, changed: true},
+		{name: "already ours", value: ours, want: ours},
+		{name: "short form of the primary", value: "ns/tenant", want: ours, changed: true},
+		{name: "other cni-args kept", value: `[{"name":"tenant","namespace":"ns","cni-args":{"x":"y"}}]`,
+			want: `[{"name":"tenant","namespace":"ns","cni-args":{"kvnet.io/attach-default-network":true,"x":"y"}}]`, changed: true},
+		{name: "fill", value: ours, fill: func(e *NetworkSelectionElement) { e.IPAMClaimReference = "vm.net" },
+			want: `[{"name":"tenant","namespace":"ns","ipam-claim-reference":"vm.net","cni-args":{"kvnet.io/attach-default-network":true}}]`, changed: true},
+		{name: "another network", value: "kube-system/flannel", err: `annotation v1.multus-cni.io/default-network is "kube-system/flannel": in a namespace with a primary network kvnet sets it to the primary network ns/tenant`},
+		{name: "two elements", value: "tenant, other", err: "kvnet sets it to the primary network ns/tenant"},
+		{name: "unparsable", value: "[{", err: "annotation v1.multus-cni.io/default-network"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, changed, err := WithPrimaryDefaultNetwork(tt.value, "ns", "ns/tenant", tt.fill)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %q, %v; want an error containing %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want || changed != tt.changed {
+				t.Fatalf("got %q changed=%v err=%v; want %q changed=%v", got, changed, err, tt.want, tt.changed)
+			}
+		})
+	}
+}

@@ -157,6 +157,11 @@ type PodOptions struct {
 	// claim (no persistent IPs) still gets the network's element: KubeVirt
 	// rebuilds the networks annotation on hot plug without it.
 	PrimaryKey string
+	// PrimaryAsDefaultNetwork: the primary network is the pod's default
+	// network for Multus (multus.WithPrimaryDefaultNetwork): the claim,
+	// MAC and IPs go in the default-network element, which names the
+	// primary NAD (PrimaryKey) itself; DefaultNetworkNAD is unused.
+	PrimaryAsDefaultNetwork bool
 }
 
 // MutatePod returns the annotations a launcher pod must have so the IPAM
@@ -227,6 +232,27 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 		}
 		if changed {
 			out[multus.NetworksAnnotation] = v
+		}
+		return out, nil
+	}
+	if opts.PrimaryAsDefaultNetwork {
+		mac, err := primaryMAC(vmi, primary.LogicalNet)
+		if err != nil {
+			return nil, err
+		}
+		ips, err := requestedIPs(vmi, primary.LogicalNet, primarySubnets)
+		if err != nil {
+			return nil, err
+		}
+		v, changed, err := multus.WithPrimaryDefaultNetwork(out[multus.DefaultNetworkAnnotation], pod.Namespace, primary.NADKey, func(e *multus.NetworkSelectionElement) {
+			// Requested IPs go with the claim reference, as below.
+			e.IPAMClaimReference, e.MacRequest, e.IPRequest = primary.Name, mac, ips
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrDeny, err)
+		}
+		if changed {
+			out[multus.DefaultNetworkAnnotation] = v
 		}
 		return out, nil
 	}

@@ -96,6 +96,11 @@ type Options struct {
 const (
 	PrimaryByMultus         = "multus"
 	PrimaryByDefaultNetwork = "default-network"
+	// PrimaryByMultusDefault: the primary NAD is the pod's default
+	// network for Multus (v1.multus-cni.io/default-network), and kvnet-cni
+	// runs the cluster default network for eth0 itself; Multus then marks
+	// ovn-udn1 default in network-status in its own write.
+	PrimaryByMultusDefault = "multus-default"
 )
 
 // DefaultOptions returns kvnet-controller's defaults, the one place
@@ -127,11 +132,11 @@ func (w *WebhookOptions) Validate() error {
 		return errors.New("MAC range ConfigMap name is empty")
 	}
 	switch w.PrimaryAttachment {
-	case PrimaryByMultus:
+	case PrimaryByMultus, PrimaryByMultusDefault:
 		return nil
 	case PrimaryByDefaultNetwork:
 	default:
-		return fmt.Errorf("primary network attachment %q: want %q or %q", w.PrimaryAttachment, PrimaryByMultus, PrimaryByDefaultNetwork)
+		return fmt.Errorf("primary network attachment %q: want %q, %q or %q", w.PrimaryAttachment, PrimaryByMultus, PrimaryByMultusDefault, PrimaryByDefaultNetwork)
 	}
 	if w.DefaultNetworkNAD == "" {
 		return fmt.Errorf("default network NAD is required with primary network attachment %s: the <namespace>/<name> of the cluster default network's NAD (OVN-Kubernetes: ovn-kubernetes/default)", w.PrimaryAttachment)
@@ -157,7 +162,9 @@ type WebhookOptions struct {
 	IPs      []net.IP
 	// PrimaryAttachment says how pods get their namespace's primary
 	// network: PrimaryByMultus (an element of the networks annotation that
-	// kvnet's webhook adds; the cluster default network stays eth0) or
+	// kvnet's webhook adds; the cluster default network stays eth0),
+	// PrimaryByMultusDefault (the primary NAD as Multus's default network
+	// for the pod; kvnet-cni attaches eth0 and ovn-udn1 together) or
 	// PrimaryByDefaultNetwork (the cluster's default network plugin
 	// attaches it, as OVN-Kubernetes does, and the lab's kubelet). It
 	// must be set: DefaultWebhookOptions has the default.
@@ -317,10 +324,13 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv.Register(webhooks.LauncherPodPath, &webhook.Admission{Handler: &webhooks.LauncherPodMutator{
 		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
-		PrimaryInNetworks: w.PrimaryAttachment == PrimaryByMultus,
+		PrimaryInNetworks:       w.PrimaryAttachment == PrimaryByMultus,
+		PrimaryAsDefaultNetwork: w.PrimaryAttachment == PrimaryByMultusDefault,
 	}})
 	srv.Register(webhooks.PrimaryPodPath, &webhook.Admission{Handler: &webhooks.PrimaryPodMutator{
-		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, Multus: w.PrimaryAttachment == PrimaryByMultus,
+		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec,
+		Multus:           w.PrimaryAttachment == PrimaryByMultus || w.PrimaryAttachment == PrimaryByMultusDefault,
+		AsDefaultNetwork: w.PrimaryAttachment == PrimaryByMultusDefault,
 	}})
 	// Renewals and caBundle upkeep, on every replica.
 	if err := mgr.Add(certMgr); err != nil {

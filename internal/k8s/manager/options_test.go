@@ -29,7 +29,7 @@ func TestWebhookOptionsValidate(t *testing.T) {
 		mutate func(*manager.WebhookOptions)
 		err    string
 	}{
-		{"empty mode", func(w *manager.WebhookOptions) { w.PrimaryAttachment = "" }, `primary network attachment "": want "multus" or "default-network"`},
+		{"empty mode", func(w *manager.WebhookOptions) { w.PrimaryAttachment = "" }, `primary network attachment "": want "multus", "multus-default" or "default-network"`},
 		{"default-network without NAD", func(w *manager.WebhookOptions) { w.PrimaryAttachment = manager.PrimaryByDefaultNetwork },
 			"default network NAD is required with primary network attachment default-network"},
 		{"bad NAD", func(w *manager.WebhookOptions) {

@@ -44,6 +44,10 @@ type LauncherPodMutator struct {
 	// PrimaryPodMutator), so a VM's primary claim goes in the networks
 	// element, not in a default-network element.
 	PrimaryInNetworks bool
+	// PrimaryAsDefaultNetwork: primary networks are the pods' default
+	// network for Multus (see PrimaryPodMutator.AsDefaultNetwork), so a
+	// VM's primary claim goes in that default-network element.
+	PrimaryAsDefaultNetwork bool
 	// VMIRetries and VMIRetryDelay bound the wait for a VMI the reader
 	// does not see yet (default 4 × 500 ms, as ipam-extensions).
 	VMIRetries    int
@@ -164,10 +168,11 @@ func (m *LauncherPodMutator) annotations(ctx context.Context, pod *corev1.Pod, v
 		}
 	}
 	return vmclaims.MutatePod(pod, vmi, claims, primarySubnets, vmclaims.PodOptions{
-		DefaultNetworkNAD: m.DefaultNetworkNAD,
-		Create:            create,
-		PrimaryInNetworks: m.PrimaryInNetworks,
-		PrimaryKey:        primaryKey,
+		DefaultNetworkNAD:       m.DefaultNetworkNAD,
+		Create:                  create,
+		PrimaryInNetworks:       m.PrimaryInNetworks,
+		PrimaryKey:              primaryKey,
+		PrimaryAsDefaultNetwork: m.PrimaryAsDefaultNetwork,
 	})
 }
 

@@ -29,11 +29,20 @@ const PrimaryPodPath = "/mutate-pod-primary-network"
 // k8s.ovn.org/primary-user-defined-network; when Multus is false (the
 // cluster's default network plugin attaches primary networks itself, as
 // OVN-Kubernetes does) it changes nothing.
+//
+// With AsDefaultNetwork (and Multus) it names the primary NAD in the pod's
+// v1.multus-cni.io/default-network annotation instead, with the cni-arg
+// multus.AttachDefaultNetworkArg: Multus then calls kvnet-cni as the pod's
+// default network, which runs the cluster default network for eth0 itself
+// and returns eth0 and ovn-udn1 in one result, ovn-udn1 holding the
+// gateway; so Multus's own network-status marks ovn-udn1 default, with no
+// second writer racing it.
 type PrimaryPodMutator struct {
-	Reader  client.Reader
-	Cache   client.Reader
-	Decoder admission.Decoder
-	Multus  bool
+	Reader           client.Reader
+	Cache            client.Reader
+	Decoder          admission.Decoder
+	Multus           bool
+	AsDefaultNetwork bool
 }
 
 // Handle implements admission.Handler.
@@ -75,7 +84,14 @@ func (m *PrimaryPodMutator) Handle(ctx context.Context, req admission.Request) a
 		return admission.Denied(fmt.Sprintf("namespace %s is labelled %s but no primary UserDefinedNetwork or ClusterUserDefinedNetwork serves it: pod %s is refused until one does, so that it is not started on the cluster default network alone",
 			pod.Namespace, udn.PrimaryNamespaceLabel, podName(&pod)))
 	}
-	v, changed, err := multus.WithPrimaryElement(pod.Annotations[multus.NetworksAnnotation], pod.Namespace, primaryKey, nil)
+	key, with := multus.NetworksAnnotation, multus.WithPrimaryElement
+	if m.AsDefaultNetwork {
+		if err := notInNetworks(pod.Annotations[multus.NetworksAnnotation], pod.Namespace, primaryKey); err != nil {
+			return admission.Denied(fmt.Sprintf("pod %s: %v", podName(&pod), err))
+		}
+		key, with = multus.DefaultNetworkAnnotation, multus.WithPrimaryDefaultNetwork
+	}
+	v, changed, err := with(pod.Annotations[key], pod.Namespace, primaryKey, nil)
 	if err != nil {
 		return admission.Denied(fmt.Sprintf("pod %s: %v", podName(&pod), err))
 	}
@@ -86,7 +102,7 @@ func (m *PrimaryPodMutator) Handle(ctx context.Context, req admission.Request) a
 	for k, val := range pod.Annotations {
 		ann[k] = val
 	}
-	ann[multus.NetworksAnnotation] = v
+	ann[key] = v
 	return patchAnnotations(req.Object.Raw, ann)
 }
 
@@ -133,4 +149,21 @@ func (m *PrimaryPodMutator) pendingPrimary(ctx context.Context, namespace string
 		}
 	}
 	return "", nil
+}
+
+// notInNetworks refuses a networks annotation that selects the primary
+// network primaryKey when kvnet attaches it as the default network: Multus
+// would attach it a second time.
+func notInNetworks(value, podNamespace, primaryKey string) error {
+	elems, err := multus.ParseSelection(multus.NetworksAnnotation, value, podNamespace)
+	if err != nil {
+		return err
+	}
+	for i, e := range elems {
+		if e.Key() == primaryKey {
+			return fmt.Errorf("%w: annotation %s element %d selects the namespace's primary network %s, which kvnet attaches as the pod's default network (interface %s): remove the element",
+				multus.ErrInvalidSelection, multus.NetworksAnnotation, i, primaryKey, multus.PrimaryInterface)
+		}
+	}
+	return nil
 }

@@ -149,3 +149,81 @@ func equalElem(a, b multus.NetworkSelectionElement) bool {
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)
 }
+
+// TestPrimaryPodMutatorDefaultNetwork: in multus-default mode the primary
+// NAD becomes the pod's default network for Multus: one default-network
+// element naming it with kvnet-cni's attach-default-network cni-arg and
+// nothing added to the networks annotation; a launcher pod's claim, MAC
+// and IPs go in that element (written by the launcher mutator, which runs
+// first, and kept by the primary mutator); a default-network annotation
+// naming another network, or the primary network selected in the
+// networks annotation, is refused, naming it.
+func TestPrimaryPodMutatorDefaultNetwork(t *testing.T) {
+	dec := admission.NewDecoder(env.Client.Scheme())
+	primary := &webhooks.PrimaryPodMutator{Reader: c, Decoder: dec, Multus: true, AsDefaultNetwork: true}
+	labels := map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}
+	mkNS(t, "pmd", labels)
+	mkUDN(t, "pmd", "tenant", udnv1.NetworkRolePrimary, "10.112.0.0/16")
+	mkUDN(t, "pmd", "extra", udnv1.NetworkRoleSecondary, "10.113.0.0/16")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "pmd", Name: "p", Annotations: map[string]string{multus.NetworksAnnotation: "extra@net1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
+	resp, ann := admit(t, primary, pod)
+	if !resp.Allowed {
+		t.Fatalf("denied: %s", resp.Result.Message)
+	}
+	if ann[multus.NetworksAnnotation] != "extra@net1" {
+		t.Errorf("networks annotation changed to %q", ann[multus.NetworksAnnotation])
+	}
+	elems, err := multus.ParseSelection(multus.DefaultNetworkAnnotation, ann[multus.DefaultNetworkAnnotation], "pmd")
+	if err != nil || len(elems) != 1 || elems[0].Key() != "pmd/tenant" || elems[0].CNIArgs[multus.AttachDefaultNetworkArg] != true || elems[0].InterfaceRequest != "" {
+		t.Fatalf("default-network after admission %q (%v)", ann[multus.DefaultNetworkAnnotation], err)
+	}
+	pod.Annotations = ann
+	if resp, _ := admit(t, primary, pod); !resp.Allowed || len(resp.Patches) != 0 {
+		t.Errorf("second admission: allowed=%v patches=%v", resp.Allowed, resp.Patches)
+	}
+	for _, tc := range []struct{ name, key, value, msg string }{
+		{"another default network", multus.DefaultNetworkAnnotation, "kube-system/other", `annotation v1.multus-cni.io/default-network is "kube-system/other": in a namespace with a primary network kvnet sets it to the primary network pmd/tenant`},
+		{"primary in networks", multus.NetworksAnnotation, "tenant@ovn-udn1", `element 0 selects the namespace's primary network pmd/tenant, which kvnet attaches as the pod's default network`},
+	} {
+		pod.Annotations = map[string]string{tc.key: tc.value}
+		resp, _ := admit(t, primary, pod)
+		if msg := message(resp); resp.Allowed || !strings.Contains(msg, tc.msg) {
+			t.Errorf("%s: allowed=%v %q, want denied with %q", tc.name, resp.Allowed, msg, tc.msg)
+		}
+	}
+
+	create(t, primaryVMI("pmd", "vm1", "02:cc:00:00:00:02", `{"podnet":["10.112.0.9"]}`))
+	launcherH := &webhooks.LauncherPodMutator{Reader: c, Decoder: dec, PrimaryAsDefaultNetwork: true}
+	lp := launcherPod("pmd", "vm1", nil)
+	lp.Name = "virt-launcher-vm1-x"
+	resp, ann = admit(t, launcherH, lp)
+	if !resp.Allowed {
+		t.Fatalf("launcher pod denied: %s", resp.Result.Message)
+	}
+	lp.Annotations = ann
+	resp, ann2 := admit(t, primary, lp)
+	if !resp.Allowed || len(resp.Patches) != 0 {
+		t.Fatalf("primary mutator on the launcher pod: allowed=%v %q patches=%v", resp.Allowed, message(resp), resp.Patches)
+	}
+	elems, err = multus.ParseSelection(multus.DefaultNetworkAnnotation, ann2[multus.DefaultNetworkAnnotation], "pmd")
+	if err != nil || len(elems) != 1 {
+		t.Fatalf("launcher default-network %q (%v)", ann2[multus.DefaultNetworkAnnotation], err)
+	}
+	e := elems[0]
+	if e.Key() != "pmd/tenant" || e.IPAMClaimReference != "vm1.podnet" || e.MacRequest != "02:cc:00:00:00:02" ||
+		len(e.IPRequest) != 1 || e.IPRequest[0] != "10.112.0.9/16" || e.CNIArgs[multus.AttachDefaultNetworkArg] != true {
+		t.Errorf("launcher default-network element %+v", e)
+	}
+	if strings.Contains(ann2[multus.NetworksAnnotation], "tenant") {
+		t.Errorf("launcher networks annotation selects the primary network: %q", ann2[multus.NetworksAnnotation])
+	}
+}
+
+// message is a response's result message ("" when it has none).
+func message(resp admission.Response) string {
+	if resp.Result == nil {
+		return ""
+	}
+	return resp.Result.Message
+}

@@ -24,9 +24,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/remotecommand"
-	"k8s.io/utils/ptr"
 
 	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
@@ -225,18 +222,6 @@ func testCoreDNS(ctx context.Context, t *testing.T, c *Cluster, ns string) {
 	}
 }
 
-// sleeper is a busybox pod on node that sleeps (a client to exec into).
-func sleeper(ns, name, node, image string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
-			TerminationGracePeriodSeconds: ptr.To[int64](0),
-			Containers:                    []corev1.Container{{Name: "sleep", Image: image, Command: []string{"sleep", "3600"}}},
-		},
-	}
-}
-
 // testKubeProxy checks kube-proxy's Services: a ClusterIP Service in
 // front of web-1 and web-2 reached from a pod on the third node, and the
 // kubernetes Service (10.96.0.1:443) from a pod with its ServiceAccount.
@@ -280,28 +265,6 @@ func testKubeProxy(ctx context.Context, t *testing.T, c *Cluster, ns string) {
 	})
 }
 
-// webPod is a busybox httpd pod on node serving "hello from <name>" on
-// port 8080, Ready once its page answers.
-func webPod(ns, name, node, image string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{corev1.LabelHostname: node},
-			Containers: []corev1.Container{{
-				Name:  "web",
-				Image: image,
-				Command: []string{"sh", "-c",
-					"mkdir -p /tmp/www && echo hello from " + name + " > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"},
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
-					PeriodSeconds: 1,
-				},
-			}},
-		},
-	}
-}
-
 // waitPodReady waits for pod ns/name to be Ready and returns it.
 func waitPodReady(ctx context.Context, t *testing.T, c *Cluster, ns, name string) *corev1.Pod {
 	t.Helper()
@@ -325,15 +288,7 @@ func waitPodReady(ctx context.Context, t *testing.T, c *Cluster, ns, name string
 // execOut runs a command in pod ns/pod's first container through the
 // API server (kubectl exec) and returns its stdout and stderr.
 func execOut(ctx context.Context, c *Cluster, ns, pod string, cmd ...string) (stdout, stderr string, err error) {
-	req := c.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Command: cmd, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	ex, err := remotecommand.NewSPDYExecutor(c.CP.Config, "POST", req.URL())
-	if err != nil {
-		return "", "", err
-	}
-	var out, errb bytes.Buffer
-	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &errb})
-	return out.String(), errb.String(), err
+	return PodExec(ctx, c.CP.Config, c.Client, ns, pod, cmd...)
 }
 
 // execIn is execOut failing the test on an error.

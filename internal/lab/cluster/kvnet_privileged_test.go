@@ -5,9 +5,7 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,11 +13,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -53,9 +48,9 @@ func kvnetCLI(t *testing.T, c *Cluster) func(args ...string) (string, error) {
 }
 
 // testKvnet installs kvnet from the registry's images with kvnet install,
-// as a user does, checks it with kvnet check, runs pods of a primary
-// Layer2 UDN on two nodes through real Multus and kvnet-cni, and
-// uninstalls it again.
+// as a user does, checks it with kvnet check, runs the pod scenarios
+// (RunPodScenarios: UDNs, a CUDN, isolation, Services, egress) through
+// real Multus and kvnet-cni, and uninstalls it again.
 func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 	kvnet := kvnetCLI(t, c)
 	// No KubeVirt on this cluster yet: kvnet-controller serves pods
@@ -93,7 +88,7 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Errorf("kvnet check: %v", err)
 	}
 
-	t.Run("PrimaryUDN", func(t *testing.T) { testPrimaryUDN(ctx, t, c) })
+	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c) })
 
 	// The Multus test's NAD goes first: uninstall keeps the NAD CRD
 	// Multus installed, and kvnet's NADs must be gone with the UDNs.
@@ -113,93 +108,36 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 	testKvnetGone(ctx, t, c)
 }
 
-var (
-	udnGVR = schema.GroupVersionResource{Group: "k8s.ovn.org", Version: "v1", Resource: "userdefinednetworks"}
-	nadGVR = schema.GroupVersionResource{Group: "k8s.cni.cncf.io", Version: "v1", Resource: "network-attachment-definitions"}
-)
-
-// testPrimaryUDN: pods of a namespace with a primary Layer2 UDN, on two
-// nodes, get ovn-udn1 (the webhook names it, Multus calls kvnet-cni) and
-// reach each other at their ovn-udn1 addresses.
-func testPrimaryUDN(ctx context.Context, t *testing.T, c *Cluster) {
-	const ns = "udn-e2e"
-	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}}
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(c.CP.Config)
+// testPodScenarios runs the pod scenarios (RunPodScenarios) on the
+// cluster and fails on each that fails, checks the primary UDN pods'
+// network-status (checkPrimaryDefault); then removes their objects,
+// kvnet's networks among them, which kvnet uninstall requires gone.
+func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
+	results, err := RunPodScenarios(ctx, c.ScenarioTarget(), testLog{t})
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("pod scenarios: %v", err)
 	}
-	udn := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "k8s.ovn.org/v1", "kind": "UserDefinedNetwork",
-		"metadata": map[string]any{"name": "l2", "namespace": ns},
-		"spec": map[string]any{"topology": "Layer2", "layer2": map[string]any{
-			"role": "Primary", "subnets": []any{"10.100.0.0/24"},
-		}},
-	}}
-	if _, err := dyn.Resource(udnGVR).Namespace(ns).Create(ctx, udn, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, time.Minute, "NAD of UDN "+ns+"/l2 and ServiceAccount default", func() error {
-		if _, err := c.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
-			return err
-		}
-		_, err := dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "l2", metav1.GetOptions{})
-		return err
-	})
-	for i, name := range []string{"udn-1", "udn-2"} {
-		p := webPod(ns, name, NodeName(i+1), c.Images["busybox"])
-		testenv.Eventually(t, time.Minute, "create pod "+ns+"/"+name, func() error {
-			_, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
-			return err
-		})
-	}
-	addr := map[string]netip.Addr{}
-	for _, name := range []string{"udn-1", "udn-2"} {
-		p := waitPodReady(ctx, t, c, ns, name)
-		t.Logf("pod %s: networks %s; network-status %s", name, p.Annotations["k8s.v1.cni.cncf.io/networks"], p.Annotations["k8s.v1.cni.cncf.io/network-status"])
-		var statuses []networkStatus
-		if err := json.Unmarshal([]byte(p.Annotations["k8s.v1.cni.cncf.io/network-status"]), &statuses); err != nil {
-			t.Fatalf("pod %s: network-status: %v", name, err)
-		}
-		for _, s := range statuses {
-			if s.Interface == "ovn-udn1" && len(s.IPs) > 0 {
-				addr[name], _ = netip.ParseAddr(s.IPs[0])
-			}
-		}
-		if !addr[name].IsValid() || !netip.MustParsePrefix("10.100.0.0/24").Contains(addr[name]) {
-			t.Fatalf("pod %s: no ovn-udn1 address in 10.100.0.0/24 in network-status %+v", name, statuses)
-		}
-		got := execIn(ctx, t, c, ns, name, "ip", "-4", "addr", "show", "dev", "ovn-udn1")
-		if !strings.Contains(got, "inet "+addr[name].String()+"/") {
-			t.Errorf("pod %s: ovn-udn1 lacks %s:\n%s", name, addr[name], got)
+	got, ok := map[string]bool{}, map[string]bool{}
+	for _, r := range results {
+		got[r.Name], ok[r.Name] = true, r.OK
+		if !r.OK {
+			t.Errorf("scenario %s: %s", r.Name, r.Detail)
 		}
 	}
-	url := fmt.Sprintf("http://%s:8080/", addr["udn-2"])
-	testenv.Eventually(t, time.Minute, "udn-1 fetches "+url+" (udn-2's ovn-udn1)", func() error {
-		out, errOut, err := execOut(ctx, c, ns, "udn-1", "httpget", url)
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, errOut)
+	for _, name := range PodScenarios {
+		if !got[name] {
+			t.Errorf("scenario %s: no result", name)
 		}
-		if strings.TrimSpace(out) != "hello from udn-2" {
-			return fmt.Errorf("got %q", out)
-		}
-		return nil
-	})
-	if err := c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
 	}
-	testenv.Eventually(t, 2*time.Minute, "namespace "+ns+" gone", func() error {
-		_, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
+	if ok[ScenarioPrimaryReady] {
+		// network-status as KubeVirt reads it, written by Multus alone.
+		for _, name := range []string{"a-1", "a-2"} {
+			checkPrimaryDefault(t, mustPod(ctx, t, c, nsTenantA, name))
 		}
-		return fmt.Errorf("still there (%v)", err)
-	})
+	}
+	if err := CleanupPodScenarios(ctx, c.ScenarioTarget(), testLog{t}); err != nil {
+		t.Fatalf("pod scenarios' cleanup: %v", err)
+	}
 }
 
 // testKvnetGone checks that kvnet uninstall --crds left no kvnet object:

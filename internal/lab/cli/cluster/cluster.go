@@ -34,10 +34,11 @@ type flagpole struct {
 	network     string
 	multus      string
 	foreground  bool
+	waitLock    bool
 	timeout     time.Duration
 }
 
-// NewCommand returns kvnet-lab's "cluster" command (up, down).
+// NewCommand returns kvnet-lab's "cluster" command (up, down, demo).
 func NewCommand() *cobra.Command {
 	f := &flagpole{}
 	cmd := &cobra.Command{
@@ -62,6 +63,7 @@ func NewCommand() *cobra.Command {
 	up.Flags().StringVar(&f.multus, "multus", labcluster.MultusThick, "Multus v4.3.0: thick (multus-daemon and multus-shim, from upstream's multus-daemonset-thick.yml), thin (the multus plugin, from upstream's multus-daemonset.yml) or none")
 	up.Flags().BoolVar(&f.kvnetImages, "kvnet-images", true, "also build kvnet's images (make images) and push them to the registry")
 	up.Flags().BoolVar(&f.foreground, "foreground", false, "run in the foreground until interrupted")
+	up.Flags().BoolVar(&f.waitLock, "wait-for-lock", false, "wait for another cluster on this machine to go (within --timeout) instead of failing")
 	up.Flags().DurationVar(&f.timeout, "timeout", 15*time.Minute, "how long to wait for the cluster to be up")
 	down := &cobra.Command{
 		Use:   "down",
@@ -71,7 +73,7 @@ func NewCommand() *cobra.Command {
 	for _, c := range []*cobra.Command{up, down} {
 		c.Flags().StringVar(&f.dir, "dir", ".cluster", "the cluster's directory (kubeconfig, env, logs, state)")
 	}
-	cmd.AddCommand(up, down)
+	cmd.AddCommand(up, down, newDemoCommand())
 	return cmd
 }
 
@@ -86,6 +88,7 @@ func runForeground(ctx context.Context, f *flagpole) error {
 	}
 	c, err := labcluster.Up(ctx, labcluster.Config{
 		Dir: f.dir, BinDir: f.binDir, Nodes: f.nodes, KvnetImages: f.kvnetImages, DefaultNetwork: f.network, Multus: f.multus, Log: os.Stdout,
+		WaitForLock: f.waitLock,
 	})
 	if err != nil {
 		return err
@@ -117,7 +120,8 @@ func startBackground(f *flagpole) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(self, "cluster", "up", "--foreground", "--dir", f.dir, "--bin-dir", f.binDir,
-		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--default-network="+f.network, "--multus="+f.multus)
+		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--default-network="+f.network, "--multus="+f.multus,
+		"--wait-for-lock="+strconv.FormatBool(f.waitLock))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -133,7 +137,15 @@ func startBackground(f *flagpole) error {
 			show(logPath, &shown)
 			return fmt.Errorf("cluster exited during start-up (%v); log: %s", err, logPath)
 		case <-deadline:
+			// SIGTERM makes Up stop and remove what it started; a child
+			// still waiting for the lock (in flock) ignores it until it
+			// has the lock, so it is killed.
 			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(2 * time.Minute):
+				_ = cmd.Process.Kill()
+			}
 			return fmt.Errorf("cluster not up after %s; log: %s", f.timeout, logPath)
 		case <-time.After(500 * time.Millisecond):
 		}

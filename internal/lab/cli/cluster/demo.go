@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	labcluster "kvnet.io/kvnet/internal/lab/cluster"
+)
+
+type demoFlags struct {
+	dir     string
+	kvnet   string
+	timeout time.Duration
+	cleanup bool
+}
+
+// newDemoCommand returns "kvnet-lab cluster demo".
+func newDemoCommand() *cobra.Command {
+	f := &demoFlags{}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the pod scenarios on the running cluster (installs kvnet first when it is not there)",
+		Long: "Against the cluster of `kvnet-lab cluster up --dir <dir>` (its kubeconfig and env): installs kvnet\n" +
+			"with `kvnet install` from the cluster's registry unless it is installed, waits for it and runs\n" +
+			"`kvnet check`; then removes a previous run's objects, creates the scenarios' namespaces (scn-*),\n" +
+			"networks and pods, and prints one line per scenario: PASS or FAIL, its name, what was seen.\n" +
+			"The objects stay to explore (KUBECONFIG=<dir>/kubeconfig kubectl get pods -A). Exits 1 if any\n" +
+			"scenario failed. --cleanup deletes the scenarios' objects instead.",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+			defer cancel()
+			return runDemo(ctx, f, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&f.dir, "dir", ".cluster", "the cluster's directory (kubeconfig, env)")
+	cmd.Flags().StringVar(&f.kvnet, "kvnet", "", "the kvnet binary (default: kvnet next to kvnet-lab, as make build puts it in bin/)")
+	cmd.Flags().BoolVar(&f.cleanup, "cleanup", false, "delete the scenarios' namespaces and network (what a run left), run nothing")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 20*time.Minute, "how long the whole demo may take")
+	return cmd
+}
+
+// errScenariosFailed is the demo's error when a scenario failed (each is
+// printed).
+var errScenariosFailed = errors.New("scenarios failed")
+
+func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
+	target, err := labcluster.ScenarioTargetFromDir(f.dir)
+	if err != nil {
+		return fmt.Errorf("cluster in %s (make cluster-up): %w", f.dir, err)
+	}
+	if f.cleanup {
+		if err := labcluster.CleanupPodScenarios(ctx, target, out); err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "demo: the scenarios' objects are gone")
+		return nil
+	}
+	env, err := labcluster.ReadEnv(f.dir)
+	if err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(f.dir, labcluster.KubeconfigFile)
+	kvnetBin := f.kvnet
+	if kvnetBin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		kvnetBin = filepath.Join(filepath.Dir(self), "kvnet")
+	}
+	kvnet := func(args ...string) error {
+		args = append(args, "--kubeconfig", kubeconfig)
+		fmt.Fprintf(out, "$ %s %s\n", kvnetBin, strings.Join(args, " "))
+		cmd := exec.CommandContext(ctx, kvnetBin, args...)
+		cmd.Stdout, cmd.Stderr = out, out
+		return cmd.Run()
+	}
+
+	installed, err := labcluster.KvnetInstalled(ctx, target.Client)
+	if err != nil {
+		return err
+	}
+	if installed {
+		fmt.Fprintln(out, "demo: kvnet is installed")
+	} else {
+		if env["KVNET_REGISTRY"] == "" || env["KVNET_TAG"] == "" {
+			return fmt.Errorf("kvnet is not installed and the cluster in %s has no kvnet images (KVNET_REGISTRY, KVNET_TAG in its env): start it with --kvnet-images", f.dir)
+		}
+		if err := kvnet("install", "--registry", env["KVNET_REGISTRY"], "--tag", env["KVNET_TAG"]); err != nil {
+			return fmt.Errorf("kvnet install: %w", err)
+		}
+	}
+	fmt.Fprintln(out, "demo: waiting for kvnet-controller and kvnet-node")
+	if err := labcluster.WaitKvnetReady(ctx, target.Client, 5*time.Minute); err != nil {
+		return fmt.Errorf("kvnet not ready: %w", err)
+	}
+	if err := kvnet("check"); err != nil {
+		return fmt.Errorf("kvnet check: %w", err)
+	}
+
+	results, err := labcluster.RunPodScenarios(ctx, target, out)
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, r := range results {
+		if !r.OK {
+			failed++
+		}
+	}
+	fmt.Fprintf(out, "demo: %d of %d scenarios passed; the objects stay (namespaces labelled %s)\n", len(results)-failed, len(results), labcluster.ScenarioLabel)
+	if failed > 0 {
+		return fmt.Errorf("%w: %d of %d", errScenariosFailed, failed, len(results))
+	}
+	return nil
+}

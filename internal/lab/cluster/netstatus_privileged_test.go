@@ -1,0 +1,47 @@
+//go:build cluster
+
+package cluster
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// checkPrimaryDefault checks a primary-UDN pod's network-status as KubeVirt
+// reads it: exactly one entry marked default, interface ovn-udn1, and
+// eth0 there too; and that only Multus wrote the annotation: every
+// managedFields entry owning it is a write of the status subresource (a
+// Multus UpdateStatus), none a patch of the pod itself (kvnet-node's old
+// rewrite), so no second writer races Multus.
+func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	var statuses []networkStatus
+	if err := json.Unmarshal([]byte(p.Annotations["k8s.v1.cni.cncf.io/network-status"]), &statuses); err != nil {
+		t.Errorf("pod %s: network-status: %v", p.Name, err)
+		return
+	}
+	var defaults []string
+	eth0 := false
+	for _, s := range statuses {
+		if s.Default {
+			defaults = append(defaults, s.Interface)
+		}
+		eth0 = eth0 || s.Interface == "eth0"
+	}
+	if len(defaults) != 1 || defaults[0] != "ovn-udn1" || !eth0 {
+		t.Errorf("pod %s: network-status marks %v default (want exactly [ovn-udn1]), eth0 listed %v: %s",
+			p.Name, defaults, eth0, p.Annotations["k8s.v1.cni.cncf.io/network-status"])
+	}
+	for _, mf := range p.ManagedFields {
+		if mf.FieldsV1 == nil || !strings.Contains(string(mf.FieldsV1.Raw), `"f:k8s.v1.cni.cncf.io/network-status"`) {
+			continue
+		}
+		if mf.Subresource != "status" {
+			t.Errorf("pod %s: network-status written by %q through %s (subresource %q), not only by Multus's status update",
+				p.Name, mf.Manager, mf.Operation, mf.Subresource)
+		}
+	}
+}
