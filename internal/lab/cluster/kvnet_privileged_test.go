@@ -134,6 +134,9 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 		for _, name := range []string{"a-1", "a-2"} {
 			checkPrimaryDefault(t, mustPod(ctx, t, c, nsTenantA, name))
 		}
+		// Their probes on eth0 keep passing, ovn-udn1 holding the
+		// default route (under the ptp32 layout, by KeepProbePath).
+		probesHeld(ctx, t, c, nsTenantA, "a-1", "a-2")
 	}
 	if err := CleanupPodScenarios(ctx, c.ScenarioTarget(), testLog{t}); err != nil {
 		t.Fatalf("pod scenarios' cleanup: %v", err)
