@@ -4,12 +4,13 @@
 #   kubelet, kube-scheduler, kube-proxy   hack/tools/k8s-node (k8s.io/kubernetes,
 #                                         the version hack/tools/k8s pins)
 #   registry                              hack/tools/registry (distribution v3)
-#   bridge, host-local, loopback          the CNI plugins of kvnet's go.mod
+#   bridge, host-local, loopback, ptp     the CNI plugins of kvnet's go.mod
 #   coredns                               hack/tools/coredns (github.com/coredns/coredns)
 #   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
 #   flannel, portmap (CNI)                hack/tools/flannel-cni (containernetworking/plugins v0.9.1)
 #   multus-daemon, multus-shim, multus,   hack/tools/multus
-#   install_multus, passthru (gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+#   install_multus, passthru,             (gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+#   thin_entrypoint
 # containerd and runc are Debian's (hack/install-deps.sh --cluster).
 #
 # Builds are cached OUTSIDE the clone, keyed by version, so that fresh
@@ -95,11 +96,16 @@ build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflag
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
 build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" "-s -w" \
   github.com/distribution/distribution/v3/cmd/registry
-# The CNI plugins come from kvnet's own module: its go.sum pins them.
-build cni-plugins "$cni_version" "$root" "$(grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum" | sha256sum | cut -c1-16)" "-s -w" \
-  github.com/containernetworking/plugins/plugins/main/bridge \
-  github.com/containernetworking/plugins/plugins/ipam/host-local \
+# The CNI plugins come from kvnet's own module: its go.sum pins them. The
+# stamp names the plugins too, so adding one builds the group anew.
+cni_pkgs=(
+  github.com/containernetworking/plugins/plugins/main/bridge
+  github.com/containernetworking/plugins/plugins/ipam/host-local
   github.com/containernetworking/plugins/plugins/main/loopback
+  github.com/containernetworking/plugins/plugins/main/ptp
+)
+build cni-plugins "$cni_version" "$root" "$( (grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum"; echo "${cni_pkgs[*]}") | sha256sum | cut -c1-16)" "-s -w" \
+  "${cni_pkgs[@]}"
 build coredns "$coredns_version" "$coredns_mod" "$(stamp_of "$coredns_mod")" "-s -w" \
   github.com/coredns/coredns
 # flanneld reports its version from this variable; the stand-in module
@@ -112,14 +118,17 @@ CGO=1 RENAME=flannel:flanneld build flannel "$flannel_version" "$flannel_mod" "$
 build flannel-cni "$flannel_cni_version" "$flannel_cni_mod" "$(stamp_of "$flannel_cni_mod")" "-s -w" \
   github.com/containernetworking/plugins/plugins/meta/flannel github.com/containernetworking/plugins/plugins/meta/portmap
 # Multus reports its version from these variables (multus-daemon -version).
+# tools.go lists the commands: it is part of the stamp.
 multus_pkg=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
-RENAME=passthru-cni:passthru build multus "$multus_version" "$multus_mod" "$(stamp_of "$multus_mod")" \
+multus_stamp=$(cat "$multus_mod/go.mod" "$multus_mod/go.sum" "$multus_mod/tools.go" | sha256sum | cut -c1-16)
+RENAME=passthru-cni:passthru build multus "$multus_version" "$multus_mod" "$multus_stamp" \
   "-s -w -X $multus_pkg.version=$multus_version -X $multus_pkg.gitTreeState=clean" \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/install_multus \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/thin_entrypoint
 
 # busybox for the workload image: Debian's busybox-static, the candidate
 # version, downloaded (not installed: it conflicts with package busybox)

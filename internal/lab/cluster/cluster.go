@@ -54,10 +54,12 @@ type Config struct {
 	// DefaultNetwork is the cluster's default pod network: Flannel (VXLAN,
 	// installed from its manifest) when empty or "flannel"; "bridge" is
 	// stage 1's layout (the reference bridge plugin per node and host
-	// routes between the nodes' pod subnets).
+	// routes between the nodes' pod subnets); "ptp32" is the /32 layout
+	// (NetworkPTP32: Calico's, with ptp and host routes).
 	DefaultNetwork string
 	// Multus is the Multus mode: MultusThick (its DaemonSet, from
-	// upstream's manifest) when empty, or MultusNone.
+	// upstream's manifest) when empty, MultusThin (the thin plugin, from
+	// upstream's manifest) or MultusNone.
 	Multus string
 	// Log receives progress lines (nil: none).
 	Log io.Writer
@@ -85,10 +87,10 @@ type Cluster struct {
 	Nodes []string
 	// Client is an admin client.
 	Client kubernetes.Interface
-	// DefaultNetwork is the default pod network (NetworkFlannel or
-	// NetworkBridge).
+	// DefaultNetwork is the default pod network (NetworkFlannel,
+	// NetworkBridge or NetworkPTP32).
 	DefaultNetwork string
-	// Multus is the Multus mode (MultusThick or MultusNone).
+	// Multus is the Multus mode (MultusThick, MultusThin or MultusNone).
 	Multus string
 	// CP is the control plane.
 	CP *controlplane.ControlPlane
@@ -127,16 +129,16 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	switch cfg.DefaultNetwork {
 	case "":
 		cfg.DefaultNetwork = NetworkFlannel
-	case NetworkFlannel, NetworkBridge:
+	case NetworkFlannel, NetworkBridge, NetworkPTP32:
 	default:
-		return nil, fmt.Errorf("cluster: default network %q: want %q or %q", cfg.DefaultNetwork, NetworkFlannel, NetworkBridge)
+		return nil, fmt.Errorf("cluster: default network %q: want %q, %q or %q", cfg.DefaultNetwork, NetworkFlannel, NetworkBridge, NetworkPTP32)
 	}
 	switch cfg.Multus {
 	case "":
 		cfg.Multus = MultusThick
-	case MultusThick, MultusNone:
+	case MultusThick, MultusThin, MultusNone:
 	default:
-		return nil, fmt.Errorf("cluster: multus %q: want %q or %q", cfg.Multus, MultusThick, MultusNone)
+		return nil, fmt.Errorf("cluster: multus %q: want %q, %q or %q", cfg.Multus, MultusThick, MultusThin, MultusNone)
 	}
 	if err := Preflight(cfg.BinDir); err != nil {
 		return nil, err
@@ -188,8 +190,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 	}
 	// The host routes each node's pod subnet to the node (with the bridge
-	// layout the nodes do too; Flannel routes between the nodes itself).
-	if err := routePodSubnets(cfg.Nodes, cfg.DefaultNetwork == NetworkBridge); err != nil {
+	// and ptp32 layouts the nodes do too; Flannel routes between the nodes
+	// itself).
+	if err := routePodSubnets(cfg.Nodes, cfg.DefaultNetwork != NetworkFlannel); err != nil {
 		return nil, err
 	}
 
@@ -210,13 +213,28 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 		labImages = append(labImages, fl...)
 	}
-	if cfg.Multus == MultusThick {
+	switch cfg.Multus {
+	case MultusThick:
 		step("image: multus")
 		mi, err := multusImage(cfg.BinDir)
 		if err != nil {
 			return nil, err
 		}
 		labImages = append(labImages, mi)
+	case MultusThin:
+		step("image: multus-thin")
+		mi, err := multusThinImage(cfg.BinDir)
+		if err != nil {
+			return nil, err
+		}
+		labImages = append(labImages, mi)
+	}
+	var ptp32 []byte
+	if cfg.DefaultNetwork == NetworkPTP32 {
+		step("CNI plugin: ptp32 (internal/lab/cluster/ptp32)")
+		if ptp32, err = buildPTP32Plugin(ctx, root, filepath.Join(dir, "work")); err != nil {
+			return nil, err
+		}
 	}
 	refs, err := pushLabImages(ctx, c.Registry, labImages)
 	if err != nil {
@@ -334,10 +352,15 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n.name(), types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return nil, fmt.Errorf("node %s: set pod CIDR: %w", n.name(), err)
 		}
-		if cfg.DefaultNetwork == NetworkBridge {
-			if err := n.writeCNI(); err != nil {
-				return nil, fmt.Errorf("node %s: CNI config: %w", n.name(), err)
-			}
+		var cniErr error
+		switch cfg.DefaultNetwork {
+		case NetworkBridge:
+			cniErr = n.writeCNI()
+		case NetworkPTP32:
+			cniErr = n.writePTP32CNI(ptp32)
+		}
+		if cniErr != nil {
+			return nil, fmt.Errorf("node %s: CNI config: %w", n.name(), cniErr)
 		}
 	}
 	if cfg.DefaultNetwork == NetworkFlannel {
@@ -359,9 +382,15 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	if cfg.Multus == MultusThick {
+	switch cfg.Multus {
+	case MultusThick:
 		step("Multus (thick) from its manifest")
 		if err := c.installMultus(ctx); err != nil {
+			return nil, err
+		}
+	case MultusThin:
+		step("Multus (thin) from its manifest")
+		if err := c.installMultusThin(ctx); err != nil {
 			return nil, err
 		}
 	}

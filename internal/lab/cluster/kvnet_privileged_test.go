@@ -145,6 +145,9 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 			checkPrimaryDefault(t, p)
 			leases[p.Status.PodIP] = p.Spec.NodeName
 		}
+		// Their probes on eth0 keep passing, ovn-udn1 holding the
+		// default route (under the ptp32 layout, by KeepProbePath).
+		probesHeld(ctx, t, c, nsTenantA, "a-1", "a-2")
 	}
 	if err := CleanupPodScenarios(ctx, c.ScenarioTarget(), testLog{t}); err != nil {
 		t.Fatalf("pod scenarios' cleanup: %v", err)

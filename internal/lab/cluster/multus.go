@@ -16,6 +16,11 @@ const (
 	// whose init container copies multus-shim to the node's /opt/cni/bin
 	// (upstream's multus-daemonset-thick.yml).
 	MultusThick = "thick"
+	// MultusThin is Multus's thin plugin: the multus CNI binary itself in
+	// the node's /opt/cni/bin, which the runtime runs and which calls the
+	// delegates, installed and configured by a DaemonSet running
+	// thin_entrypoint (upstream's multus-daemonset.yml; multus_thin.go).
+	MultusThin = "thin"
 	// MultusNone installs no Multus.
 	MultusNone = "none"
 )
@@ -65,7 +70,13 @@ func multusImage(binDir string) (labImage, error) {
 // layout's) as the cluster default network and writes its own
 // 00-multus.conflist before it.
 func (c *Cluster) installMultus(ctx context.Context) error {
-	if err := c.applyManifest(ctx, "multus-thick", map[string]string{"Image": c.Images["multus"]}); err != nil {
+	return c.installMultusManifest(ctx, "multus-thick", c.Images["multus"])
+}
+
+// installMultusManifest applies manifests/<manifest>.yaml with image and
+// waits until its DaemonSet (MultusDaemonSet) is ready on every node.
+func (c *Cluster) installMultusManifest(ctx context.Context, manifest, image string) error {
+	if err := c.applyManifest(ctx, manifest, map[string]string{"Image": image}); err != nil {
 		return err
 	}
 	return c.waitFor(ctx, 3*time.Minute, "DaemonSet kube-system/kube-multus-ds ready on every node", func() (bool, error) {
@@ -79,5 +90,6 @@ func (c *Cluster) installMultus(ctx context.Context) error {
 	})
 }
 
-// MultusDaemonSet is the thick plugin's DaemonSet in kube-system.
+// MultusDaemonSet is the Multus DaemonSet in kube-system (thick or thin:
+// upstream's manifests name both so).
 const MultusDaemonSet = "kube-multus-ds"

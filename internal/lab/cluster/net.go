@@ -143,6 +143,21 @@ func routePodSubnets(nodes int, betweenNodes bool) error {
 // routes through it); what is not there is skipped.
 func removeNet() error {
 	var errs []string
+	// The nodes' veths first: deleting a namespace leaves its veth pair to
+	// the kernel's asynchronous teardown of the namespace, so the host end
+	// could outlive this call and the next Up's "ip link add" fail with
+	// "File exists" (seen under load). Deleting the host end is
+	// synchronous and takes the node's end with it.
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		if strings.HasPrefix(l.Name(), NetnsPrefix+"node-") {
+			if err := run("ip", "link", "del", l.Name()); err != nil {
+				if _, statErr := os.Stat("/sys/class/net/" + l.Name()); statErr == nil {
+					errs = append(errs, err.Error())
+				}
+			}
+		}
+	}
 	entries, _ := os.ReadDir("/run/netns")
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), NetnsPrefix+"node-") {

@@ -24,8 +24,9 @@ var nodeDirs = []string{
 
 // cniPlugins are copied into every node's /opt/cni/bin from the bin dir:
 // the reference plugins a node has from its CNI package (Flannel
-// delegates to bridge and host-local, and chains portmap).
-var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
+// delegates to bridge and host-local, and chains portmap; the ptp32
+// layout runs ptp).
+var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap", "ptp"}
 
 // node is one node's files.
 type node struct {
@@ -116,15 +117,7 @@ func (n node) writeCNI() error {
 	if err != nil {
 		return err
 	}
-	dir := n.root("/etc/cni/net.d")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, ".10-kvnet-lab.conflist")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil { //nolint:gosec // a config file
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, "10-kvnet-lab.conflist"))
+	return n.writeConflist(b)
 }
 
 func render(t *template.Template, data any) string {

@@ -59,8 +59,8 @@ func NewCommand() *cobra.Command {
 	}
 	up.Flags().StringVar(&f.binDir, "bin-dir", "", "the directory hack/build-cluster-tools.sh prints (kubelet, kube-scheduler, registry, CNI plugins, busybox)")
 	up.Flags().IntVar(&f.nodes, "nodes", 3, "number of nodes (1 to 9)")
-	up.Flags().StringVar(&f.network, "default-network", labcluster.NetworkFlannel, "the default pod network: flannel (VXLAN, from its manifest) or bridge (the bridge plugin and host routes)")
-	up.Flags().StringVar(&f.multus, "multus", labcluster.MultusThick, "Multus: thick (its DaemonSet, from upstream's manifest) or none")
+	up.Flags().StringVar(&f.network, "default-network", labcluster.NetworkFlannel, "the default pod network: flannel (VXLAN, from its manifest), bridge (the bridge plugin and host routes) or ptp32 (Calico's layout: a /32 per pod, default via 169.254.1.1 onlink, host routes; ptp, host-local and the lab's ptp32 plugin)")
+	up.Flags().StringVar(&f.multus, "multus", labcluster.MultusThick, "Multus v4.3.0: thick (multus-daemon and multus-shim, from upstream's multus-daemonset-thick.yml), thin (the multus plugin, from upstream's multus-daemonset.yml) or none")
 	up.Flags().BoolVar(&f.kvnetImages, "kvnet-images", true, "also build kvnet's images (make images) and push them to the registry")
 	up.Flags().BoolVar(&f.foreground, "foreground", false, "run in the foreground until interrupted")
 	up.Flags().BoolVar(&f.waitLock, "wait-for-lock", false, "wait for another cluster on this machine to go (within --timeout) instead of failing")

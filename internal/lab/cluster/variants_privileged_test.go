@@ -1,0 +1,164 @@
+//go:build cluster
+
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// TestClusterVariants brings the cluster up once per variant of what
+// kvnet runs on (docs/cluster.md, "Variants") and runs kvnet on it:
+//   - ThinMultus: Flannel with Multus's thin plugin instead of the thick
+//     one: its DaemonSet runs thin_entrypoint, the nodes' 00-multus.conf
+//     is of type multus, and a pod with a NAD gets the interface and a
+//     network-status from it;
+//   - PTP32: the /32 layout (Calico's) with Multus thick: pods' eth0 has
+//     a /32 and "default via 169.254.1.1 dev eth0 onlink", the node has a
+//     host route per pod, pods on two nodes reach each other by pod IP,
+//     and Multus adds a NAD's interface there too.
+//
+// On each, kvnet is installed, checked and uninstalled as a user does
+// (testKvnet), with pods of a primary UDN whose HTTP readiness and TCP
+// liveness probes must keep passing (under the /32 layout only kvnet-cni's
+// KeepProbePath lets the node's probes be answered over eth0).
+func TestClusterVariants(t *testing.T) {
+	testenv.NeedsRoot(t)
+	binDir := buildTools(t)
+	for _, v := range []struct {
+		name, network, multus string
+		check                 func(context.Context, *testing.T, *Cluster)
+	}{
+		{"ThinMultus", NetworkFlannel, MultusThin, checkThinMultus},
+		{"PTP32", NetworkPTP32, MultusThick, checkPTP32},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+			defer cancel()
+			c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true,
+				DefaultNetwork: v.network, Multus: v.multus, Log: testLog{t}, WaitForLock: true})
+			env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"DEFAULT_NETWORK=" + v.network + "\n", "MULTUS=" + v.multus + "\n"} {
+				if !strings.Contains(string(env), want) {
+					t.Errorf("%s lacks %q:\n%s", EnvFile, want, env)
+				}
+			}
+			const ns = "cluster-e2e"
+			if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, time.Minute, "default ServiceAccount in "+ns, func() error {
+				_, err := c.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+				return err
+			})
+			// testMultus compares with a pod without the networks annotation.
+			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, sleeper(ns, "client-3", NodeName(3), c.Images["busybox"]), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitPodReady(ctx, t, c, ns, "client-3")
+			v.check(ctx, t, c)
+			t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns) })
+			t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c) })
+		})
+	}
+}
+
+// upForTest brings a cluster up for t and takes it down when t ends,
+// first logging the nodes' errors if t failed.
+func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
+	t.Helper()
+	c, err := Up(ctx, cfg)
+	if err != nil {
+		t.Fatalf("up: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes[:2] {
+				for _, f := range []string{"kubelet.log", "containerd.log"} {
+					t.Logf("%s %s (errors, last 20):\n%s", n, f, errorLines(filepath.Join(c.Dir, "nodes", n, "logs", f), 20))
+				}
+			}
+		}
+		if err := c.Down(); err != nil {
+			t.Errorf("down: %v", err)
+		}
+	})
+	return c
+}
+
+// checkThinMultus: the Multus DaemonSet is the thin one (thin_entrypoint
+// from the repo's multus-thin image) and has made the multus binary the
+// nodes' CNI plugin (00-multus.conf of type multus, not multus-shim).
+func checkThinMultus(ctx context.Context, t *testing.T, c *Cluster) {
+	ds, err := c.Client.AppsV1().DaemonSets("kube-system").Get(ctx, MultusDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	if strings.Join(ctr.Command, " ") != "/thin_entrypoint" || ctr.Image != c.Images["multus-thin"] {
+		t.Errorf("DaemonSet %s runs %v from %s, want /thin_entrypoint from %s", MultusDaemonSet, ctr.Command, ctr.Image, c.Images["multus-thin"])
+	}
+	for _, n := range c.Nodes {
+		conf := filepath.Join(c.Dir, "nodes", n, "root", "etc", "cni", "net.d", "00-multus.conf")
+		b, err := os.ReadFile(conf)
+		if err != nil {
+			t.Errorf("node %s: %v", n, err)
+			continue
+		}
+		if !strings.Contains(string(b), `"type":"multus"`) && !strings.Contains(string(b), `"type": "multus"`) {
+			t.Errorf("node %s: 00-multus.conf is not the thin plugin's:\n%s", n, b)
+		}
+	}
+}
+
+// checkPTP32: pods on two nodes, Ready by HTTP probes from their nodes,
+// have eth0 laid out as Calico lays it (a /32, default via 169.254.1.1
+// onlink, nothing else) and reach each other by pod IP across nodes.
+func checkPTP32(ctx context.Context, t *testing.T, c *Cluster) {
+	const ns = "cluster-e2e"
+	for i, name := range []string{"web-1", "web-2"} {
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, webPod(ns, name, NodeName(i+1), c.Images["busybox"]), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := map[string]string{}
+	for i, name := range []string{"web-1", "web-2"} {
+		p := waitPodReady(ctx, t, c, ns, name)
+		ip[name] = p.Status.PodIP
+		if a, err := netip.ParseAddr(p.Status.PodIP); err != nil || !PodCIDR(i+1).Contains(a) {
+			t.Errorf("pod %s: IP %q not in %s's pod subnet %s", name, p.Status.PodIP, NodeName(i+1), PodCIDR(i+1))
+		}
+		addr := execIn(ctx, t, c, ns, name, "ip", "-4", "addr", "show", "dev", "eth0")
+		if !strings.Contains(addr, "inet "+p.Status.PodIP+"/32 ") {
+			t.Errorf("pod %s: eth0 lacks %s/32:\n%s", name, p.Status.PodIP, addr)
+		}
+		routes := strings.TrimSpace(execIn(ctx, t, c, ns, name, "ip", "-4", "route", "show"))
+		if want := "default via " + LinkLocalGateway.String() + " dev eth0 onlink"; routes != want {
+			t.Errorf("pod %s: routes\n%s\nwant only %q", name, routes, want)
+		}
+		// The node's host route to the pod, through the pod's veth.
+		out, err := exec.Command("ip", "-n", Netns(i+1), "-4", "route", "show", p.Status.PodIP).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), p.Status.PodIP+" dev veth") || !strings.Contains(string(out), "scope link") {
+			t.Errorf("node %s: route to pod %s: %q (%v), want %s dev veth… scope link", NodeName(i+1), name, out, err, p.Status.PodIP)
+		}
+	}
+	url := fmt.Sprintf("http://%s:8080/", ip["web-2"])
+	if got, want := strings.TrimSpace(execIn(ctx, t, c, ns, "web-1", "httpget", url)), "hello from web-2"; got != want {
+		t.Errorf("web-1 on %s fetching %s on %s: got %q, want %q", NodeName(1), url, NodeName(2), got, want)
+	}
+}
