@@ -44,6 +44,15 @@ const (
 	servingKeyFile  = "apiserver.key"
 	saSignerKeyFile = "sa-signer.key"
 	saSignerPubFile = "sa-signer.crt"
+	// The front proxy: the API server proxies requests to aggregated
+	// APIs (KubeVirt's virt-api) with this client certificate and the
+	// user in request headers, which the aggregated server trusts from
+	// requestheader-client-ca-file in the extension-apiserver-authentication
+	// ConfigMap; virt-api refuses to start without it.
+	frontProxyCAFile   = "front-proxy-ca.crt"
+	frontProxyCertFile = "front-proxy-client.crt"
+	frontProxyKeyFile  = "front-proxy-client.key"
+	frontProxyUser     = "front-proxy-client"
 )
 
 // inClusterControllers are the kube-controller-manager controllers that
@@ -91,6 +100,13 @@ func (ic *InCluster) configure(s *envtest.APIServer, certDir string) error {
 	// controller creates default ServiceAccounts there); here the
 	// serviceaccount controller does, and pods need their token volume.
 	args.Disable("disable-admission-plugins")
+	args.Set("requestheader-client-ca-file", filepath.Join(certDir, frontProxyCAFile))
+	args.Set("requestheader-allowed-names", frontProxyUser)
+	args.Set("requestheader-username-headers", "X-Remote-User")
+	args.Set("requestheader-group-headers", "X-Remote-Group")
+	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+	args.Set("proxy-client-cert-file", filepath.Join(certDir, frontProxyCertFile))
+	args.Set("proxy-client-key-file", filepath.Join(certDir, frontProxyKeyFile))
 	return nil
 }
 
@@ -115,12 +131,22 @@ func (ic *InCluster) writeCerts(certDir string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	files := map[string][]byte{
-		caCertFile:      pemBlock("CERTIFICATE", caDER),
-		servingCertFile: append(pemBlock("CERTIFICATE", servingDER), pemBlock("CERTIFICATE", caDER)...),
-		saSignerPubFile: pemBlock("PUBLIC KEY", saPub),
+	fpKey, fpCert, fpDER, err := newCA()
+	if err != nil {
+		return nil, err
 	}
-	for name, key := range map[string]*ecdsa.PrivateKey{servingKeyFile: servingKey, saSignerKeyFile: saKey} {
+	fpClientKey, fpClientDER, err := newLeafFor(fpKey, fpCert, frontProxyUser, nil, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{
+		caCertFile:         pemBlock("CERTIFICATE", caDER),
+		servingCertFile:    append(pemBlock("CERTIFICATE", servingDER), pemBlock("CERTIFICATE", caDER)...),
+		saSignerPubFile:    pemBlock("PUBLIC KEY", saPub),
+		frontProxyCAFile:   pemBlock("CERTIFICATE", fpDER),
+		frontProxyCertFile: pemBlock("CERTIFICATE", fpClientDER),
+	}
+	for name, key := range map[string]*ecdsa.PrivateKey{servingKeyFile: servingKey, saSignerKeyFile: saKey, frontProxyKeyFile: fpClientKey} {
 		der, err := x509.MarshalECPrivateKey(key)
 		if err != nil {
 			return nil, err
@@ -181,6 +207,11 @@ func newCA() (*ecdsa.PrivateKey, *x509.Certificate, []byte, error) {
 }
 
 func newLeaf(caKey *ecdsa.PrivateKey, ca *x509.Certificate, cn string, ips []net.IP, dns []string) (*ecdsa.PrivateKey, []byte, error) {
+	return newLeafFor(caKey, ca, cn, ips, dns, x509.ExtKeyUsageServerAuth)
+}
+
+// newLeafFor is newLeaf for the extended key usage use (server or client).
+func newLeafFor(caKey *ecdsa.PrivateKey, ca *x509.Certificate, cn string, ips []net.IP, dns []string, use x509.ExtKeyUsage) (*ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -196,13 +227,13 @@ func newLeaf(caKey *ecdsa.PrivateKey, ca *x509.Certificate, cn string, ips []net
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{use},
 		IPAddresses:  ips,
 		DNSNames:     dns,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, nil, fmt.Errorf("controlplane: serving certificate: %w", err)
+		return nil, nil, fmt.Errorf("controlplane: certificate %s: %w", cn, err)
 	}
 	return key, der, nil
 }

@@ -51,6 +51,28 @@ func TestInClusterServingCertificate(t *testing.T) {
 			t.Errorf("service-account signer: %v", err)
 		}
 	}
+	// The front proxy's client certificate verifies as a client, named
+	// as requestheader-allowed-names says, against its own CA.
+	fp, err := tls.LoadX509KeyPair(filepath.Join(dir, frontProxyCertFile), filepath.Join(dir, frontProxyKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fpLeaf, err := x509.ParseCertificate(fp.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	fpCA, err := os.ReadFile(filepath.Join(dir, frontProxyCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fpRoots := x509.NewCertPool()
+	fpRoots.AppendCertsFromPEM(fpCA)
+	if _, err := fpLeaf.Verify(x509.VerifyOptions{Roots: fpRoots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil || fpLeaf.Subject.CommonName != frontProxyUser {
+		t.Errorf("front-proxy client certificate %q: %v", fpLeaf.Subject.CommonName, err)
+	}
+	if _, err := fpLeaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("front-proxy client certificate verifies against the cluster CA: it must have its own")
+	}
 }
 
 func TestInClusterRejectsBadAddresses(t *testing.T) {
