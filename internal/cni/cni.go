@@ -496,7 +496,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if r.ipamOnly {
 		return nil // addresses are freed by kvnet-controller when the pod goes
 	}
-	if r.attachDefault {
+	if r.attachDefault || addedWithDefault(args, r) {
 		return delWithDefault(args, r)
 	}
 	if err := datapath.TeardownPodInterface(HostIfName(args.ContainerID, args.IfName)); err != nil {

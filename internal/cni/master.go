@@ -220,14 +220,40 @@ func mergeDefault(def, own *current.Result) *current.Result {
 	return out
 }
 
+// addedWithDefault reports whether the container's interface args.IfName
+// of a primary network was added by addWithDefault, whose configuration
+// of the default network is kept: DEL must undo both even when its
+// configuration lacks DefaultNetworkArg (a runtime or Multus that
+// reloaded the NAD without the element's cni-args).
+func addedWithDefault(args *skel.CmdArgs, r *request) bool {
+	if !r.served.IsPrimary() || args.IfName == multus.PrimaryInterface {
+		return false
+	}
+	_, err := os.Stat(savedConfPath(args.ContainerID))
+	return err == nil
+}
+
 // delWithDefault undoes addWithDefault: ovn-udn1's host end, then the
 // cluster default network with the configuration eth0 was added with (the
 // node's current one if ADD never kept one). It succeeds when everything
 // is gone already.
 func delWithDefault(args *skel.CmdArgs, r *request) error {
+	// The default network's DEL runs even when ovn-udn1's fails: its
+	// addresses must not leak; the runtime retries DEL on an error.
+	var teardown error
 	if err := datapath.TeardownPodInterface(HostIfName(args.ContainerID, multus.PrimaryInterface)); err != nil {
-		return types.NewError(types.ErrInternal, "tear down pod interface", err.Error())
+		teardown = types.NewError(types.ErrInternal, "tear down pod interface", err.Error())
 	}
+	if err := delDefault(args, r); err != nil {
+		return err
+	}
+	return teardown
+}
+
+// delDefault runs the cluster default network's DEL for the container
+// with the configuration its ADD kept (the node's current one when none
+// was kept), then forgets that configuration.
+func delDefault(args *skel.CmdArgs, r *request) error {
 	saved := savedConfPath(args.ContainerID)
 	list, err := libcni.ConfListFromFile(saved)
 	switch {

@@ -34,8 +34,9 @@ import (
 // Multus feeds its master plugin's result, ovn-udn1 is the one default
 // entry and eth0 carries the default network's address; the pod's default
 // route is ovn-udn1's. DEL removes both and releases eth0's address in
-// host-local. The result is CNI 1.0.0 for the NAD's 1.1.0, for runtimes
-// that read no newer result through thin Multus.
+// host-local, even when its configuration lacks the cni-arg. The result
+// is CNI 1.0.0 for the NAD's 1.1.0, for runtimes that read no newer
+// result through thin Multus.
 func TestAttachDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
@@ -80,9 +81,13 @@ func TestAttachDefaultNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf["statusFile"] = statusFile
+	plainConfig, _ := json.Marshal(conf)
 	conf["args"] = map[string]any{"cni": map[string]any{multus.AttachDefaultNetworkArg: true}}
 	config, _ := json.Marshal(conf)
 	list := confList(t, string(config))
+	// The same NAD without the element's cni-args, as a DEL from a
+	// runtime or Multus that reloaded the NAD would bring it.
+	plain := confList(t, string(plainConfig))
 
 	create(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}})
@@ -186,8 +191,8 @@ func TestAttachDefaultNetwork(t *testing.T) {
 		t.Errorf("host-local holds %v, want eth0's one address", leases)
 	}
 
-	if err := cniCfg.DelNetworkList(ctx, list, r); err != nil {
-		t.Fatalf("DEL: %v", err)
+	if err := cniCfg.DelNetworkList(ctx, plain, r); err != nil {
+		t.Fatalf("DEL without the cni-arg: %v", err)
 	}
 	deleted = true
 	for _, name := range []string{"eth0", multus.PrimaryInterface} {
