@@ -77,6 +77,8 @@ CLUSTER_NODES ?= 3
 # The variant (docs/cluster.md): flannel, bridge or ptp32; thick, thin or none.
 CLUSTER_NETWORK ?= flannel
 CLUSTER_MULTUS ?= thick
+# CLUSTER_KUBEVIRT=true also installs KubeVirt (docs/kubevirt-images.md; its first build takes long).
+CLUSTER_KUBEVIRT ?= false
 export KVNET_CACHE ?= /var/cache/kvnet
 
 .PHONY: cluster-deps
@@ -85,7 +87,7 @@ cluster-deps: ## Install the Debian packages the real cluster needs (containerd,
 
 .PHONY: cluster-up
 cluster-up: cluster-deps tools build ## Build (cached) and start the real cluster in the background: $(CLUSTER_DIR)/kubeconfig, $(CLUSTER_DIR)/env (root)
-	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --default-network $(CLUSTER_NETWORK) --multus $(CLUSTER_MULTUS) --bin-dir "$$(hack/build-cluster-tools.sh)"
+	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --default-network $(CLUSTER_NETWORK) --multus $(CLUSTER_MULTUS) --kubevirt=$(CLUSTER_KUBEVIRT) --bin-dir "$$(hack/build-cluster-tools.sh)"
 
 .PHONY: cluster-down
 cluster-down: ## Stop the real cluster and remove everything it made
