@@ -59,6 +59,9 @@ func checkLeaseReleased(t *testing.T, c *Cluster, node, ip string) {
 		t.Fatal(err)
 	}
 	if len(leases) > 0 {
-		t.Errorf("node %s: default network lease %v still held after its pod was deleted", node, leases)
+		// Whether kvnet-cni's DEL ran: it forgets the configuration its
+		// ADD kept for the container.
+		kept, _ := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/kvnet/default-network", "*"))
+		t.Errorf("node %s: default network lease %v still held after its pod was deleted (kvnet-cni's kept configurations: %v)", node, leases, kept)
 	}
 }
