@@ -82,24 +82,8 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	binDir := buildTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t},
-		WaitForLock: true}) // queue behind another cluster on this machine
-	if err != nil {
-		t.Fatalf("up: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			// The node logs go with Down: show their errors first.
-			for _, n := range c.Nodes[:2] {
-				for _, f := range []string{"kubelet.log", "containerd.log"} {
-					t.Logf("%s %s (errors, last 20):\n%s", n, f, errorLines(filepath.Join(c.Dir, "nodes", n, "logs", f), 20))
-				}
-			}
-		}
-		if err := c.Down(); err != nil {
-			t.Errorf("down: %v", err)
-		}
-	})
+	// WaitForLock: queue behind another cluster on this machine.
+	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t}, WaitForLock: true})
 	cs := c.Client
 
 	// kubectl get nodes: three, Ready, on containerd.

@@ -27,16 +27,8 @@ func TestClusterKubeVirt(t *testing.T) {
 	binDir := buildTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true, Log: testLog{t},
+	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true, Log: testLog{t},
 		WaitForLock: true})
-	if err != nil {
-		t.Fatalf("up: %v", err)
-	}
-	defer func() {
-		if err := c.Down(); err != nil {
-			t.Errorf("down: %v", err)
-		}
-	}()
 	ds, err := c.Client.AppsV1().DaemonSets(KubeVirtNamespace).Get(ctx, "virt-handler", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
