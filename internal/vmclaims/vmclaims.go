@@ -215,7 +215,7 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 		}
 		return out, nil
 	}
-	if opts.PrimaryInNetworks {
+	if opts.PrimaryInNetworks || opts.PrimaryAsDefaultNetwork {
 		mac, err := primaryMAC(vmi, primary.LogicalNet)
 		if err != nil {
 			return nil, err
@@ -224,35 +224,21 @@ func MutatePod(pod *corev1.Pod, vmi *kubevirtv1.VirtualMachineInstance, claims [
 		if err != nil {
 			return nil, err
 		}
-		v, changed, err := multus.WithPrimaryElement(out[multus.NetworksAnnotation], pod.Namespace, primary.NADKey, func(e *multus.NetworkSelectionElement) {
+		// The element that attaches the primary network carries the claim,
+		// MAC and requested IPs (which go with the claim reference, as
+		// below).
+		key, with := multus.NetworksAnnotation, multus.WithPrimaryElement
+		if opts.PrimaryAsDefaultNetwork {
+			key, with = multus.DefaultNetworkAnnotation, multus.WithPrimaryDefaultNetwork
+		}
+		v, changed, err := with(out[key], pod.Namespace, primary.NADKey, func(e *multus.NetworkSelectionElement) {
 			e.IPAMClaimReference, e.MacRequest, e.IPRequest = primary.Name, mac, ips
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrDeny, err)
 		}
 		if changed {
-			out[multus.NetworksAnnotation] = v
-		}
-		return out, nil
-	}
-	if opts.PrimaryAsDefaultNetwork {
-		mac, err := primaryMAC(vmi, primary.LogicalNet)
-		if err != nil {
-			return nil, err
-		}
-		ips, err := requestedIPs(vmi, primary.LogicalNet, primarySubnets)
-		if err != nil {
-			return nil, err
-		}
-		v, changed, err := multus.WithPrimaryDefaultNetwork(out[multus.DefaultNetworkAnnotation], pod.Namespace, primary.NADKey, func(e *multus.NetworkSelectionElement) {
-			// Requested IPs go with the claim reference, as below.
-			e.IPAMClaimReference, e.MacRequest, e.IPRequest = primary.Name, mac, ips
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrDeny, err)
-		}
-		if changed {
-			out[multus.DefaultNetworkAnnotation] = v
+			out[key] = v
 		}
 		return out, nil
 	}

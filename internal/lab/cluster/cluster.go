@@ -61,6 +61,10 @@ type Config struct {
 	Multus string
 	// Log receives progress lines (nil: none).
 	Log io.Writer
+	// KubeVirt installs KubeVirt (kubevirt.go): its images built by the
+	// repository (the first build takes long), virt-operator from its
+	// release manifest and a KubeVirt CR; Up waits until it is Deployed.
+	KubeVirt bool
 	// WaitForLock makes Up wait for another cluster on this machine to go
 	// (LockPath) instead of failing with ErrClusterRunning.
 	WaitForLock bool
@@ -243,8 +247,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		// the workload controllers run the add-ons (CoreDNS's
 		// Deployment) and what users install; the namespace and
 		// garbage collector controllers delete what is in a deleted
-		// namespace and what a deleted owner owned (kvnet uninstall).
-		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc", "namespace", "garbagecollector"},
+		// namespace and what a deleted owner owned (kvnet uninstall); the
+		// job controller runs Jobs (virt-operator's install strategy).
+		Controllers: []string{"nodelifecycle", "clusterrole-aggregation", "deployment", "replicaset", "daemonset", "podgc", "namespace", "garbagecollector", "job"},
 		APIServerArgs: map[string]string{
 			// Kubelets register their hostname, which this host cannot
 			// resolve: the API server reaches them (exec, logs) at their
@@ -363,6 +368,12 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	step("CoreDNS (kube-dns %s)", DNSServiceIP)
 	if err := c.installCoreDNS(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.KubeVirt {
+		step("KubeVirt: images, virt-operator, KubeVirt CR")
+		if err := c.installKubeVirt(ctx, root, cfg.Log); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.writeEnv(); err != nil {
 		return nil, err
@@ -563,6 +574,9 @@ func (c *Cluster) writeEnv() error {
 		fmt.Fprintf(&b, "KVNET_REGISTRY=%s/kvnet\nKVNET_TAG=%s\n", c.Registry, KvnetTag)
 	}
 	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=%s\n", c.DefaultNetwork, c.Multus)
+	if g, ok := c.Images["guest"]; ok {
+		fmt.Fprintf(&b, "GUEST_IMAGE=%s\n", g)
+	}
 	fmt.Fprintf(&b, "NODES=%q\n", strings.Join(c.Nodes, " "))
 	return os.WriteFile(filepath.Join(c.Dir, EnvFile), []byte(b.String()), 0o644) //nolint:gosec // not secret
 }

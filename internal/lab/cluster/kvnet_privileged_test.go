@@ -159,8 +159,10 @@ func testPrimaryUDN(ctx context.Context, t *testing.T, c *Cluster) {
 		})
 	}
 	addr := map[string]netip.Addr{}
+	podIP := map[string]string{}
 	for _, name := range []string{"udn-1", "udn-2"} {
 		p := waitPodReady(ctx, t, c, ns, name)
+		podIP[name] = p.Status.PodIP
 		t.Logf("pod %s: networks %s; default-network %s; network-status %s", name, p.Annotations["k8s.v1.cni.cncf.io/networks"],
 			p.Annotations["v1.multus-cni.io/default-network"], p.Annotations["k8s.v1.cni.cncf.io/network-status"])
 		checkPrimaryDefault(t, p)
@@ -202,6 +204,9 @@ func testPrimaryUDN(ctx context.Context, t *testing.T, c *Cluster) {
 		}
 		return fmt.Errorf("still there (%v)", err)
 	})
+	for i, name := range []string{"udn-1", "udn-2"} {
+		checkLeaseReleased(t, c, i+1, podIP[name])
+	}
 }
 
 // testKvnetGone checks that kvnet uninstall --crds left no kvnet object:

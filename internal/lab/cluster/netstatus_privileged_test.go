@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -43,5 +44,21 @@ func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
 			t.Errorf("pod %s: network-status written by %q through %s (subresource %q), not only by Multus's status update",
 				p.Name, mf.Manager, mf.Operation, mf.Subresource)
 		}
+	}
+}
+
+// checkLeaseReleased checks that the cluster default network's IPAM on
+// node i (Flannel delegates to host-local, which keeps one file per
+// address under /var/lib/cni/networks/<network>) holds no lease for ip:
+// kvnet-cni, the primary-UDN pod's default network for Multus, ran the
+// default network's DEL when the pod went.
+func checkLeaseReleased(t *testing.T, c *Cluster, i int, ip string) {
+	t.Helper()
+	leases, err := filepath.Glob(filepath.Join(c.Dir, "nodes", NodeName(i), "root", "var/lib/cni/networks", "*", ip))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) > 0 {
+		t.Errorf("node %s: default network lease %v still held after its pod was deleted", NodeName(i), leases)
 	}
 }
