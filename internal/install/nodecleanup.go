@@ -135,10 +135,12 @@ func CleanNodes(ctx context.Context, c client.Client, ns string, opts UninstallO
 		}
 		fmt.Fprintf(log, "deleted DaemonSet %s/%s; waiting up to %s for its pods to stop on %d node(s)\n", ns, NodeDaemonSet, timeout, len(nodes))
 		var left []string
-		err = wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(ctx context.Context) (bool, error) {
+		// The reads use ctx, not the wait's: one cut short by the wait's
+		// deadline would hide the last answer.
+		err = wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(context.Context) (bool, error) {
 			now, err := podNodes(ctx, c, nodeDS)
 			if err != nil {
-				return false, pollErr(ctx, err)
+				return false, err
 			}
 			left = now
 			return len(left) == 0, nil
@@ -164,10 +166,10 @@ func CleanNodes(ctx context.Context, c client.Client, ns string, opts UninstallO
 
 	fmt.Fprintf(log, "waiting up to %s for the node cleanup on every node\n", timeout)
 	why := "not checked yet"
-	err := wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(context.Context) (bool, error) {
 		now, err := cleanupNotDone(ctx, c, cleanup, nodes)
 		if err != nil {
-			return false, pollErr(ctx, err)
+			return false, err
 		}
 		why = now
 		return why == "", nil
@@ -185,16 +187,6 @@ func CleanNodes(ctx context.Context, c client.Client, ns string, opts UninstallO
 	}
 	fmt.Fprintf(log, "deleted DaemonSet %s/%s\n", ns, NodeCleanupDaemonSet)
 	return nil
-}
-
-// pollErr is a wait's condition's err: nil when the wait's context has
-// ended (the read failed for that: the wait reports the timeout, with the
-// last answer), so that only other failures end the wait early.
-func pollErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 // podNodes returns the sorted nodes of ds's pods.
