@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,6 +59,12 @@ func nodeObjects(t *testing.T, ns string) []*unstructured.Unstructured {
 	}
 	return out
 }
+
+// runs numbers the namespaces of the tests (with -count, a namespace of an
+// earlier run is still Terminating).
+var runs atomic.Int32
+
+func uniqueNS(base string) string { return fmt.Sprintf("%s-%d", base, runs.Add(1)) }
 
 // syncBuffer is a log written by Uninstall's goroutine.
 type syncBuffer struct {
@@ -159,7 +166,7 @@ func scheduled(t *testing.T, ds *appsv1.DaemonSet, n int32) {
 // then kvnet's objects.
 func TestUninstallCleansNodes(t *testing.T) {
 	ctx := context.Background()
-	const ns = "kvnet-uninstall-a"
+	ns := uniqueNS("kvnet-uninstall-a")
 	objs := nodeObjects(t, ns)
 	var log syncBuffer
 	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
@@ -220,7 +227,7 @@ func TestUninstallCleansNodes(t *testing.T) {
 // timeout it fails naming both, and kvnet's other objects stay.
 func TestUninstallNodeCleanupTimeout(t *testing.T) {
 	ctx := context.Background()
-	const ns = "kvnet-uninstall-b"
+	ns := uniqueNS("kvnet-uninstall-b")
 	objs := nodeObjects(t, ns)
 	var log syncBuffer
 	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
