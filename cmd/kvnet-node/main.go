@@ -51,6 +51,10 @@ func main() {
 	flag.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "keep a kubeconfig for kvnet-cni here (e.g. /host/etc/cni/net.d/kvnet.d/kvnet.kubeconfig); empty: don't")
 	cniBinDir := flag.String("cni-bin-dir", "", "install kvnet-cni (and kvnet-ipam) into this directory at start; empty: don't")
 	cniSource := flag.String("cni-binary", "", "the kvnet-cni binary to install (default: kvnet-cni next to this executable)")
+	cleanup := flag.Bool("cleanup", false, "remove everything kvnet made on this node (links, pod veths, router namespaces, nftables tables, kvnet-cni and its files), log what was removed, and exit; "+
+		"kvnet uninstall runs it on every node (the kvnet-node-cleanup DaemonSet). Only --router-netns-prefix, --cni-bin-dir and --host-root apply")
+	hostRoot := flag.String("host-root", "/", "with --cleanup: where the node's root file system is mounted (its /run/kvnet, /etc/cni/net.d/kvnet.d and /var/lib/cni/kvnet are removed)")
+	idle := flag.Bool("idle", false, "do nothing until terminated: the kvnet-node-cleanup DaemonSet's main container, Ready once its --cleanup init container succeeded")
 	reservedSubnets := reserved.Flags(flag.CommandLine)
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
@@ -59,6 +63,13 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
+	switch {
+	case *cleanup:
+		os.Exit(runCleanup(cfg.NodeName, cfg.Datapath.RouterNSPrefix, *hostRoot, *cniBinDir))
+	case *idle:
+		<-ctrl.SetupSignalHandler().Done()
+		return
+	}
 	if err := configure(&cfg, *underlayIP, *dns, *clusterDNS, *serviceCIDRs); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
@@ -183,4 +194,32 @@ func findUnderlay(cfg *node.Config) error {
 		}
 	}
 	return fmt.Errorf("no interface holds underlay IP %q (--underlay-ip / --underlay-interface)", cfg.Datapath.UnderlayIP)
+}
+
+// runCleanup removes kvnet's state from this node (node.Cleanup), logs
+// each thing removed, and returns the exit code.
+func runCleanup(nodeName, routerNSPrefix, hostRoot, cniBinDir string) int {
+	logger := ctrl.Log.WithName("kvnet-node-cleanup")
+	if strings.ContainsAny(routerNSPrefix, "/ ") || len(routerNSPrefix) > 200 {
+		fmt.Fprintf(os.Stderr, "kvnet-node: --router-netns-prefix %q: a namespace name prefix has no '/' or space and at most 200 characters\n", routerNSPrefix)
+		return 2
+	}
+	if !filepath.IsAbs(hostRoot) {
+		fmt.Fprintf(os.Stderr, "kvnet-node: --host-root %q: want an absolute path\n", hostRoot)
+		return 2
+	}
+	if cniBinDir == "" {
+		cniBinDir = filepath.Join(hostRoot, "opt/cni/bin")
+	}
+	cfg := node.CleanupConfig{Datapath: datapath.NodeConfig{Name: nodeName, RouterNSPrefix: routerNSPrefix}, HostRoot: hostRoot, CNIBinDir: cniBinDir}
+	removed, err := node.Cleanup(cfg)
+	for _, r := range removed {
+		logger.Info("removed", "what", r)
+	}
+	if err != nil {
+		logger.Error(err, "clean up node")
+		return 1
+	}
+	logger.Info("node clean", "removed", len(removed))
+	return 0
 }

@@ -28,6 +28,8 @@ type options struct {
 	// webhookTimeout bounds install's wait for kvnet-controller to serve
 	// its webhooks before it applies their configuration.
 	webhookTimeout time.Duration
+	// uninstall tunes uninstall's node cleanup.
+	uninstall install.UninstallOptions
 }
 
 func (o *options) addImageFlags(cmd *cobra.Command) {
@@ -101,7 +103,10 @@ func NewUninstallCommand() *cobra.Command {
 		Short: "Remove what kvnet install applied (CRDs only with --crds)",
 		Long: "Deletes every object of config/default in reverse order. CRDs stay unless --crds is given:\n" +
 			"deleting them deletes every UserDefinedNetwork, NAD and IPAMClaim in the cluster, and with\n" +
-			"the claims the VMs' addresses. It refuses while user-defined networks exist (their finalizers need kvnet-controller).",
+			"the claims the VMs' addresses. It refuses while user-defined networks exist (their finalizers need kvnet-controller).\n" +
+			"First it removes kvnet's state from every node: it deletes the kvnet-node DaemonSet, runs\n" +
+			"`kvnet-node --cleanup` on each of its nodes (DaemonSet kvnet-node-cleanup, same image) and waits\n" +
+			"until that is done everywhere (--node-cleanup-timeout); pods still on a kvnet network lose it.",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -109,11 +114,16 @@ func NewUninstallCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return install.Delete(cmd.Context(), c, objs, o.crds, cmd.OutOrStdout())
+			o.uninstall.CRDs = o.crds
+			return install.Uninstall(cmd.Context(), c, objs, o.uninstall, cmd.OutOrStdout())
 		},
 	}
 	o.conn.Add(cmd.Flags())
 	cmd.Flags().BoolVar(&o.crds, "crds", false, "also delete kvnet's CRDs, and with them every object of their kinds")
+	cmd.Flags().DurationVar(&o.uninstall.NodeCleanupTimeout, "node-cleanup-timeout", install.DefaultNodeCleanupTimeout,
+		"how long to wait for kvnet-node to stop and for the node cleanup to be done on every node; uninstall fails naming the nodes not done")
+	cmd.Flags().BoolVar(&o.uninstall.SkipNodeCleanup, "skip-node-cleanup", false,
+		"leave kvnet's links, nftables tables and files on the nodes (for nodes that are gone for good)")
 	return cmd
 }
 

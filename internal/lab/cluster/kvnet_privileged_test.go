@@ -160,7 +160,8 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 
 // testKvnetGone checks that kvnet uninstall --crds left no kvnet object:
 // its namespace, webhook configurations, cluster roles, CRDs (but the
-// NAD CRD, which Multus installed) and NADs.
+// NAD CRD, which Multus installed) and NADs; and nothing of kvnet on any
+// node (kvnetNodeState).
 func testKvnetGone(ctx context.Context, t *testing.T, c *Cluster) {
 	testenv.Eventually(t, 2*time.Minute, "kvnet's objects gone", func() error {
 		var left []string
@@ -216,6 +217,15 @@ func testKvnetGone(ctx context.Context, t *testing.T, c *Cluster) {
 		}
 		if _, err := dyn.Resource(udnGVR).List(ctx, metav1.ListOptions{}); err == nil || !apierrors.IsNotFound(err) {
 			left = append(left, "CRD userdefinednetworks.k8s.ovn.org (listing UDNs works)")
+		}
+		for i := range c.Nodes {
+			state, err := c.kvnetNodeState(i + 1)
+			if err != nil {
+				return err
+			}
+			for _, s := range state {
+				left = append(left, c.Nodes[i]+": "+s)
+			}
 		}
 		if len(left) > 0 {
 			return fmt.Errorf("left: %s", strings.Join(left, ", "))
