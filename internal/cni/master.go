@@ -86,7 +86,11 @@ func loadConfList(path string) (*libcni.NetworkConfigList, error) {
 	if strings.HasSuffix(path, ".conflist") {
 		return libcni.ConfListFromFile(path)
 	}
-	conf, err := libcni.ConfFromFile(path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	conf, err := libcni.NetworkPluginConfFromBytes(b)
 	if err != nil {
 		return nil, err
 	}

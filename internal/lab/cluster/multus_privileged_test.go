@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/testenv"
@@ -102,4 +103,16 @@ func mustPod(ctx context.Context, t *testing.T, c *Cluster, ns, name string) *co
 		t.Fatal(err)
 	}
 	return p
+}
+
+// sleeper is a busybox pod on node that sleeps (a client to exec into).
+func sleeper(ns, name, node, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers:                    []corev1.Container{{Name: "sleep", Image: image, Command: []string{"sleep", "3600"}}},
+		},
+	}
 }

@@ -51,18 +51,6 @@ func webPod(ns, name, node, image string) *corev1.Pod {
 	}
 }
 
-// sleeper is a busybox pod on node that sleeps (a client to exec into).
-func sleeper(ns, name, node, image string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
-			TerminationGracePeriodSeconds: ptr.To[int64](0),
-			Containers:                    []corev1.Container{{Name: "sleep", Image: image, Command: []string{"sleep", "3600"}}},
-		},
-	}
-}
-
 // PodExec runs a command in pod ns/pod's first container through the API
 // server's pods/exec subresource (as kubectl exec does) and returns its
 // stdout and stderr. A command that ran and exited non-zero returns an
