@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -159,6 +160,24 @@ func scheduled(t *testing.T, ds *appsv1.DaemonSet, n int32) {
 	}
 }
 
+// installedNode applies kvnet's objects into a fresh namespace named
+// after prefix and returns it, the objects and the kvnet-node DaemonSet
+// as the API server stored it.
+func installedNode(t *testing.T, prefix string) (string, []*unstructured.Unstructured, *appsv1.DaemonSet) {
+	t.Helper()
+	ctx := context.Background()
+	ns := uniqueNS(prefix)
+	objs := nodeObjects(t, ns)
+	if err := install.Apply(ctx, c, objs, io.Discard, install.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	node := &appsv1.DaemonSet{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: install.NodeDaemonSet}, node); err != nil {
+		t.Fatal(err)
+	}
+	return ns, objs, node
+}
+
 // TestUninstallCleansNodes: uninstall stops kvnet-node, then runs the
 // cleanup DaemonSet, made from the installed kvnet-node DaemonSet (its
 // image, service account, tolerations), on its nodes; once a Ready
@@ -166,16 +185,8 @@ func scheduled(t *testing.T, ds *appsv1.DaemonSet, n int32) {
 // then kvnet's objects.
 func TestUninstallCleansNodes(t *testing.T) {
 	ctx := context.Background()
-	ns := uniqueNS("kvnet-uninstall-a")
-	objs := nodeObjects(t, ns)
+	ns, objs, node := installedNode(t, "kvnet-uninstall-a")
 	var log syncBuffer
-	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	node := &appsv1.DaemonSet{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: install.NodeDaemonSet}, node); err != nil {
-		t.Fatal(err)
-	}
 	running := []*corev1.Pod{daemonPod(t, node, "node-a", true, nil), daemonPod(t, node, "node-b", true, nil)}
 
 	done := runUninstall(objs, 30*time.Second, &log)
@@ -227,16 +238,8 @@ func TestUninstallCleansNodes(t *testing.T) {
 // timeout it fails naming both, and kvnet's other objects stay.
 func TestUninstallNodeCleanupTimeout(t *testing.T) {
 	ctx := context.Background()
-	ns := uniqueNS("kvnet-uninstall-b")
-	objs := nodeObjects(t, ns)
+	ns, objs, node := installedNode(t, "kvnet-uninstall-b")
 	var log syncBuffer
-	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	node := &appsv1.DaemonSet{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: install.NodeDaemonSet}, node); err != nil {
-		t.Fatal(err)
-	}
 	running := []*corev1.Pod{daemonPod(t, node, "node-a", true, nil), daemonPod(t, node, "node-b", true, nil), daemonPod(t, node, "node-c", true, nil)}
 
 	done := runUninstall(objs, 10*time.Second, &log)
