@@ -31,6 +31,15 @@ if command -v flock >/dev/null 2>&1; then
   flock 9
 fi
 log() { echo "build-cluster-tools: $*" >&2; }
+# cpu_s: sets cpu to the user+sys CPU seconds of this shell's finished
+# children so far (bash's times, run in this shell: a subshell would
+# count only its own).
+cpu_file=$(mktemp)
+trap 'rm -f "$cpu_file"' EXIT
+cpu_s() {
+  times >"$cpu_file"
+  cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%d", t }' "$cpu_file")
+}
 
 # pin MODDIR MODULE: the version MODDIR's go.mod requires of MODULE.
 pin() { awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == "require" ? $3 : $2); exit }' "$1/go.mod"; }
@@ -68,7 +77,9 @@ build() {
     log "$group $version up to date ($out)"
   else
     log "building $group $version into $out (first run takes minutes)"
-    local start=$SECONDS
+    local start=$SECONDS cpu0
+    cpu_s
+    cpu0=$cpu
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
     (cd "$dir" && CGO_ENABLED=${CGO:-0} go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
@@ -77,7 +88,8 @@ build() {
     touch "$out.tmp/.done"
     rm -rf "$out"
     mv "$out.tmp" "$out"
-    log "built $group in $((SECONDS - start))s"
+    cpu_s
+    log "built $group in $((SECONDS - start))s wall, $((cpu - cpu0))s CPU (user+sys)"
   fi
   dirs+=("$out")
 }
@@ -92,7 +104,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 dirs=()
-build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
+# The node binaries are built with the cgo setting hack/build-tools.sh
+# builds the control plane with (go's default: it sets none), so that the
+# two builds share every compiled k8s.io package of the version both pin
+# in the Go build cache: cgo changes package net's build, and with it the
+# cache key of everything that imports it. The kubelet, kube-proxy and
+# kube-scheduler run on the host (in the nodes' namespaces), never in an
+# image, so a binary linked against the host's C library runs.
+CGO=$(go env CGO_ENABLED) build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
 build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" "-s -w" \
   github.com/distribution/distribution/v3/cmd/registry
