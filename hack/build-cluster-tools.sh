@@ -3,9 +3,11 @@
 # runs beside the lab's control plane, from Go modules only:
 #   kubelet, kube-scheduler, kube-proxy   hack/tools/k8s-node (k8s.io/kubernetes,
 #                                         the version hack/tools/k8s pins)
-#   registry                              hack/tools/registry (distribution v3)
+#   registry                              hack/tools/registry (distribution v3,
+#                                         filesystem storage only: its main.go)
 #   bridge, host-local, loopback, ptp     the CNI plugins of kvnet's go.mod
-#   coredns                               hack/tools/coredns (github.com/coredns/coredns)
+#   coredns                               hack/tools/coredns (github.com/coredns/coredns,
+#                                         the lab's plugins only: its main.go)
 #   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
 #   flannel, portmap (CNI)                hack/tools/flannel-cni (containernetworking/plugins v0.9.1)
 #   multus-daemon, multus-shim, multus,   hack/tools/multus
@@ -113,8 +115,11 @@ dirs=()
 # image, so a binary linked against the host's C library runs.
 CGO=$(go env CGO_ENABLED) build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
-build registry "$registry_version" "$registry_mod" "$(stamp_of "$registry_mod")" "-s -w" \
-  github.com/distribution/distribution/v3/cmd/registry
+# registry and coredns are main packages of the repo's own (main.go) that
+# link only what the lab uses: main.go is part of their stamps.
+registry_stamp=$(cat "$registry_mod/go.mod" "$registry_mod/go.sum" "$registry_mod/main.go" | sha256sum | cut -c1-16)
+build registry "$registry_version" "$registry_mod" "$registry_stamp" "-s -w" \
+  kvnet.io/kvnet/hack/tools/registry
 # The CNI plugins come from kvnet's own module: its go.sum pins them. The
 # stamp names the plugins too, so adding one builds the group anew.
 cni_pkgs=(
@@ -125,8 +130,9 @@ cni_pkgs=(
 )
 build cni-plugins "$cni_version" "$root" "$( (grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum"; echo "${cni_pkgs[*]}") | sha256sum | cut -c1-16)" "-s -w" \
   "${cni_pkgs[@]}"
-build coredns "$coredns_version" "$coredns_mod" "$(stamp_of "$coredns_mod")" "-s -w" \
-  github.com/coredns/coredns
+coredns_stamp=$(cat "$coredns_mod/go.mod" "$coredns_mod/go.sum" "$coredns_mod/main.go" | sha256sum | cut -c1-16)
+build coredns "$coredns_version" "$coredns_mod" "$coredns_stamp" "-s -w" \
+  kvnet.io/kvnet/hack/tools/coredns
 # flanneld reports its version from this variable; the stand-in module
 # it builds with (hack/tools/flannel/tencentvpc) is part of the stamp. Its
 # udp backend is cgo (as upstream, linked statically).

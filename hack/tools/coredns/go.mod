@@ -1,6 +1,6 @@
-// Module coredns pins CoreDNS (github.com/coredns/coredns, the root
-// package is its main), the real-cluster lab's cluster DNS, built by
-// hack/build-cluster-tools.sh.
+// Module coredns pins CoreDNS (github.com/coredns/coredns), the
+// real-cluster lab's cluster DNS: main.go links the plugins the lab uses,
+// and hack/build-cluster-tools.sh builds it.
 module kvnet.io/kvnet/hack/tools/coredns
 
 go 1.26.0

@@ -1,5 +1,6 @@
 // Module registry pins the OCI registry the real-cluster lab runs (the
-// distribution registry, cmd/registry), built by hack/build-cluster-tools.sh.
+// distribution registry): main.go links the filesystem storage driver
+// only, and hack/build-cluster-tools.sh builds it.
 module kvnet.io/kvnet/hack/tools/registry
 
 go 1.26.0
