@@ -124,13 +124,16 @@ type ScenarioTarget struct {
 	EgressURL string
 	// PodTimeout bounds the wait for the pods to be Ready (0: 4 minutes).
 	PodTimeout time.Duration
+	// GuestImage is the lab guest's containerDisk (GUEST_IMAGE of the
+	// env file), for RunVMScenarios; empty without KubeVirt.
+	GuestImage string
 }
 
 // ScenarioTarget returns the target of the scenarios on this cluster:
 // its admin client, the busybox image, its first two nodes and the
 // registry as the outside server.
 func (c *Cluster) ScenarioTarget() ScenarioTarget {
-	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/"}
+	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"]}
 	if len(c.Nodes) >= 2 {
 		t.Nodes = c.Nodes[:2]
 	}
@@ -159,7 +162,7 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 			return ScenarioTarget{}, fmt.Errorf("env file %s: no %s", filepath.Join(dir, EnvFile), k)
 		}
 	}
-	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/"}, nil
+	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"]}, nil
 }
 
 // ReadEnv reads the env file of the cluster whose state directory is
@@ -190,10 +193,14 @@ func ReadEnv(dir string) (map[string]string, error) {
 
 // ScenarioResult is the outcome of one scenario.
 type ScenarioResult struct {
-	// Name is one of PodScenarios.
+	// Name is one of PodScenarios or VMScenarios.
 	Name string
 	// OK is true when every check of the scenario passed.
 	OK bool
+	// Blocked is true when the scenario cannot run on this machine for a
+	// reason outside the project (a kernel feature it lacks); Detail says
+	// which. A blocked scenario is not OK.
+	Blocked bool
 	// Detail says what was seen: the addresses and answers when OK, the
 	// first failed check otherwise; and observations that are not (yet)
 	// checks, such as which interface network-status marks default.
@@ -202,7 +209,10 @@ type ScenarioResult struct {
 
 func (r ScenarioResult) String() string {
 	s := "PASS"
-	if !r.OK {
+	switch {
+	case r.Blocked:
+		s = "BLOCKED"
+	case !r.OK:
 		s = "FAIL"
 	}
 	return fmt.Sprintf("%s %s: %s", s, r.Name, r.Detail)
@@ -365,6 +375,12 @@ func readyNodes(ctx context.Context, cs kubernetes.Interface) ([]string, error) 
 // ClusterUserDefinedNetwork the scenarios created (those labelled
 // ScenarioLabel) and waits until they are gone.
 func CleanupPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) error {
+	return cleanupLabelled(ctx, t, out, ScenarioLabel)
+}
+
+// cleanupLabelled deletes the namespaces and ClusterUserDefinedNetworks
+// labelled label and waits until they are gone.
+func cleanupLabelled(ctx context.Context, t ScenarioTarget, out io.Writer, label string) error {
 	if out == nil {
 		out = io.Discard
 	}
@@ -372,7 +388,7 @@ func CleanupPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) e
 	if err != nil {
 		return err
 	}
-	sel := metav1.ListOptions{LabelSelector: ScenarioLabel}
+	sel := metav1.ListOptions{LabelSelector: label}
 	fg := metav1.DeletePropagationForeground
 	del := metav1.DeleteOptions{PropagationPolicy: &fg}
 	listCUDNs := func() ([]string, error) {

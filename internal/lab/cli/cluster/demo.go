@@ -28,11 +28,13 @@ func newDemoCommand() *cobra.Command {
 	f := &demoFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the pod scenarios on the running cluster (installs kvnet first when it is not there)",
+		Short: "Run the pod scenarios (and the VM scenarios with KubeVirt) on the running cluster (installs kvnet first when it is not there)",
 		Long: "Against the cluster of `kvnet-lab cluster up --dir <dir>` (its kubeconfig and env): installs kvnet\n" +
 			"with `kvnet install` from the cluster's registry unless it is installed, waits for it and runs\n" +
 			"`kvnet check`; then removes a previous run's objects, creates the scenarios' namespaces (scn-*),\n" +
 			"networks and pods, and prints one line per scenario: PASS or FAIL, its name, what was seen.\n" +
+			"On a cluster with KubeVirt (GUEST_IMAGE in its env) the VM scenarios follow (namespaces scn-vm*):\n" +
+			"BLOCKED marks one this machine cannot run (a kernel feature it lacks), and does not fail the demo.\n" +
 			"The objects stay to explore (KUBECONFIG=<dir>/kubeconfig kubectl get pods -A). Exits 1 if any\n" +
 			"scenario failed. --cleanup deletes the scenarios' objects instead.",
 		Args:         cobra.NoArgs,
@@ -61,6 +63,9 @@ func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
 	}
 	if f.cleanup {
 		if err := labcluster.CleanupPodScenarios(ctx, target, out); err != nil {
+			return err
+		}
+		if err := labcluster.CleanupVMScenarios(ctx, target, out); err != nil {
 			return err
 		}
 		fmt.Fprintln(out, "demo: the scenarios' objects are gone")
@@ -113,13 +118,24 @@ func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	failed := 0
+	if target.GuestImage != "" {
+		vms, err := labcluster.RunVMScenarios(ctx, target, out)
+		if err != nil {
+			return err
+		}
+		results = append(results, vms...)
+	}
+	failed, blocked := 0, 0
 	for _, r := range results {
-		if !r.OK {
+		switch {
+		case r.Blocked:
+			blocked++
+		case !r.OK:
 			failed++
 		}
 	}
-	fmt.Fprintf(out, "demo: %d of %d scenarios passed; the objects stay (namespaces labelled %s)\n", len(results)-failed, len(results), labcluster.ScenarioLabel)
+	fmt.Fprintf(out, "demo: %d of %d scenarios passed, %d blocked on this machine; the objects stay (namespaces labelled %s or %s)\n",
+		len(results)-failed-blocked, len(results), blocked, labcluster.ScenarioLabel, labcluster.VMScenarioLabel)
 	if failed > 0 {
 		return fmt.Errorf("%w: %d of %d", errScenariosFailed, failed, len(results))
 	}
