@@ -21,6 +21,7 @@ type demoFlags struct {
 	kvnet   string
 	timeout time.Duration
 	cleanup bool
+	only    string
 }
 
 // newDemoCommand returns "kvnet-lab cluster demo".
@@ -48,6 +49,7 @@ func newDemoCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.dir, "dir", ".cluster", "the cluster's directory (kubeconfig, env)")
 	cmd.Flags().StringVar(&f.kvnet, "kvnet", "", "the kvnet binary (default: kvnet next to kvnet-lab, as make build puts it in bin/)")
 	cmd.Flags().BoolVar(&f.cleanup, "cleanup", false, "delete the scenarios' namespaces and network (what a run left), run nothing")
+	cmd.Flags().StringVar(&f.only, "only", "", `run only the "pods" or the "vms" scenarios (default: both; the VM scenarios need KubeVirt)`)
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 20*time.Minute, "how long the whole demo may take")
 	return cmd
 }
@@ -57,6 +59,9 @@ func newDemoCommand() *cobra.Command {
 var errScenariosFailed = errors.New("scenarios failed")
 
 func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
+	if f.only != "" && f.only != "pods" && f.only != "vms" {
+		return fmt.Errorf(`--only %q: want "pods" or "vms"`, f.only)
+	}
 	target, err := labcluster.ScenarioTargetFromDir(f.dir)
 	if err != nil {
 		return fmt.Errorf("cluster in %s (make cluster-up): %w", f.dir, err)
@@ -114,11 +119,16 @@ func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
 		return fmt.Errorf("kvnet check: %w", err)
 	}
 
-	results, err := labcluster.RunPodScenarios(ctx, target, out)
-	if err != nil {
-		return err
+	var results []labcluster.ScenarioResult
+	if f.only != "vms" {
+		if results, err = labcluster.RunPodScenarios(ctx, target, out); err != nil {
+			return err
+		}
 	}
-	if target.GuestImage != "" {
+	if f.only == "vms" && target.GuestImage == "" {
+		return fmt.Errorf("--only vms: the cluster in %s has no KubeVirt (no GUEST_IMAGE in its env): start it with --kubevirt", f.dir)
+	}
+	if f.only != "pods" && target.GuestImage != "" {
 		vms, err := labcluster.RunVMScenarios(ctx, target, out)
 		if err != nil {
 			return err
