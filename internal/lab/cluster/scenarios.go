@@ -127,6 +127,9 @@ type ScenarioTarget struct {
 	// GuestImage is the lab guest's containerDisk (GUEST_IMAGE of the
 	// env file), for RunVMScenarios; empty without KubeVirt.
 	GuestImage string
+	// MigrationMaster is the nodes' uplink the VM scenarios' migration
+	// network (macvlan) sits on (empty: eth0, the lab nodes').
+	MigrationMaster string
 }
 
 // ScenarioTarget returns the target of the scenarios on this cluster:

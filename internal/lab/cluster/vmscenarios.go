@@ -276,15 +276,12 @@ func (s *vmScenarios) create(ctx context.Context) error {
 		ns       string
 		reserved []any
 	}{{nsVM, nil}, {nsVMB, []any{tenantBReserved.String()}}} {
-		l2 := map[string]any{"role": "Primary", "subnets": []any{tenantSubnet.String()}, "ipam": map[string]any{"lifecycle": "Persistent"}}
+		o := primaryUDNObject(u.ns, tenantSubnet.String())
 		if u.reserved != nil {
-			l2["reservedSubnets"] = u.reserved
+			if err := unstructured.SetNestedSlice(o.Object, u.reserved, "spec", "layer2", "reservedSubnets"); err != nil {
+				return err
+			}
 		}
-		o := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "k8s.ovn.org/v1", "kind": "UserDefinedNetwork",
-			"metadata": map[string]any{"name": "net", "namespace": u.ns},
-			"spec":     map[string]any{"topology": "Layer2", "layer2": l2},
-		}}
 		if _, err := s.dyn.Resource(udnGVR).Namespace(u.ns).Create(ctx, o, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("vm scenarios: create UserDefinedNetwork %s/net: %w", u.ns, err)
 		}
@@ -817,6 +814,14 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 	from := v.node
 	for i, to := range []string{other, v.node} {
 		name := fmt.Sprintf("mig-%d", i+1)
+		overNet := i == 1
+		if overNet {
+			// The second migration goes over the dedicated migration
+			// network.
+			if err := s.useMigrationNetwork(ctx); err != nil {
+				return strings.Join(steps, "; "), err
+			}
+		}
 		st, err := s.migrate(ctx, v, name, to)
 		if err != nil {
 			return strings.Join(steps, "; "), err
@@ -834,10 +839,18 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if node != to {
 			return strings.Join(steps, "; "), fmt.Errorf("migration %s succeeded but VMI %s is on %s, want %s", name, v, node, to)
 		}
+		target, _ := ms["targetNodeAddress"].(string)
+		if a, err := netip.ParseAddr(target); overNet && (err != nil || !MigrationSubnet.Contains(a)) {
+			return strings.Join(steps, "; "), fmt.Errorf("migration %s: targetNodeAddress %q, want one in the migration network %s", name, target, MigrationSubnet)
+		}
 		if n, err = s.waitEchoGrows(ctx, nsVM, "echo", n); err != nil {
 			return strings.Join(steps, "; "), fmt.Errorf("after migration %s (%s -> %s): %w", name, from, to, err)
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s (target %v, %s): %d lines back in order", name, from, to, ms["targetNodeAddress"], took, n))
+		over := "the pod network"
+		if a, err := netip.ParseAddr(target); err == nil && MigrationSubnet.Contains(a) {
+			over = "migration network " + MigrationNetworkNAD
+		}
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order", name, from, to, over, target, took, n))
 		from = to
 		v.node = to
 	}
@@ -907,4 +920,78 @@ func (s *vmScenarios) l2bridge(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("guest of %s on %s leased %s from kvnet-node = IPAMClaim vm-l2.default; %s fetched %q", rv, rv.node, leases[0].IP, ps[0], body), nil
+}
+
+// The dedicated migration network the VM scenarios switch KubeVirt to
+// (spec.configuration.migrations.network): a macvlan NAD on the nodes'
+// uplink whose addresses come from kvnet-ipam.
+const MigrationNetworkNAD = "kvnet-migration"
+
+// MigrationSubnet is the migration network's subnet.
+var MigrationSubnet = netip.MustParsePrefix("10.200.5.0/24")
+
+// migrationNAD is the migration network's NAD on uplink master.
+func migrationNAD(master string) *unstructured.Unstructured {
+	config := fmt.Sprintf(`{"cniVersion": "1.0.0", "type": "macvlan", "name": %q, "master": %q, "mode": "bridge", "ipam": {"type": "kvnet-ipam", "subnets": %q}}`,
+		MigrationNetworkNAD, master, MigrationSubnet.String())
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+		"metadata": map[string]any{"name": MigrationNetworkNAD, "namespace": KubeVirtNamespace},
+		"spec":     map[string]any{"config": config},
+	}}
+}
+
+// useMigrationNetwork makes KubeVirt migrate over the migration network,
+// as an admin does: the NAD in KubeVirt's namespace, the KubeVirt CR
+// naming it; then it waits until virt-operator rolled virt-handler out
+// with the network and every handler holds an address there
+// (migration0).
+func (s *vmScenarios) useMigrationNetwork(ctx context.Context) error {
+	master := s.t.MigrationMaster
+	if master == "" {
+		master = "eth0"
+	}
+	s.logf("KubeVirt: migrations over NAD %s/%s (macvlan on %s, kvnet-ipam %s)", KubeVirtNamespace, MigrationNetworkNAD, master, MigrationSubnet)
+	_, err := s.dyn.Resource(nadGVR).Namespace(KubeVirtNamespace).Create(ctx, migrationNAD(master), metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create NAD %s/%s: %w", KubeVirtNamespace, MigrationNetworkNAD, err)
+	}
+	patch := fmt.Sprintf(`{"spec":{"configuration":{"migrations":{"network":%q}}}}`, MigrationNetworkNAD)
+	if _, err := s.dyn.Resource(kubeVirtGVR).Namespace(KubeVirtNamespace).Patch(ctx, "kubevirt", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("KubeVirt %s/kubevirt: set migrations.network: %w", KubeVirtNamespace, err)
+	}
+	return poll(ctx, 10*time.Minute, func(ctx context.Context) error {
+		pods, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-handler"})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for i := range pods.Items {
+			p := &scenarioPod{ns: KubeVirtNamespace, name: pods.Items[i].Name, pod: &pods.Items[i]}
+			if !PodReady(p.pod) || p.pod.DeletionTimestamp != nil {
+				continue
+			}
+			if _, err := p.addr("migration0", MigrationSubnet); err != nil {
+				return fmt.Errorf("virt-handler not rolled out with the migration network yet: %w", err)
+			}
+			ready++
+		}
+		if ready < len(s.nodes) {
+			return fmt.Errorf("%d of %d virt-handlers Ready with migration0", ready, len(s.nodes))
+		}
+		return nil
+	})
+}
+
+// primaryUDNObject is UDN ns/net: a primary Layer2 network on subnet
+// with persistent IPs (IPAMClaims), as the OpenShift docs write it for
+// VMs.
+func primaryUDNObject(ns, subnet string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.ovn.org/v1", "kind": "UserDefinedNetwork",
+		"metadata": map[string]any{"name": "net", "namespace": ns},
+		"spec": map[string]any{"topology": "Layer2", "layer2": map[string]any{
+			"role": "Primary", "subnets": []any{subnet}, "ipam": map[string]any{"lifecycle": "Persistent"},
+		}},
+	}}
 }
