@@ -826,14 +826,19 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if err != nil {
 			return strings.Join(steps, "; "), err
 		}
-		ms, _ := st["migrationState"].(map[string]any)
-		var took string
-		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
-			took = b.Sub(a).String()
-		}
 		vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
 		if err != nil {
 			return "", err
+		}
+		// The migration's own status may lack the state a moment after
+		// it succeeded; the VMI's is the last migration's.
+		ms, _ := st["migrationState"].(map[string]any)
+		if ms["targetNodeAddress"] == nil {
+			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
+		}
+		var took string
+		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
+			took = b.Sub(a).String()
 		}
 		node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
 		if node != to {
