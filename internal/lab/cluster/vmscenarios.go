@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"regexp"
 	"strconv"
@@ -669,11 +670,13 @@ func (s *vmScenarios) stopStart(ctx context.Context) (string, error) {
 }
 
 // echoPod is a pod on node that opens one TCP connection to the guest's
-// echo service (port 7) at ip and sends a numbered line every 200 ms,
-// writing what comes back to /tmp/echo.out; when the connection ends it
-// appends "closed".
+// echo service (port 7) at ip and sends a numbered line every 20 ms
+// (httpget -echo), writing what comes back to /tmp/echo.out and every
+// pause of more than 100 ms between two answers to /tmp/echo.gaps; when
+// the connection ends it appends "closed" to /tmp/echo.out.
 func echoPod(ns, name, node, image string, ip netip.Addr) *corev1.Pod {
-	script := fmt.Sprintf(`i=0; while true; do i=$((i+1)); echo $i; sleep 0.2; done | nc %s 7 > /tmp/echo.out; echo closed >> /tmp/echo.out; exec sleep 100000`, ip)
+	script := fmt.Sprintf(`httpget -echo -interval 20ms %s > /tmp/echo.out 2> /tmp/echo.gaps; echo closed >> /tmp/echo.out; exec sleep 100000`,
+		net.JoinHostPort(ip.String(), "7"))
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
@@ -721,6 +724,34 @@ func checkEchoLines(out string) (int, error) {
 	return n, nil
 }
 
+// echoGap returns the longest pause the echo pod saw between two answers
+// before a line numbered above after (0 if none exceeded 100 ms).
+func (s *vmScenarios) echoGap(ctx context.Context, ns, name string, after int) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, ns, name, "cat", "/tmp/echo.gaps")
+	if err != nil {
+		return 0, fmt.Errorf("read %s/%s's /tmp/echo.gaps: %v: %s", ns, name, err, strings.TrimSpace(errOut))
+	}
+	return maxEchoGap(out, after), nil
+}
+
+// maxEchoGap reads httpget -echo's gap lines ("gap <ms> before <line>")
+// and returns the longest before a line numbered above after.
+func maxEchoGap(gaps string, after int) time.Duration {
+	var max time.Duration
+	for _, l := range strings.Split(gaps, "\n") {
+		var ms, line int
+		if _, err := fmt.Sscanf(l, "gap %d before %d", &ms, &line); err != nil || line <= after {
+			continue
+		}
+		if d := time.Duration(ms) * time.Millisecond; d > max {
+			max = d
+		}
+	}
+	return max
+}
+
 // waitEchoGrows waits until the echo pod has more than past lines back,
 // in order.
 func (s *vmScenarios) waitEchoGrows(ctx context.Context, ns, name string, past int) (int, error) {
@@ -731,8 +762,8 @@ func (s *vmScenarios) waitEchoGrows(ctx context.Context, ns, name string, past i
 		if err != nil {
 			return &stopPolling{err}
 		}
-		if n <= past+5 {
-			return fmt.Errorf("echo: %d lines back, want more than %d", n, past+5)
+		if n <= past+25 {
+			return fmt.Errorf("echo: %d lines back, want more than %d", n, past+25)
 		}
 		return nil
 	})
@@ -822,6 +853,7 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 				return strings.Join(steps, "; "), err
 			}
 		}
+		before := n
 		st, err := s.migrate(ctx, v, name, to)
 		if err != nil {
 			return strings.Join(steps, "; "), err
@@ -851,11 +883,15 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if n, err = s.waitEchoGrows(ctx, nsVM, "echo", n); err != nil {
 			return strings.Join(steps, "; "), fmt.Errorf("after migration %s (%s -> %s): %w", name, from, to, err)
 		}
+		gap, err := s.echoGap(ctx, nsVM, "echo", before)
+		if err != nil {
+			return strings.Join(steps, "; "), err
+		}
 		over := "the pod network"
 		if a, err := netip.ParseAddr(target); err == nil && MigrationSubnet.Contains(a) {
 			over = "migration network " + MigrationNetworkNAD
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order", name, from, to, over, target, took, n))
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s", name, from, to, over, target, took, n, gap))
 		from = to
 		v.node = to
 	}

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseGuestLeases(t *testing.T) {
@@ -56,5 +57,21 @@ func TestCheckEchoLines(t *testing.T) {
 				t.Errorf("error %v, want one containing %q", err, tc.err)
 			}
 		})
+	}
+}
+
+func TestMaxEchoGap(t *testing.T) {
+	gaps := "gap 150 before 40\ngap 900 before 97\nhttpget: connection ended: <nil>\ngap 310 before 2100\nnot a gap\n"
+	for _, tc := range []struct {
+		after int
+		want  time.Duration
+	}{
+		{0, 900 * time.Millisecond},
+		{97, 310 * time.Millisecond},
+		{2100, 0},
+	} {
+		if got := maxEchoGap(gaps, tc.after); got != tc.want {
+			t.Errorf("maxEchoGap(after %d) = %s, want %s", tc.after, got, tc.want)
+		}
 	}
 }
