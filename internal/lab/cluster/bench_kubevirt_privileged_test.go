@@ -5,6 +5,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -31,7 +32,12 @@ const benchVMs = 10
 //   - VM create → VMI Running with the IPAMClaim's address
 //     (vmi-ip-p50-s);
 //   - pod create → Ready in the same namespace (pod-p50-s), and the
-//     ratio of the medians (vm/pod-p50).
+//     ratio of the medians (vm/pod-p50);
+//   - two live migrations of the first VM between the two nodes that are
+//     not its TCP client's (the guest's echo service, one numbered line
+//     every 20 ms, httpget -echo): the longest pause between two answers
+//     the client saw (blackout-max-ms) and KubeVirt's migration time from
+//     its start to its end timestamp (migration-max-s).
 func BenchmarkClusterVMCreateToLease(b *testing.B) {
 	testenv.NeedsRoot(b)
 	binDir := buildTools(b)
@@ -97,6 +103,12 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 			}
 			pods = append(pods, time.Since(start))
 		}
+		gap, took, err := s.benchMigrations(ctx, ns, "vm-0", c.Nodes)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(gap.Milliseconds()), "blackout-max-ms")
+		b.ReportMetric(took.Seconds(), "migration-max-s")
 		lp50, lp99 := percentile(leases, 50), percentile(leases, 99)
 		ip50, pp50, pp99 := percentile(ips, 50), percentile(pods, 50), percentile(pods, 99)
 		b.ReportMetric(lp50.Seconds(), "vm-p50-s")
@@ -105,8 +117,8 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 		b.ReportMetric(pp50.Seconds(), "pod-p50-s")
 		b.ReportMetric(pp99.Seconds(), "pod-p99-s")
 		b.ReportMetric(lp50.Seconds()/pp50.Seconds(), "vm/pod-p50")
-		b.Logf("real KubeVirt: VM create -> guest lease over %d VMs: p50 %s p99 %s (VMI Running with its IP: p50 %s); pod create -> Ready: p50 %s p99 %s",
-			benchVMs, lp50.Round(time.Millisecond), lp99.Round(time.Millisecond), ip50.Round(time.Millisecond), pp50.Round(time.Millisecond), pp99.Round(time.Millisecond))
+		b.Logf("real KubeVirt: VM create -> guest lease over %d VMs: p50 %s p99 %s (VMI Running with its IP: p50 %s); pod create -> Ready: p50 %s p99 %s; two live migrations: longest TCP pause %s, longest migration %s",
+			benchVMs, lp50.Round(time.Millisecond), lp99.Round(time.Millisecond), ip50.Round(time.Millisecond), pp50.Round(time.Millisecond), pp99.Round(time.Millisecond), gap, took)
 	}
 }
 
@@ -160,4 +172,71 @@ func (s *vmScenarios) waitLease(ctx context.Context, ns, name string, start time
 		return nil
 	})
 	return ip, lease, err
+}
+
+// benchMigrations migrates VM ns/name twice between the two nodes that
+// are not its echo client's, and returns the longest pause the client
+// saw and the longest migration (KubeVirt's start to end timestamps).
+func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, nodes []string) (gap, took time.Duration, err error) {
+	vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return 0, 0, err
+	}
+	node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
+	ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
+	if len(ifaces) == 0 {
+		return 0, 0, fmt.Errorf("VMI %s/%s has no interface status", ns, name)
+	}
+	m, _ := ifaces[0].(map[string]any)
+	ipS, _ := m["ipAddress"].(string)
+	ip, err := netip.ParseAddr(ipS)
+	if err != nil {
+		return 0, 0, fmt.Errorf("VMI %s/%s IP %q: %w", ns, name, ipS, err)
+	}
+	var client string
+	var others []string
+	for _, n := range nodes {
+		if n != node {
+			others = append(others, n)
+		}
+	}
+	if len(others) < 2 {
+		return 0, 0, fmt.Errorf("want three nodes, have %v", nodes)
+	}
+	client, target := others[0], others[1]
+	if _, err := s.t.Client.CoreV1().Pods(ns).Create(ctx, echoPod(ns, "echo", client, s.t.Image, ip), metav1.CreateOptions{}); err != nil {
+		return 0, 0, err
+	}
+	n, err := s.waitEchoGrows(ctx, ns, "echo", 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	v := &runningVM{ns: ns, name: name, node: node, ip: ip}
+	for i, to := range []string{target, node} {
+		before := n
+		st, err := s.migrate(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to)
+		if err != nil {
+			return 0, 0, err
+		}
+		if n, err = s.waitEchoGrows(ctx, ns, "echo", n); err != nil {
+			return 0, 0, fmt.Errorf("after migration %d: %w", i+1, err)
+		}
+		g, err := s.echoGap(ctx, ns, "echo", before)
+		if err != nil {
+			return 0, 0, err
+		}
+		gap = max(gap, g)
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return 0, 0, err
+		}
+		ms, _ := st["migrationState"].(map[string]any)
+		if ms["endTimestamp"] == nil {
+			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
+		}
+		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
+			took = max(took, b.Sub(a))
+		}
+	}
+	return gap, took, nil
 }
