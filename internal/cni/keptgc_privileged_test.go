@@ -36,7 +36,7 @@ import (
 func TestCollectLostDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
-	const ns = "cni-gc"
+	const ns = "cni-lostdel"
 	dir := t.TempDir()
 	statusFile := filepath.Join(dir, "status.json")
 	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
