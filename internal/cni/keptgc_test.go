@@ -63,7 +63,7 @@ func FuzzParseKeptRecord(f *testing.F) {
 			t.Fatal(err)
 		}
 		again, err := parseKeptRecord(out)
-		if err != nil || again.NetNS != rec.NetNS || again.IfName != rec.IfName || !reflect.DeepEqual(again.Args, rec.Args) {
+		if err != nil || again.NetNS != rec.NetNS || again.IfName != rec.IfName || !slices.Equal(again.Args, rec.Args) {
 			t.Fatalf("round trip of %q: %+v, %v", out, again, err)
 		}
 	})
