@@ -49,6 +49,9 @@ import (
 const (
 	gcBudgetAdd = 5 * time.Second
 	gcBudgetDel = 2 * time.Second
+	// gcGrace is how long past its budget a verb waits for collection to
+	// return once its plugins were told to stop.
+	gcGrace = time.Second
 )
 
 // keptRecord is how a container's eth0 was added to the default network:
@@ -285,13 +288,30 @@ func recordStatus(path string, run gcRun, now time.Time) error {
 
 // collectLostDefaults is collection as a verb runs it: under the lock
 // (skipped when another kvnet-cni holds it), within budget, with the
-// invocation's CNI_PATH, never failing.
+// invocation's CNI_PATH, never failing. It returns after budget and
+// gcGrace at most, even when a plugin outlives the budget's kill (a
+// child of it keeping its output open holds libcni's wait): the verb
+// goes on, and what the collection has not done is for the next run.
 func collectLostDefaults(args *skel.CmdArgs, budget time.Duration) {
-	defer func() {
-		if v := recover(); v != nil {
-			fmt.Fprintf(os.Stderr, "kvnet-cni: default-network GC: %v\n", v)
-		}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if v := recover(); v != nil {
+				fmt.Fprintf(os.Stderr, "kvnet-cni: default-network GC: %v\n", v)
+			}
+		}()
+		collectLocked(args, budget)
 	}()
+	select {
+	case <-done:
+	case <-time.After(budget + gcGrace):
+		fmt.Fprintf(os.Stderr, "kvnet-cni: default-network GC: still running after %s, left for the next run\n", budget+gcGrace)
+	}
+}
+
+// collectLocked is collectLostDefaults's work.
+func collectLocked(args *skel.CmdArgs, budget time.Duration) {
 	dir := filepath.Join(cacheDir(), "default-network")
 	if _, err := os.Stat(dir); err != nil {
 		return // nothing was ever kept

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -32,7 +34,9 @@ import (
 // there, keeps its lease and kept files. Then pod d's DEL is lost with a
 // default network whose DEL fails: the next ADD (pod e) still succeeds,
 // d's lease and kept files stay and the status file counts the failure;
-// once the plugin works, the next DEL on the node (e's) collects d.
+// once the plugin works, the next DEL on the node (e's) collects d. Pod
+// f's DEL is lost with a default network whose DEL hangs: the next ADD
+// (pod g) returns all the same, f's entry left for the next time.
 func TestCollectLostDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
@@ -76,7 +80,7 @@ func TestCollectLostDefaultNetwork(t *testing.T) {
 	config, _ := json.Marshal(conf)
 	list := confList(t, string(config))
 
-	pods := []string{"a", "b", "c", "d", "e"}
+	pods := []string{"a", "b", "c", "d", "e", "f", "g"}
 	for _, p := range pods {
 		create(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}})
@@ -230,5 +234,46 @@ func TestCollectLostDefaultNetwork(t *testing.T) {
 	}
 	if st := gcStatus(); st.Collected != 2 || len(st.Pending) != 0 {
 		t.Errorf("status file: %+v, want 2 collected, none pending", st)
+	}
+
+	// A default network whose DEL hangs, in a child that keeps the
+	// plugin's output open after the plugin is killed: pod g's ADD
+	// returns while that child still runs, f's entry stays.
+	pidFile := filepath.Join(dir, "hung.pid")
+	hanging := filepath.Join(binDir, "kvnet-test-gchang")
+	if err := os.WriteFile(hanging, []byte("#!/bin/sh\nsleep 60 &\necho $! > "+pidFile+"\nwait\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(hanging) })
+	add("f")
+	if err := os.WriteFile(filepath.Join(cacheDir, "default-network", ctr("f")+".conflist"),
+		[]byte(`{"cniVersion":"1.0.0","name":"defnet","plugins":[`+bridge+`,{"type":"kvnet-test-gchang"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loseDel("f")
+	add("g")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("the hanging plugin did not run: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /proc/<pid>/stat: "pid (comm) state ..."; an ended child not yet
+	// reaped is a zombie (Z).
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	_, rest, _ := strings.Cut(string(stat), ") ")
+	if err != nil || !strings.Contains(string(stat), "(sleep)") || strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X") {
+		t.Errorf("the hung plugin's child (pid %d) had ended when g's ADD returned (%q, %v): the ADD waited for it", pid, stat, err)
+	} else {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if got := kept("f"); len(got) != 2 {
+		t.Errorf("kept for f after its DEL hung: %v, want its configuration and record for the next time", got)
+	}
+	// The cleanup's DELs must not hang on it.
+	if err := os.WriteFile(hanging, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
 	}
 }
