@@ -43,16 +43,7 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 	binDir := buildTools(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: b.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true, Log: benchLog{b},
-		WaitForLock: true}) // queue behind another cluster on this machine
-	if err != nil {
-		b.Fatalf("up: %v", err)
-	}
-	b.Cleanup(func() {
-		if err := c.Down(); err != nil {
-			b.Errorf("down: %v", err)
-		}
-	})
+	c := upForBench(ctx, b, Config{Dir: b.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true})
 	installKvnet(ctx, b, c, kvnetCLI(b, c))
 	if b.Failed() {
 		b.FailNow()

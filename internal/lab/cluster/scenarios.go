@@ -334,18 +334,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	s.waitPods(ctx)
 
 	var results []ScenarioResult
-	run := func(name string, f func(context.Context) (string, error)) {
-		detail, err := f(ctx)
-		r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
-		if err != nil {
-			r.Detail = err.Error()
-			if detail != "" {
-				r.Detail += " (" + detail + ")"
-			}
-		}
-		fmt.Fprintln(out, r)
-		results = append(results, r)
-	}
+	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
 	run(ScenarioPrimaryReady, s.primaryReady)
 	run(ScenarioPrimaryReach, s.primaryReach)
 	run(ScenarioEth0Isolated, s.eth0Isolated)
@@ -541,22 +530,8 @@ func (s *scenarios) create(ctx context.Context) error {
 	// of a network its NAD, before its pods: the primary-network webhook
 	// refuses a pod of a labelled namespace no network serves yet.
 	nads := map[string]string{nsTenantA: "net", nsTenantB: "net", nsSecondary: "sec", nsRed: cudnName, nsBlue: cudnName, nsLayer3: "net", nsPlain: ""}
-	for ns, nad := range nads {
-		err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
-			if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("ServiceAccount %s/default: %w", ns, err)
-			}
-			if nad == "" {
-				return nil
-			}
-			if _, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, nad, metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("NAD %s/%s (kvnet-controller renders it from the network): %w", ns, nad, err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("scenarios: %w", err)
-		}
+	if err := s.waitNamespaces(ctx, nads); err != nil {
+		return err
 	}
 
 	type podSpec struct {
@@ -577,19 +552,69 @@ func (s *scenarios) create(ctx context.Context) error {
 		if sp.networks != "" {
 			p.Annotations = map[string]string{networksAnnotation: sp.networks}
 		}
-		sc := &scenarioPod{ns: sp.ns, name: sp.name, node: s.nodes[sp.node]}
-		s.pods[sc.String()] = sc
-		// The webhook may refuse a pod for a moment after its NAD appears
-		// (its cache lags): retry, and keep the last refusal.
-		sc.err = poll(ctx, time.Minute, func(ctx context.Context) error {
-			_, err := cs.CoreV1().Pods(sp.ns).Create(ctx, p, metav1.CreateOptions{})
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create pod %s/%s: %w", sp.ns, sp.name, err)
+		s.createPod(ctx, p)
+	}
+	return nil
+}
+
+// waitNamespaces waits until each namespace has its default
+// ServiceAccount and, where nads names one, its NAD: a namespace of a
+// network needs the NAD before its pods, or the primary-network webhook
+// refuses them.
+func (s *scenarios) waitNamespaces(ctx context.Context, nads map[string]string) error {
+	for ns, nad := range nads {
+		err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
+			if _, err := s.t.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("ServiceAccount %s/default: %w", ns, err)
+			}
+			if nad == "" {
+				return nil
+			}
+			if _, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, nad, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("NAD %s/%s (kvnet-controller renders it from the network): %w", ns, nad, err)
 			}
 			return nil
 		})
+		if err != nil {
+			return fmt.Errorf("scenarios: %w", err)
+		}
 	}
 	return nil
+}
+
+// createPod creates p and records it among the scenarios' pods (on the
+// node its selector names), or why it could not be created.
+func (s *scenarios) createPod(ctx context.Context, p *corev1.Pod) {
+	sc := &scenarioPod{ns: p.Namespace, name: p.Name, node: p.Spec.NodeSelector[corev1.LabelHostname]}
+	s.pods[sc.String()] = sc
+	// The webhook may refuse a pod for a moment after its NAD appears
+	// (its cache lags): retry, and keep the last refusal.
+	sc.err = poll(ctx, time.Minute, func(ctx context.Context) error {
+		_, err := s.t.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		return nil
+	})
+}
+
+// runScenario runs f as scenario name and appends its result to
+// results, printing it to out.
+func runScenario(ctx context.Context, out io.Writer, results *[]ScenarioResult, name string, f func(context.Context) (string, error)) {
+	detail, err := f(ctx)
+	r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
+	var b *blockedError
+	if errors.As(err, &b) {
+		r.Blocked = true
+	}
+	if err != nil {
+		r.Detail = err.Error()
+		if detail != "" {
+			r.Detail += " (" + detail + ")"
+		}
+	}
+	fmt.Fprintln(out, r)
+	*results = append(*results, r)
 }
 
 // waitPods waits for every pod to be Ready (or PodTimeout to pass) and

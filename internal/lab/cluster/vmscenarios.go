@@ -219,22 +219,7 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	s.waitVMs(ctx, "vm-m", "vm-p")
 
 	var results []ScenarioResult
-	run := func(name string, f func(context.Context) (string, error)) {
-		detail, err := f(ctx)
-		r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
-		var b *blockedError
-		if errors.As(err, &b) {
-			r.Blocked = true
-		}
-		if err != nil {
-			r.Detail = err.Error()
-			if detail != "" {
-				r.Detail += " (" + detail + ")"
-			}
-		}
-		fmt.Fprintln(out, r)
-		results = append(results, r)
-	}
+	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
 	run(ScenarioVMMasquerade, s.masquerade)
 	run(ScenarioVMTenant, s.tenant)
 	run(ScenarioVMService, s.service)
@@ -287,34 +272,11 @@ func (s *vmScenarios) create(ctx context.Context) error {
 			return fmt.Errorf("vm scenarios: create UserDefinedNetwork %s/net: %w", u.ns, err)
 		}
 	}
-	for ns, nad := range map[string]string{nsVM: "net", nsVMB: "net", nsVMPlain: ""} {
-		err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
-			if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("ServiceAccount %s/default: %w", ns, err)
-			}
-			if nad == "" {
-				return nil
-			}
-			if _, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, nad, metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("NAD %s/%s (kvnet-controller renders it from the network): %w", ns, nad, err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("vm scenarios: %w", err)
-		}
+	if err := s.waitNamespaces(ctx, map[string]string{nsVM: "net", nsVMB: "net", nsVMPlain: ""}); err != nil {
+		return err
 	}
 	for _, p := range []struct{ ns, name string }{{nsVM, "vc"}, {nsVMB, "vb"}, {nsVMPlain, "vp"}} {
-		pod := webPod(p.ns, p.name, s.nodes[0], s.t.Image)
-		sc := &scenarioPod{ns: p.ns, name: p.name, node: s.nodes[0]}
-		s.pods[sc.String()] = sc
-		sc.err = poll(ctx, time.Minute, func(ctx context.Context) error {
-			_, err := cs.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create pod %s/%s: %w", p.ns, p.name, err)
-			}
-			return nil
-		})
+		s.createPod(ctx, webPod(p.ns, p.name, s.nodes[0], s.t.Image))
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "vm-m", Namespace: nsVM},
