@@ -5,7 +5,8 @@
 #                                         the version hack/tools/k8s pins)
 #   registry                              hack/tools/registry (distribution v3,
 #                                         filesystem storage only: its main.go)
-#   bridge, host-local, loopback, ptp     the CNI plugins of kvnet's go.mod
+#   bridge, host-local, loopback, ptp,    the CNI plugins of kvnet's go.mod
+#   macvlan (KubeVirt's migration network)
 #   coredns                               hack/tools/coredns (github.com/coredns/coredns,
 #                                         the lab's plugins only: its main.go)
 #   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
@@ -127,6 +128,7 @@ cni_pkgs=(
   github.com/containernetworking/plugins/plugins/ipam/host-local
   github.com/containernetworking/plugins/plugins/main/loopback
   github.com/containernetworking/plugins/plugins/main/ptp
+  github.com/containernetworking/plugins/plugins/main/macvlan
 )
 build cni-plugins "$cni_version" "$root" "$( (grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum"; echo "${cni_pkgs[*]}") | sha256sum | cut -c1-16)" "-s -w" \
   "${cni_pkgs[@]}"

@@ -97,6 +97,13 @@ rm -f "$root/usr/sbin/policy-rc.d"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
   "$root"/usr/share/doc "$root"/usr/share/man "$root"/usr/share/info "$root"/usr/share/locale \
   "$root"/var/log/*.log "$root"/var/log/apt "$root"/tmp/* "$root"/dev/*
+# /var/run as a relative link, as in KubeVirt's own images: virt-handler
+# reaches a launcher's sockets through /proc/<pid>/root/var/run/kubevirt,
+# and an absolute link (debootstrap's /var/run -> /run) would resolve
+# against virt-handler's root instead, so its migration proxy's sockets
+# would land outside the launcher ("Failed to connect socket to
+# /var/run/kubevirt/migrationproxy/...-source.sock").
+ln -sfn ../run "$root/var/run"
 log "tar $(du -sh "$root" | cut -f1)"
 tar --numeric-owner --xattrs --xattrs-include='security.capability' -C "$root" -cf "$out.tmp/rootfs.tar" .
 rm -rf "$root"

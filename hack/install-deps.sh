@@ -112,7 +112,10 @@ fi
 # applets (ping, nc, httpd, nslookup, udhcpc), never host tools of those
 # names: check that this busybox has them.
 if command -v busybox >/dev/null; then
+  # The list is read whole (no grep -q): grep leaving early would kill
+  # busybox with SIGPIPE, and pipefail would fail the check at random.
+  applets=$(busybox --list)
   for applet in nc ping httpd nslookup udhcpc; do
-    busybox --list | grep -qx "$applet" || { echo "install-deps: busybox has no $applet applet (the lab's probes and guests use busybox $applet): install Debian's busybox" >&2; exit 1; }
+    grep -qx "$applet" <<<"$applets" || { echo "install-deps: busybox has no $applet applet (the lab's probes and guests use busybox $applet): install Debian's busybox" >&2; exit 1; }
   done
 fi

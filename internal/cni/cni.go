@@ -365,8 +365,13 @@ func result(version string, a podnetworks.Attachment, ifaces []*current.Interfac
 	return out.(*current.Result), nil
 }
 
-// Add wires the pod (or, in IPAM-only mode, returns its addresses).
+// Add wires the pod (or, in IPAM-only mode, returns its addresses). It
+// first collects the default network of sandboxes whose DEL never came
+// (collectLostDefaults).
 func (p *Plugin) Add(args *skel.CmdArgs) error {
+	if r, err := parse(args.StdinData); err == nil && !r.ipamOnly {
+		collectLostDefaults(args, gcBudgetAdd)
+	}
 	r, a, err := p.load(args)
 	if err != nil {
 		return err
@@ -487,7 +492,8 @@ func wire(args *skel.CmdArgs, r *request, a podnetworks.Attachment) (*current.Re
 }
 
 // Del removes the host end (the pod end goes with it). It succeeds when
-// everything is already gone, including the netns.
+// everything is already gone, including the netns. Then it collects the
+// default network of sandboxes whose DEL never came (collectLostDefaults).
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	r, err := parse(args.StdinData)
 	if err != nil {
@@ -496,6 +502,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if r.ipamOnly {
 		return nil // addresses are freed by kvnet-controller when the pod goes
 	}
+	defer collectLostDefaults(args, gcBudgetDel)
 	if r.attachDefault || addedWithDefault(args, r) {
 		return delWithDefault(args, r)
 	}

@@ -153,11 +153,17 @@ func (p *Plugin) addWithDefault(args *skel.CmdArgs, r *request, a podnetworks.At
 	if err := os.MkdirAll(filepath.Dir(saved), 0o700); err != nil {
 		return types.NewError(types.ErrInternal, "keep the default network's configuration", err.Error())
 	}
+	rt := runtimeConf(args, r)
+	// The record first: collection (keptgc.go) takes a configuration
+	// without one for an older kvnet-cni's.
+	if err := writeKeptRecord(rt); err != nil {
+		return types.NewError(types.ErrInternal, "record the default network's invocation", err.Error())
+	}
 	if err := os.WriteFile(saved, list.Bytes, 0o600); err != nil {
 		return types.NewError(types.ErrInternal, "keep the default network's configuration", err.Error())
 	}
 	ctx := context.Background()
-	defRes, err := cniExec(args).AddNetworkList(ctx, list, runtimeConf(args, r))
+	defRes, err := cniExec(args).AddNetworkList(ctx, list, rt)
 	if err != nil {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("cluster default network %q (%s)", list.Name, file), err.Error())
 	}
@@ -256,7 +262,7 @@ func delWithDefault(args *skel.CmdArgs, r *request) error {
 
 // delDefault runs the cluster default network's DEL for the container
 // with the configuration its ADD kept (the node's current one when none
-// was kept), then forgets that configuration.
+// was kept), then forgets that configuration and its record.
 func delDefault(args *skel.CmdArgs, r *request) error {
 	saved := savedConfPath(args.ContainerID)
 	list, err := libcni.ConfListFromFile(saved)
@@ -275,8 +281,10 @@ func delDefault(args *skel.CmdArgs, r *request) error {
 	if err := cniExec(args).DelNetworkList(context.Background(), list, runtimeConf(args, r)); err != nil {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("cluster default network %q", list.Name), err.Error())
 	}
-	if err := os.Remove(saved); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return types.NewError(types.ErrInternal, "forget the default network's configuration", err.Error())
+	for _, p := range []string{saved, keptRecordPath(args.ContainerID)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return types.NewError(types.ErrInternal, "forget the default network's configuration", err.Error())
+		}
 	}
 	return nil
 }

@@ -65,16 +65,7 @@ func BenchmarkClusterPodReady(b *testing.B) {
 	fmt.Printf("load at the start: %s\n", loadAverage())
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Config{Dir: b.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: benchLog{b},
-		WaitForLock: true}) // queue behind another cluster on this machine
-	if err != nil {
-		b.Fatalf("up: %v", err)
-	}
-	b.Cleanup(func() {
-		if err := c.Down(); err != nil {
-			b.Errorf("down: %v", err)
-		}
-	})
+	c := upForBench(ctx, b, Config{Dir: b.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true})
 	installKvnet(ctx, b, c, kvnetCLI(b, c))
 	if b.Failed() {
 		b.FailNow()
@@ -158,6 +149,24 @@ func loadAverage() string {
 }
 
 // benchLog writes the cluster's progress lines to the benchmark's log.
+// upForBench brings the cluster of cfg up for benchmark b (its log to
+// b, queued behind another cluster on this machine) and takes it down
+// when b ends.
+func upForBench(ctx context.Context, b *testing.B, cfg Config) *Cluster {
+	b.Helper()
+	cfg.Log, cfg.WaitForLock = benchLog{b}, true
+	c, err := Up(ctx, cfg)
+	if err != nil {
+		b.Fatalf("up: %v", err)
+	}
+	b.Cleanup(func() {
+		if err := c.Down(); err != nil {
+			b.Errorf("down: %v", err)
+		}
+	})
+	return c
+}
+
 type benchLog struct{ b *testing.B }
 
 func (l benchLog) Write(p []byte) (int, error) {

@@ -46,7 +46,7 @@ func Preflight(binDir string) error {
 	if binDir == "" {
 		return errors.New("cluster: no bin dir: pass the directory hack/build-cluster-tools.sh prints")
 	}
-	for _, b := range []string{"kubelet", "kube-scheduler", "kube-proxy", "registry", "busybox", "coredns", "flanneld", "flannel", "portmap", "bridge", "host-local", "loopback", "ptp", "multus-daemon", "multus-shim", "multus", "install_multus", "passthru", "thin_entrypoint"} {
+	for _, b := range []string{"kubelet", "kube-scheduler", "kube-proxy", "registry", "busybox", "coredns", "flanneld", "flannel", "portmap", "bridge", "host-local", "loopback", "macvlan", "ptp", "multus-daemon", "multus-shim", "multus", "install_multus", "passthru", "thin_entrypoint"} {
 		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
 			return fmt.Errorf("cluster: %s not in %s: run hack/build-cluster-tools.sh", b, binDir)
 		}

@@ -5,6 +5,7 @@ package cluster
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,7 +22,9 @@ import (
 // CR with useEmulation and the l2bridge binding): Up returns once the CR
 // says Deployed; then virt-handler runs on every node, virt-api and
 // virt-controller are available, and the env file names the guest's
-// containerDisk.
+// containerDisk. With kvnet installed the VM scenarios (RunVMScenarios)
+// pass, but the l2bridge one, which is Blocked exactly when this
+// machine's kernel cannot make dummy links.
 func TestClusterKubeVirt(t *testing.T) {
 	testenv.NeedsRoot(t)
 	binDir := buildTools(t)
@@ -52,4 +55,39 @@ func TestClusterKubeVirt(t *testing.T) {
 	if !strings.Contains(string(env), "GUEST_IMAGE="+c.Registry+"/kvnet-lab/guest:lab\n") {
 		t.Errorf("env file lacks GUEST_IMAGE:\n%s", env)
 	}
+
+	installKvnet(ctx, t, c, kvnetCLI(t, c))
+	results, err := RunVMScenarios(ctx, c.ScenarioTarget(), testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != len(VMScenarios) {
+		t.Fatalf("%d results, want one per scenario (%d)", len(results), len(VMScenarios))
+	}
+	noDummy := !kernelHasDummy(t)
+	for i, r := range results {
+		if r.Name != VMScenarios[i] {
+			t.Errorf("result %d is %q, want %q", i, r.Name, VMScenarios[i])
+		}
+		switch {
+		case r.Name == ScenarioVML2Bridge && noDummy:
+			if !r.Blocked || !strings.Contains(r.Detail, "LinkAdd: operation not supported") {
+				t.Errorf("%s on a kernel without dummy links: want Blocked by KubeVirt's LinkAdd, got %s", r.Name, r)
+			}
+		case !r.OK:
+			t.Errorf("%s", r)
+		}
+	}
+}
+
+// kernelHasDummy reports whether this machine's kernel makes dummy links
+// (KubeVirt's bridge and managedTap bindings need one in each launcher
+// pod), tried in a scratch network namespace.
+func kernelHasDummy(t *testing.T) bool {
+	out, err := exec.Command("unshare", "--net", "ip", "link", "add", "kvd0", "type", "dummy").CombinedOutput()
+	if err != nil {
+		t.Logf("no dummy links on this kernel: ip link add type dummy: %v: %s", err, strings.TrimSpace(string(out)))
+		return false
+	}
+	return true
 }

@@ -25,8 +25,9 @@ var nodeDirs = []string{
 // cniPlugins are copied into every node's /opt/cni/bin from the bin dir:
 // the reference plugins a node has from its CNI package (Flannel
 // delegates to bridge and host-local, and chains portmap; the ptp32
-// layout runs ptp).
-var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap", "ptp"}
+// layout runs ptp; KubeVirt's migration network in the VM scenarios is a
+// macvlan NAD).
+var cniPlugins = []string{"bridge", "host-local", "loopback", "macvlan", "portmap", "ptp"}
 
 // node is one node's files.
 type node struct {

@@ -90,6 +90,11 @@ func PodReady(p *corev1.Pod) bool {
 // poll calls f until it returns nil, ctx ends or timeout passes, and
 // returns f's last error then.
 func poll(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	return pollEvery(ctx, timeout, time.Second, f)
+}
+
+// pollEvery is poll with tries interval apart.
+func pollEvery(ctx context.Context, timeout, interval time.Duration, f func(context.Context) error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := f(ctx)
@@ -102,7 +107,7 @@ func poll(ctx context.Context, timeout time.Duration, f func(context.Context) er
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-time.After(time.Second):
+		case <-time.After(interval):
 		}
 	}
 }

@@ -124,13 +124,19 @@ type ScenarioTarget struct {
 	EgressURL string
 	// PodTimeout bounds the wait for the pods to be Ready (0: 4 minutes).
 	PodTimeout time.Duration
+	// GuestImage is the lab guest's containerDisk (GUEST_IMAGE of the
+	// env file), for RunVMScenarios; empty without KubeVirt.
+	GuestImage string
+	// MigrationMaster is the nodes' uplink the VM scenarios' migration
+	// network (macvlan) sits on (empty: eth0, the lab nodes').
+	MigrationMaster string
 }
 
 // ScenarioTarget returns the target of the scenarios on this cluster:
 // its admin client, the busybox image, its first two nodes and the
 // registry as the outside server.
 func (c *Cluster) ScenarioTarget() ScenarioTarget {
-	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/"}
+	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"]}
 	if len(c.Nodes) >= 2 {
 		t.Nodes = c.Nodes[:2]
 	}
@@ -159,7 +165,7 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 			return ScenarioTarget{}, fmt.Errorf("env file %s: no %s", filepath.Join(dir, EnvFile), k)
 		}
 	}
-	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/"}, nil
+	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"]}, nil
 }
 
 // ReadEnv reads the env file of the cluster whose state directory is
@@ -190,10 +196,14 @@ func ReadEnv(dir string) (map[string]string, error) {
 
 // ScenarioResult is the outcome of one scenario.
 type ScenarioResult struct {
-	// Name is one of PodScenarios.
+	// Name is one of PodScenarios or VMScenarios.
 	Name string
 	// OK is true when every check of the scenario passed.
 	OK bool
+	// Blocked is true when the scenario cannot run on this machine for a
+	// reason outside the project (a kernel feature it lacks); Detail says
+	// which. A blocked scenario is not OK.
+	Blocked bool
 	// Detail says what was seen: the addresses and answers when OK, the
 	// first failed check otherwise; and observations that are not (yet)
 	// checks, such as which interface network-status marks default.
@@ -202,7 +212,10 @@ type ScenarioResult struct {
 
 func (r ScenarioResult) String() string {
 	s := "PASS"
-	if !r.OK {
+	switch {
+	case r.Blocked:
+		s = "BLOCKED"
+	case !r.OK:
 		s = "FAIL"
 	}
 	return fmt.Sprintf("%s %s: %s", s, r.Name, r.Detail)
@@ -321,18 +334,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	s.waitPods(ctx)
 
 	var results []ScenarioResult
-	run := func(name string, f func(context.Context) (string, error)) {
-		detail, err := f(ctx)
-		r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
-		if err != nil {
-			r.Detail = err.Error()
-			if detail != "" {
-				r.Detail += " (" + detail + ")"
-			}
-		}
-		fmt.Fprintln(out, r)
-		results = append(results, r)
-	}
+	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
 	run(ScenarioPrimaryReady, s.primaryReady)
 	run(ScenarioPrimaryReach, s.primaryReach)
 	run(ScenarioEth0Isolated, s.eth0Isolated)
@@ -365,6 +367,12 @@ func readyNodes(ctx context.Context, cs kubernetes.Interface) ([]string, error) 
 // ClusterUserDefinedNetwork the scenarios created (those labelled
 // ScenarioLabel) and waits until they are gone.
 func CleanupPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) error {
+	return cleanupLabelled(ctx, t, out, ScenarioLabel)
+}
+
+// cleanupLabelled deletes the namespaces and ClusterUserDefinedNetworks
+// labelled label and waits until they are gone.
+func cleanupLabelled(ctx context.Context, t ScenarioTarget, out io.Writer, label string) error {
 	if out == nil {
 		out = io.Discard
 	}
@@ -372,7 +380,7 @@ func CleanupPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) e
 	if err != nil {
 		return err
 	}
-	sel := metav1.ListOptions{LabelSelector: ScenarioLabel}
+	sel := metav1.ListOptions{LabelSelector: label}
 	fg := metav1.DeletePropagationForeground
 	del := metav1.DeleteOptions{PropagationPolicy: &fg}
 	listCUDNs := func() ([]string, error) {
@@ -522,22 +530,8 @@ func (s *scenarios) create(ctx context.Context) error {
 	// of a network its NAD, before its pods: the primary-network webhook
 	// refuses a pod of a labelled namespace no network serves yet.
 	nads := map[string]string{nsTenantA: "net", nsTenantB: "net", nsSecondary: "sec", nsRed: cudnName, nsBlue: cudnName, nsLayer3: "net", nsPlain: ""}
-	for ns, nad := range nads {
-		err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
-			if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("ServiceAccount %s/default: %w", ns, err)
-			}
-			if nad == "" {
-				return nil
-			}
-			if _, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, nad, metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("NAD %s/%s (kvnet-controller renders it from the network): %w", ns, nad, err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("scenarios: %w", err)
-		}
+	if err := s.waitNamespaces(ctx, nads); err != nil {
+		return err
 	}
 
 	type podSpec struct {
@@ -558,19 +552,69 @@ func (s *scenarios) create(ctx context.Context) error {
 		if sp.networks != "" {
 			p.Annotations = map[string]string{networksAnnotation: sp.networks}
 		}
-		sc := &scenarioPod{ns: sp.ns, name: sp.name, node: s.nodes[sp.node]}
-		s.pods[sc.String()] = sc
-		// The webhook may refuse a pod for a moment after its NAD appears
-		// (its cache lags): retry, and keep the last refusal.
-		sc.err = poll(ctx, time.Minute, func(ctx context.Context) error {
-			_, err := cs.CoreV1().Pods(sp.ns).Create(ctx, p, metav1.CreateOptions{})
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create pod %s/%s: %w", sp.ns, sp.name, err)
+		s.createPod(ctx, p)
+	}
+	return nil
+}
+
+// waitNamespaces waits until each namespace has its default
+// ServiceAccount and, where nads names one, its NAD: a namespace of a
+// network needs the NAD before its pods, or the primary-network webhook
+// refuses them.
+func (s *scenarios) waitNamespaces(ctx context.Context, nads map[string]string) error {
+	for ns, nad := range nads {
+		err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
+			if _, err := s.t.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("ServiceAccount %s/default: %w", ns, err)
+			}
+			if nad == "" {
+				return nil
+			}
+			if _, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, nad, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("NAD %s/%s (kvnet-controller renders it from the network): %w", ns, nad, err)
 			}
 			return nil
 		})
+		if err != nil {
+			return fmt.Errorf("scenarios: %w", err)
+		}
 	}
 	return nil
+}
+
+// createPod creates p and records it among the scenarios' pods (on the
+// node its selector names), or why it could not be created.
+func (s *scenarios) createPod(ctx context.Context, p *corev1.Pod) {
+	sc := &scenarioPod{ns: p.Namespace, name: p.Name, node: p.Spec.NodeSelector[corev1.LabelHostname]}
+	s.pods[sc.String()] = sc
+	// The webhook may refuse a pod for a moment after its NAD appears
+	// (its cache lags): retry, and keep the last refusal.
+	sc.err = poll(ctx, time.Minute, func(ctx context.Context) error {
+		_, err := s.t.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		return nil
+	})
+}
+
+// runScenario runs f as scenario name and appends its result to
+// results, printing it to out.
+func runScenario(ctx context.Context, out io.Writer, results *[]ScenarioResult, name string, f func(context.Context) (string, error)) {
+	detail, err := f(ctx)
+	r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
+	var b *blockedError
+	if errors.As(err, &b) {
+		r.Blocked = true
+	}
+	if err != nil {
+		r.Detail = err.Error()
+		if detail != "" {
+			r.Detail += " (" + detail + ")"
+		}
+	}
+	fmt.Fprintln(out, r)
+	*results = append(*results, r)
 }
 
 // waitPods waits for every pod to be Ready (or PodTimeout to pass) and

@@ -80,4 +80,7 @@ func TestScenarioResultString(t *testing.T) {
 	if got := (ScenarioResult{Name: "x", Detail: "d"}).String(); got != "FAIL x: d" {
 		t.Errorf("got %q", got)
 	}
+	if got := (ScenarioResult{Name: "x", Blocked: true, Detail: "d"}).String(); got != "BLOCKED x: d" {
+		t.Errorf("got %q", got)
+	}
 }

@@ -21,6 +21,7 @@ type demoFlags struct {
 	kvnet   string
 	timeout time.Duration
 	cleanup bool
+	only    string
 }
 
 // newDemoCommand returns "kvnet-lab cluster demo".
@@ -28,11 +29,13 @@ func newDemoCommand() *cobra.Command {
 	f := &demoFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the pod scenarios on the running cluster (installs kvnet first when it is not there)",
+		Short: "Run the pod scenarios (and the VM scenarios with KubeVirt) on the running cluster (installs kvnet first when it is not there)",
 		Long: "Against the cluster of `kvnet-lab cluster up --dir <dir>` (its kubeconfig and env): installs kvnet\n" +
 			"with `kvnet install` from the cluster's registry unless it is installed, waits for it and runs\n" +
 			"`kvnet check`; then removes a previous run's objects, creates the scenarios' namespaces (scn-*),\n" +
 			"networks and pods, and prints one line per scenario: PASS or FAIL, its name, what was seen.\n" +
+			"On a cluster with KubeVirt (GUEST_IMAGE in its env) the VM scenarios follow (namespaces scn-vm*):\n" +
+			"BLOCKED marks one this machine cannot run (a kernel feature it lacks), and does not fail the demo.\n" +
 			"The objects stay to explore (KUBECONFIG=<dir>/kubeconfig kubectl get pods -A). Exits 1 if any\n" +
 			"scenario failed. --cleanup deletes the scenarios' objects instead.",
 		Args:         cobra.NoArgs,
@@ -46,6 +49,7 @@ func newDemoCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.dir, "dir", ".cluster", "the cluster's directory (kubeconfig, env)")
 	cmd.Flags().StringVar(&f.kvnet, "kvnet", "", "the kvnet binary (default: kvnet next to kvnet-lab, as make build puts it in bin/)")
 	cmd.Flags().BoolVar(&f.cleanup, "cleanup", false, "delete the scenarios' namespaces and network (what a run left), run nothing")
+	cmd.Flags().StringVar(&f.only, "only", "", `run only the "pods" or the "vms" scenarios (default: both; the VM scenarios need KubeVirt)`)
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 20*time.Minute, "how long the whole demo may take")
 	return cmd
 }
@@ -55,12 +59,18 @@ func newDemoCommand() *cobra.Command {
 var errScenariosFailed = errors.New("scenarios failed")
 
 func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
+	if f.only != "" && f.only != "pods" && f.only != "vms" {
+		return fmt.Errorf(`--only %q: want "pods" or "vms"`, f.only)
+	}
 	target, err := labcluster.ScenarioTargetFromDir(f.dir)
 	if err != nil {
 		return fmt.Errorf("cluster in %s (make cluster-up): %w", f.dir, err)
 	}
 	if f.cleanup {
 		if err := labcluster.CleanupPodScenarios(ctx, target, out); err != nil {
+			return err
+		}
+		if err := labcluster.CleanupVMScenarios(ctx, target, out); err != nil {
 			return err
 		}
 		fmt.Fprintln(out, "demo: the scenarios' objects are gone")
@@ -109,17 +119,33 @@ func runDemo(ctx context.Context, f *demoFlags, out io.Writer) error {
 		return fmt.Errorf("kvnet check: %w", err)
 	}
 
-	results, err := labcluster.RunPodScenarios(ctx, target, out)
-	if err != nil {
-		return err
+	var results []labcluster.ScenarioResult
+	if f.only != "vms" {
+		if results, err = labcluster.RunPodScenarios(ctx, target, out); err != nil {
+			return err
+		}
 	}
-	failed := 0
+	if f.only == "vms" && target.GuestImage == "" {
+		return fmt.Errorf("--only vms: the cluster in %s has no KubeVirt (no GUEST_IMAGE in its env): start it with --kubevirt", f.dir)
+	}
+	if f.only != "pods" && target.GuestImage != "" {
+		vms, err := labcluster.RunVMScenarios(ctx, target, out)
+		if err != nil {
+			return err
+		}
+		results = append(results, vms...)
+	}
+	failed, blocked := 0, 0
 	for _, r := range results {
-		if !r.OK {
+		switch {
+		case r.Blocked:
+			blocked++
+		case !r.OK:
 			failed++
 		}
 	}
-	fmt.Fprintf(out, "demo: %d of %d scenarios passed; the objects stay (namespaces labelled %s)\n", len(results)-failed, len(results), labcluster.ScenarioLabel)
+	fmt.Fprintf(out, "demo: %d of %d scenarios passed, %d blocked on this machine; the objects stay (namespaces labelled %s or %s)\n",
+		len(results)-failed-blocked, len(results), blocked, labcluster.ScenarioLabel, labcluster.VMScenarioLabel)
 	if failed > 0 {
 		return fmt.Errorf("%w: %d of %d", errScenariosFailed, failed, len(results))
 	}

@@ -1,0 +1,233 @@
+//go:build cluster && kubevirt
+
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// benchVMs is how many VMs BenchmarkClusterVMCreateToLease creates.
+const benchVMs = 10
+
+// BenchmarkClusterVMCreateToLease brings a 3-node cluster with KubeVirt
+// up, installs kvnet, and measures on real KubeVirt, in a namespace with
+// a persistent primary Layer2 UDN, VMs created one after another
+// (masquerade binding on the pod network: the l2bridge binding cannot run
+// on kernels without dummy links, docs/kubevirt.md):
+//
+//   - VM create → the guest holds its DHCP lease (vm-p50-s, vm-p99-s):
+//     from the create call to the first poll (every 200 ms) of the
+//     guest's console that shows its KVNET-LEASE line;
+//   - VM create → VMI Running with the IPAMClaim's address
+//     (vmi-ip-p50-s);
+//   - pod create → Ready in the same namespace (pod-p50-s), and the
+//     ratio of the medians (vm/pod-p50);
+//   - two live migrations of the first VM between the two nodes that are
+//     not its TCP client's (the guest's echo service, one numbered line
+//     every 20 ms, httpget -echo): the longest pause between two answers
+//     the client saw (blackout-max-ms) and KubeVirt's migration time from
+//     its start to its end timestamp (migration-max-s).
+func BenchmarkClusterVMCreateToLease(b *testing.B) {
+	testenv.NeedsRoot(b)
+	binDir := buildTools(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
+	defer cancel()
+	c := upForBench(ctx, b, Config{Dir: b.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true})
+	installKvnet(ctx, b, c, kvnetCLI(b, c))
+	if b.Failed() {
+		b.FailNow()
+	}
+	dyn, err := dynamic.NewForConfig(c.CP.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := c.ScenarioTarget()
+	s := &vmScenarios{scenarios: &scenarios{t: t, dyn: dyn, out: benchLog{b}, pods: map[string]*scenarioPod{}}, vms: map[string]*runningVM{}}
+	for round := range b.N {
+		ns := fmt.Sprintf("bench-vm-%d", round)
+		if err := s.benchNamespace(ctx, ns); err != nil {
+			b.Fatal(err)
+		}
+		var leases, ips, pods []time.Duration
+		for i := range benchVMs {
+			v := vmSpec{ns: ns, name: fmt.Sprintf("vm-%d", i), binding: "masquerade", image: t.GuestImage}
+			start := time.Now()
+			if err := s.createVM(ctx, v); err != nil {
+				b.Fatal(err)
+			}
+			ip, lease, err := s.waitLease(ctx, ns, v.name, start)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ips, leases = append(ips, ip), append(leases, lease)
+		}
+		for i := range benchVMs {
+			name := fmt.Sprintf("pod-%d", i)
+			p := webPod(ns, name, c.Nodes[i%len(c.Nodes)], t.Image)
+			start := time.Now()
+			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			err := pollEvery(ctx, 3*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+				got, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if !PodReady(got) {
+					return fmt.Errorf("pod %s/%s not Ready", ns, name)
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			pods = append(pods, time.Since(start))
+		}
+		gap, took, err := s.benchMigrations(ctx, ns, "vm-0", c.Nodes)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(gap.Milliseconds()), "blackout-max-ms")
+		b.ReportMetric(took.Seconds(), "migration-max-s")
+		lp50, lp99 := percentile(leases, 50), percentile(leases, 99)
+		ip50, pp50, pp99 := percentile(ips, 50), percentile(pods, 50), percentile(pods, 99)
+		b.ReportMetric(lp50.Seconds(), "vm-p50-s")
+		b.ReportMetric(lp99.Seconds(), "vm-p99-s")
+		b.ReportMetric(ip50.Seconds(), "vmi-ip-p50-s")
+		b.ReportMetric(pp50.Seconds(), "pod-p50-s")
+		b.ReportMetric(pp99.Seconds(), "pod-p99-s")
+		b.ReportMetric(lp50.Seconds()/pp50.Seconds(), "vm/pod-p50")
+		b.Logf("real KubeVirt: VM create -> guest lease over %d VMs: p50 %s p99 %s (VMI Running with its IP: p50 %s); pod create -> Ready: p50 %s p99 %s; two live migrations: longest TCP pause %s, longest migration %s",
+			benchVMs, lp50.Round(time.Millisecond), lp99.Round(time.Millisecond), ip50.Round(time.Millisecond), pp50.Round(time.Millisecond), pp99.Round(time.Millisecond), gap, took)
+	}
+}
+
+// benchNamespace makes namespace ns with a persistent primary Layer2 UDN
+// and waits for its NAD.
+func (s *vmScenarios) benchNamespace(ctx context.Context, ns string) error {
+	o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{primaryLabel: ""}}}
+	if _, err := s.t.Client.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := s.dyn.Resource(udnGVR).Namespace(ns).Create(ctx, primaryUDNObject(ns, tenantSubnet.String()), metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return poll(ctx, 2*time.Minute, func(ctx context.Context) error {
+		if _, err := s.t.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		_, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "net", metav1.GetOptions{})
+		return err
+	})
+}
+
+// waitLease waits for VM ns/name's VMI to run with an IP and its guest to
+// print a lease, and returns both times since start.
+func (s *vmScenarios) waitLease(ctx context.Context, ns, name string, start time.Time) (ip, lease time.Duration, err error) {
+	var uid, node string
+	err = pollEvery(ctx, vmiTimeout, 200*time.Millisecond, func(ctx context.Context) error {
+		if uid == "" {
+			vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
+			n, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
+			if len(ifaces) == 0 || n == "" {
+				return fmt.Errorf("VMI %s/%s has no IP yet", ns, name)
+			}
+			if m, _ := ifaces[0].(map[string]any); m["ipAddress"] == nil {
+				return fmt.Errorf("VMI %s/%s has no IP yet", ns, name)
+			}
+			uid, node, ip = string(vmi.GetUID()), n, time.Since(start)
+		}
+		console, err := s.console(ctx, ns, uid, node)
+		if err != nil {
+			return err
+		}
+		if len(parseGuestLeases(console)) == 0 {
+			return fmt.Errorf("guest of %s/%s holds no lease yet", ns, name)
+		}
+		lease = time.Since(start)
+		return nil
+	})
+	return ip, lease, err
+}
+
+// benchMigrations migrates VM ns/name twice between the two nodes that
+// are not its echo client's, and returns the longest pause the client
+// saw and the longest migration (KubeVirt's start to end timestamps).
+func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, nodes []string) (gap, took time.Duration, err error) {
+	vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return 0, 0, err
+	}
+	node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
+	ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
+	if len(ifaces) == 0 {
+		return 0, 0, fmt.Errorf("VMI %s/%s has no interface status", ns, name)
+	}
+	m, _ := ifaces[0].(map[string]any)
+	ipS, _ := m["ipAddress"].(string)
+	ip, err := netip.ParseAddr(ipS)
+	if err != nil {
+		return 0, 0, fmt.Errorf("VMI %s/%s IP %q: %w", ns, name, ipS, err)
+	}
+	var client string
+	var others []string
+	for _, n := range nodes {
+		if n != node {
+			others = append(others, n)
+		}
+	}
+	if len(others) < 2 {
+		return 0, 0, fmt.Errorf("want three nodes, have %v", nodes)
+	}
+	client, target := others[0], others[1]
+	if _, err := s.t.Client.CoreV1().Pods(ns).Create(ctx, echoPod(ns, "echo", client, s.t.Image, ip), metav1.CreateOptions{}); err != nil {
+		return 0, 0, err
+	}
+	n, err := s.waitEchoGrows(ctx, ns, "echo", 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	v := &runningVM{ns: ns, name: name, node: node, ip: ip}
+	for i, to := range []string{target, node} {
+		before := n
+		st, err := s.migrate(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to)
+		if err != nil {
+			return 0, 0, err
+		}
+		if n, err = s.waitEchoGrows(ctx, ns, "echo", n); err != nil {
+			return 0, 0, fmt.Errorf("after migration %d: %w", i+1, err)
+		}
+		g, err := s.echoGap(ctx, ns, "echo", before)
+		if err != nil {
+			return 0, 0, err
+		}
+		gap = max(gap, g)
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return 0, 0, err
+		}
+		ms, _ := st["migrationState"].(map[string]any)
+		if ms["endTimestamp"] == nil {
+			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
+		}
+		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
+			took = max(took, b.Sub(a))
+		}
+	}
+	return gap, took, nil
+}

@@ -1,0 +1,1000 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+)
+
+// The VM scenarios (RunVMScenarios): what a VM owner expects of kvnet on
+// a cluster with real KubeVirt, each checked through the Kubernetes API
+// alone (objects, exec into pods, the guest's serial console log that
+// KubeVirt's guest-console-log container prints).
+const (
+	// ScenarioVMMasquerade: a VM with KubeVirt's masquerade binding on
+	// the pod network of a namespace whose primary Layer2 UDN has
+	// persistent IPs runs; its launcher pod's ovn-udn1 address (the VMI's
+	// IP) is its IPAMClaim's; the guest holds KubeVirt's DHCP lease; a pod
+	// on another node fetches the guest's page at the VMI's IP.
+	ScenarioVMMasquerade = "vm-masquerade-primary-udn"
+	// ScenarioVMTenant: a pod of another tenant, whose primary UDN has
+	// the same subnet, does not reach the VM.
+	ScenarioVMTenant = "vm-tenant-isolation"
+	// ScenarioVMService: a ClusterIP Service selecting the VM answers at
+	// its name (CoreDNS) from a pod of the UDN.
+	ScenarioVMService = "vm-service-by-name"
+	// ScenarioVMPodNetwork: a masquerade VM in a namespace without a UDN
+	// gets a pod IP of the cluster default network and is reached there.
+	ScenarioVMPodNetwork = "vm-masquerade-pod-network"
+	// ScenarioVMStopStart: stopping and starting the VM keeps its IP
+	// (the IPAMClaim) and MAC, and it is reached again.
+	ScenarioVMStopStart = "vm-stop-start"
+	// ScenarioVMMigration: two live migrations through virt-handler,
+	// between the two nodes other than the client's, while a pod on the
+	// third node keeps a TCP connection to the guest's echo service open:
+	// every line it sent comes back, in order, after each migration.
+	ScenarioVMMigration = "vm-live-migration-tcp"
+	// ScenarioVML2Bridge: a VM with the l2bridge binding (KubeVirt's
+	// managedTap) on the primary UDN gets its IPAMClaim's address from
+	// kvnet-node's DHCP. KubeVirt's managedTap and bridge bindings put a
+	// dummy link in the launcher pod; on a kernel without dummy links the
+	// result is Blocked, naming KubeVirt's error.
+	ScenarioVML2Bridge = "vm-l2bridge-primary-udn"
+)
+
+// VMScenarios are the VM scenarios' names in the order RunVMScenarios
+// reports them.
+var VMScenarios = []string{
+	ScenarioVMMasquerade, ScenarioVMTenant, ScenarioVMService, ScenarioVMPodNetwork,
+	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVML2Bridge,
+}
+
+// VMScenarioLabel marks the namespaces the VM scenarios create;
+// CleanupVMScenarios deletes them.
+const VMScenarioLabel = "lab.kvnet.io/vm-scenarios"
+
+const (
+	nsVM      = "scn-vm"       // primary Layer2 UDN "net" (persistent): VMs vm-m and vm-l2, pods vc and echo
+	nsVMB     = "scn-vm-b"     // another tenant's primary Layer2 UDN on the same subnet: pod vb
+	nsVMPlain = "scn-vm-plain" // the cluster default network: VM vm-p, pod vp
+)
+
+var (
+	vmGVR        = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachines"}
+	vmiGVR       = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
+	vmimGVR      = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstancemigrations"}
+	ipamClaimGVR = schema.GroupVersionResource{Group: "k8s.cni.cncf.io", Version: "v1alpha1", Resource: "ipamclaims"}
+)
+
+// guestLease is a KVNET-LEASE line of the guest's console: a DHCPv4
+// lease it took.
+type guestLease struct {
+	Iface, MAC string
+	IP         netip.Prefix
+}
+
+var leaseLine = regexp.MustCompile(`KVNET-LEASE iface=(\S+) mac=(\S+) ip=(\S+)`)
+
+// parseGuestLeases returns the console's leases, oldest first; lines it
+// cannot read are skipped (the console also carries the kernel's).
+func parseGuestLeases(console string) []guestLease {
+	var out []guestLease
+	for _, m := range leaseLine.FindAllStringSubmatch(console, -1) {
+		p, err := netip.ParsePrefix(m[3])
+		if err != nil {
+			continue
+		}
+		out = append(out, guestLease{Iface: m[1], MAC: m[2], IP: p})
+	}
+	return out
+}
+
+// vmSpec is what vmObject builds a VirtualMachine from.
+type vmSpec struct {
+	ns, name string
+	binding  string // "masquerade" or a network binding plugin's name (l2bridge)
+	avoid    string // a node the VM must not run on (the clients'), or ""
+	image    string
+}
+
+// vmObject is a VirtualMachine as a VM owner writes it: one interface on
+// the pod network, the guest's containerDisk, the serial console logged,
+// label app=<name> on the VMI (for a Service).
+func vmObject(v vmSpec) *unstructured.Unstructured {
+	iface := map[string]any{"name": "default"}
+	if v.binding == "masquerade" {
+		iface["masquerade"] = map[string]any{}
+	} else {
+		iface["binding"] = map[string]any{"name": v.binding}
+	}
+	spec := map[string]any{
+		"domain": map[string]any{
+			"devices": map[string]any{
+				"logSerialConsole": true,
+				"disks":            []any{map[string]any{"name": "containerdisk", "disk": map[string]any{"bus": "virtio"}}},
+				"interfaces":       []any{iface},
+			},
+			"resources": map[string]any{"requests": map[string]any{"memory": "256Mi"}},
+		},
+		"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
+		"volumes":  []any{map[string]any{"name": "containerdisk", "containerDisk": map[string]any{"image": v.image}}},
+	}
+	if v.avoid != "" {
+		spec["affinity"] = map[string]any{"nodeAffinity": map[string]any{
+			"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{
+				map[string]any{"matchExpressions": []any{map[string]any{
+					"key": corev1.LabelHostname, "operator": "NotIn", "values": []any{v.avoid},
+				}}},
+			}},
+		}}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"name": v.name, "namespace": v.ns},
+		"spec": map[string]any{
+			"runStrategy": "Always",
+			"template": map[string]any{
+				"metadata": map[string]any{"labels": map[string]any{"app": v.name}},
+				"spec":     spec,
+			},
+		},
+	}}
+}
+
+// runningVM is a VMI as the scenarios found it Ready.
+type runningVM struct {
+	ns, name string
+	node     string
+	ip       netip.Addr
+	mac      string
+	uid      string
+	err      error
+}
+
+func (v *runningVM) String() string { return v.ns + "/" + v.name }
+
+type vmScenarios struct {
+	*scenarios
+	nodes []string // all Ready nodes: clients on nodes[0], VMs elsewhere
+	vms   map[string]*runningVM
+}
+
+// RunVMScenarios runs the VM scenarios on a cluster with KubeVirt and
+// kvnet installed (at least three Ready nodes): it removes what a previous
+// run left (CleanupVMScenarios), creates their namespaces (labelled
+// VMScenarioLabel), networks, client pods, VMs and Service, and returns
+// one result per VMScenarios entry, in that order. t.GuestImage is the
+// guest's containerDisk. The objects stay for the user to explore.
+func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]ScenarioResult, error) {
+	if out == nil {
+		out = io.Discard
+	}
+	if t.Config == nil || t.Client == nil || t.Image == "" || t.GuestImage == "" {
+		return nil, errors.New("vm scenarios: target needs API config, client, workload image and GuestImage")
+	}
+	if t.PodTimeout == 0 {
+		t.PodTimeout = 4 * time.Minute
+	}
+	dyn, err := dynamic.NewForConfig(t.Config)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := readyNodes(ctx, t.Client)
+	if err != nil {
+		return nil, err
+	}
+	if len(nodes) < 3 {
+		return nil, fmt.Errorf("vm scenarios: %d Ready nodes %v: want three (a client's and two for migrations)", len(nodes), nodes)
+	}
+	s := &vmScenarios{
+		scenarios: &scenarios{t: t, dyn: dyn, out: out, pods: map[string]*scenarioPod{}, nodes: [2]string{nodes[0], nodes[1]}},
+		nodes:     nodes,
+		vms:       map[string]*runningVM{},
+	}
+	s.logf("removing a previous run's VM objects")
+	if err := CleanupVMScenarios(ctx, t, out); err != nil {
+		return nil, err
+	}
+	if err := s.create(ctx); err != nil {
+		return nil, err
+	}
+	s.waitPods(ctx)
+	s.waitVMs(ctx, "vm-m", "vm-p")
+
+	var results []ScenarioResult
+	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
+	run(ScenarioVMMasquerade, s.masquerade)
+	run(ScenarioVMTenant, s.tenant)
+	run(ScenarioVMService, s.service)
+	run(ScenarioVMPodNetwork, s.podNetwork)
+	run(ScenarioVMStopStart, s.stopStart)
+	run(ScenarioVMMigration, s.migration)
+	run(ScenarioVML2Bridge, s.l2bridge)
+	return results, nil
+}
+
+// CleanupVMScenarios deletes the namespaces the VM scenarios created and
+// waits until they are gone.
+func CleanupVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) error {
+	return cleanupLabelled(ctx, t, out, VMScenarioLabel)
+}
+
+// blockedError is a scenario that cannot run on this machine for a
+// reason no code of the project can change (the kernel's features).
+type blockedError struct{ msg string }
+
+func (b *blockedError) Error() string { return b.msg }
+
+func (s *vmScenarios) create(ctx context.Context) error {
+	cs := s.t.Client
+	s.logf("creating namespaces, networks, pods on %s and VMs elsewhere", s.nodes[0])
+	for _, ns := range []struct {
+		name    string
+		primary bool
+	}{{nsVM, true}, {nsVMB, true}, {nsVMPlain, false}} {
+		labels := map[string]string{VMScenarioLabel: ""}
+		if ns.primary {
+			labels[primaryLabel] = ""
+		}
+		o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.name, Labels: labels}}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("vm scenarios: create namespace %q: %w", ns.name, err)
+		}
+	}
+	for _, u := range []struct {
+		ns       string
+		reserved []any
+	}{{nsVM, nil}, {nsVMB, []any{tenantBReserved.String()}}} {
+		o := primaryUDNObject(u.ns, tenantSubnet.String())
+		if u.reserved != nil {
+			if err := unstructured.SetNestedSlice(o.Object, u.reserved, "spec", "layer2", "reservedSubnets"); err != nil {
+				return err
+			}
+		}
+		if _, err := s.dyn.Resource(udnGVR).Namespace(u.ns).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("vm scenarios: create UserDefinedNetwork %s/net: %w", u.ns, err)
+		}
+	}
+	if err := s.waitNamespaces(ctx, map[string]string{nsVM: "net", nsVMB: "net", nsVMPlain: ""}); err != nil {
+		return err
+	}
+	for _, p := range []struct{ ns, name string }{{nsVM, "vc"}, {nsVMB, "vb"}, {nsVMPlain, "vp"}} {
+		s.createPod(ctx, webPod(p.ns, p.name, s.nodes[0], s.t.Image))
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-m", Namespace: nsVM},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "vm-m"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(80)}},
+		},
+	}
+	if _, err := cs.CoreV1().Services(nsVM).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("vm scenarios: create Service %s/vm-m: %w", nsVM, err)
+	}
+	for _, v := range []vmSpec{
+		{ns: nsVM, name: "vm-m", binding: "masquerade", avoid: s.nodes[0]},
+		{ns: nsVMPlain, name: "vm-p", binding: "masquerade", avoid: s.nodes[0]},
+	} {
+		v.image = s.t.GuestImage
+		if err := s.createVM(ctx, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createVM creates a VM, retrying while the webhooks' caches lag behind
+// the namespace's new NAD.
+func (s *vmScenarios) createVM(ctx context.Context, v vmSpec) error {
+	s.vms[v.ns+"/"+v.name] = &runningVM{ns: v.ns, name: v.name}
+	return poll(ctx, time.Minute, func(ctx context.Context) error {
+		_, err := s.dyn.Resource(vmGVR).Namespace(v.ns).Create(ctx, vmObject(v), metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("vm scenarios: create VirtualMachine %s/%s: %w", v.ns, v.name, err)
+		}
+		return nil
+	})
+}
+
+// vmiTimeout bounds the wait for a VMI to run with its guest up (QEMU
+// under TCG boots the guest in seconds; pulling and starting the launcher
+// pod takes longer).
+const vmiTimeout = 5 * time.Minute
+
+// waitVMs waits for each named VM (namespace found in s.vms) to run and
+// its guest to say it is up on the console.
+func (s *vmScenarios) waitVMs(ctx context.Context, names ...string) {
+	for _, n := range names {
+		for _, v := range s.vms {
+			if v.name == n {
+				v.err = s.waitVM(ctx, v)
+			}
+		}
+	}
+}
+
+// waitVM waits until v's VMI is Ready and its guest printed KVNET-READY
+// on the console, and records its node, IP, MAC and UID.
+func (s *vmScenarios) waitVM(ctx context.Context, v *runningVM) error {
+	s.logf("waiting for VM %s", v)
+	var last string
+	err := poll(ctx, vmiTimeout, func(ctx context.Context) error {
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return err
+		}
+		phase, _, _ := unstructured.NestedString(vmi.Object, "status", "phase")
+		if phase != "Running" || !vmiReady(vmi) {
+			last = "VMI phase " + phase
+			return errors.New(last)
+		}
+		node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
+		ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
+		if len(ifaces) == 0 {
+			last = "VMI without status.interfaces"
+			return errors.New(last)
+		}
+		i0, _ := ifaces[0].(map[string]any)
+		ipS, _ := i0["ipAddress"].(string)
+		ip, err := netip.ParseAddr(ipS)
+		if err != nil {
+			last = fmt.Sprintf("VMI interface without IP (%v)", i0)
+			return errors.New(last)
+		}
+		console, err := s.console(ctx, v.ns, string(vmi.GetUID()), node)
+		if err != nil {
+			last = err.Error()
+			return err
+		}
+		if !strings.Contains(console, "KVNET-READY") {
+			last = "guest not up yet (no KVNET-READY on its console)"
+			return errors.New(last)
+		}
+		v.node, v.ip, v.uid = node, ip, string(vmi.GetUID())
+		v.mac, _ = i0["mac"].(string)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("VM %s not running with its guest up after %s: %s%s", v, vmiTimeout, last, s.vmiWarnings(ctx, v.ns, v.name))
+	}
+	s.logf("VM %s runs on %s at %s", v, v.node, v.ip)
+	return nil
+}
+
+// vmiReady reports the VMI's Ready condition.
+func vmiReady(vmi *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(vmi.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == "Ready" && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
+// vmiWarnings returns the VMI's Warning events (KubeVirt's SyncFailed
+// names a network setup error), as "; events: ..." or "".
+func (s *vmScenarios) vmiWarnings(ctx context.Context, ns, name string) string {
+	msgs := s.warnings(ctx, ns, name)
+	if len(msgs) == 0 {
+		return ""
+	}
+	return "; events: " + strings.Join(msgs, " | ")
+}
+
+func (s *vmScenarios) warnings(ctx context.Context, ns, name string) []string {
+	l, err := s.t.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "type=Warning,involvedObject.kind=VirtualMachineInstance,involvedObject.name=" + name,
+	})
+	if err != nil {
+		return []string{"list events: " + err.Error()}
+	}
+	var out []string
+	for _, e := range l.Items {
+		out = append(out, e.Reason+": "+e.Message)
+	}
+	return out
+}
+
+// launcherPod returns the running launcher pod of the VMI with uid on
+// node.
+func (s *vmScenarios) launcherPod(ctx context.Context, ns, uid, node string) (*corev1.Pod, error) {
+	l, err := s.t.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io/created-by=" + uid})
+	if err != nil {
+		return nil, err
+	}
+	for i := range l.Items {
+		p := &l.Items[i]
+		if p.Spec.NodeName == node && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no running launcher pod of VMI %s on %s", uid, node)
+}
+
+// console returns the guest's serial console so far, as KubeVirt's
+// guest-console-log container prints it.
+func (s *vmScenarios) console(ctx context.Context, ns, uid, node string) (string, error) {
+	p, err := s.launcherPod(ctx, ns, uid, node)
+	if err != nil {
+		return "", err
+	}
+	b, err := s.t.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "guest-console-log"}).DoRaw(ctx)
+	if err != nil {
+		return "", fmt.Errorf("console of %s/%s: %w", ns, p.Name, err)
+	}
+	return string(b), nil
+}
+
+func (s *vmScenarios) vm(key string) (*runningVM, error) {
+	v := s.vms[key]
+	if v == nil {
+		return nil, fmt.Errorf("VM %s was not created", key)
+	}
+	return v, v.err
+}
+
+// claimIP returns the IPv4 address of IPAMClaim ns/name's status.ips.
+func (s *vmScenarios) claimIP(ctx context.Context, ns, name string) (netip.Addr, error) {
+	c, err := s.dyn.Resource(ipamClaimGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("IPAMClaim %s/%s: %w", ns, name, err)
+	}
+	ips, _, _ := unstructured.NestedStringSlice(c.Object, "status", "ips")
+	for _, s := range ips {
+		if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("IPAMClaim %s/%s: no IPv4 address in status.ips %v", ns, name, ips)
+}
+
+// masquerade: the VMI's IP is its claim's, in the UDN's subnet; the
+// guest holds KubeVirt's lease; a pod on another node reaches it.
+func (s *vmScenarios) masquerade(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVM + "/vm-m")
+	if err != nil {
+		return "", err
+	}
+	claim, err := s.claimIP(ctx, nsVM, "vm-m.default")
+	if err != nil {
+		return "", err
+	}
+	if v.ip != claim || !tenantSubnet.Contains(v.ip) {
+		return "", fmt.Errorf("VMI %s IP %s, IPAMClaim vm-m.default holds %s (subnet %s)", v, v.ip, claim, tenantSubnet)
+	}
+	lp, err := s.launcherPod(ctx, v.ns, v.uid, v.node)
+	if err != nil {
+		return "", err
+	}
+	lpod := &scenarioPod{ns: v.ns, name: lp.Name, pod: lp}
+	if a, err := lpod.addr(primaryInterface, tenantSubnet); err != nil || a != claim {
+		return "", fmt.Errorf("launcher pod %s: ovn-udn1 %s (%v), want the claim's %s", lp.Name, a, err, claim)
+	}
+	console, err := s.console(ctx, v.ns, v.uid, v.node)
+	if err != nil {
+		return "", err
+	}
+	leases := parseGuestLeases(console)
+	if len(leases) == 0 {
+		return "", fmt.Errorf("guest of %s printed no lease on its console", v)
+	}
+	ps, err := s.need(ctx, nsVM+"/vc")
+	if err != nil {
+		return "", err
+	}
+	if v.node == ps[0].node {
+		return "", fmt.Errorf("VM %s runs on the client's node %s", v, v.node)
+	}
+	body, err := s.reach(ctx, ps[0], "http://"+v.ip.String()+"/", v.name)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("VMI %s on %s: IP %s = IPAMClaim vm-m.default, launcher ovn-udn1 %s; guest lease %s %s (KubeVirt's DHCP behind masquerade); %s on %s fetched %q",
+		v, v.node, v.ip, claim, leases[0].Iface, leases[0].IP, ps[0], ps[0].node, body), nil
+}
+
+// tenant: another tenant's pod on the same subnet does not reach the VM.
+func (s *vmScenarios) tenant(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVM + "/vm-m")
+	if err != nil {
+		return "", err
+	}
+	ps, err := s.need(ctx, nsVMB+"/vb")
+	if err != nil {
+		return "", err
+	}
+	b, err := ps[0].addr(primaryInterface, tenantSubnet)
+	if err != nil {
+		return "", err
+	}
+	// The probe works: vb reaches the outside world first.
+	if s.t.EgressURL != "" {
+		if _, err := s.reach(ctx, ps[0], s.t.EgressURL, ""); err != nil {
+			return "", err
+		}
+	}
+	if err := s.unreached(ctx, ps[0], "http://"+v.ip.String()+"/"); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s (ovn-udn1 %s, same subnet %s) does not reach VM %s at %s", ps[0], b, tenantSubnet, v, v.ip), nil
+}
+
+// service: the Service in front of the VM answers at its name.
+func (s *vmScenarios) service(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVM + "/vm-m")
+	if err != nil {
+		return "", err
+	}
+	ps, err := s.need(ctx, nsVM+"/vc")
+	if err != nil {
+		return "", err
+	}
+	url := "http://vm-m." + nsVM + ".svc.cluster.local/"
+	body, err := s.reach(ctx, ps[0], url, v.name)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s fetched %s: %q", ps[0], url, body), nil
+}
+
+// podNetwork: a masquerade VM without a UDN is on the default network.
+func (s *vmScenarios) podNetwork(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVMPlain + "/vm-p")
+	if err != nil {
+		return "", err
+	}
+	n, err := s.t.Client.CoreV1().Nodes().Get(ctx, v.node, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if !inPodCIDRs(n, v.ip) {
+		return "", fmt.Errorf("VMI %s IP %s not in node %s's pod CIDRs %v", v, v.ip, v.node, n.Spec.PodCIDRs)
+	}
+	ps, err := s.need(ctx, nsVMPlain+"/vp")
+	if err != nil {
+		return "", err
+	}
+	body, err := s.reach(ctx, ps[0], "http://"+v.ip.String()+"/", v.name)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("VMI %s on %s: IP %s of the default network; %s on %s fetched %q", v, v.node, v.ip, ps[0], ps[0].node, body), nil
+}
+
+// setRunStrategy sets the VM's spec.runStrategy.
+func (s *vmScenarios) setRunStrategy(ctx context.Context, ns, name, strategy string) error {
+	patch := fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, strategy)
+	_, err := s.dyn.Resource(vmGVR).Namespace(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// stopStart: the VM comes back with the same IP and MAC.
+func (s *vmScenarios) stopStart(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVM + "/vm-m")
+	if err != nil {
+		return "", err
+	}
+	ip, mac, node := v.ip, v.mac, v.node
+	if err := s.setRunStrategy(ctx, v.ns, v.name, "Halted"); err != nil {
+		return "", fmt.Errorf("stop VM %s: %w", v, err)
+	}
+	err = poll(ctx, 3*time.Minute, func(ctx context.Context) error {
+		_, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("VMI %s still there after stop (%v)", v, err)
+	})
+	if err != nil {
+		return "", err
+	}
+	stopped, err := s.claimIP(ctx, nsVM, "vm-m.default")
+	if err != nil {
+		return "", fmt.Errorf("VM %s stopped: %w", v, err)
+	}
+	if err := s.setRunStrategy(ctx, v.ns, v.name, "Always"); err != nil {
+		return "", fmt.Errorf("start VM %s: %w", v, err)
+	}
+	if v.err = s.waitVM(ctx, v); v.err != nil {
+		return "", v.err
+	}
+	if v.ip != ip || v.mac != mac {
+		return "", fmt.Errorf("VM %s was %s %s on %s, is %s %s on %s after stop/start", v, ip, mac, node, v.ip, v.mac, v.node)
+	}
+	ps, err := s.need(ctx, nsVM+"/vc")
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.reach(ctx, ps[0], "http://"+v.ip.String()+"/", v.name); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("VM %s: %s %s on %s; stopped, its IPAMClaim kept %s; started: %s %s on %s, reached by %s", v, ip, mac, node, stopped, v.ip, v.mac, v.node, ps[0]), nil
+}
+
+// echoPod is a pod on node that opens one TCP connection to the guest's
+// echo service (port 7) at ip and sends a numbered line every 20 ms
+// (httpget -echo), writing what comes back to /tmp/echo.out and every
+// pause of more than 100 ms between two answers to /tmp/echo.gaps; when
+// the connection ends it appends "closed" to /tmp/echo.out.
+func echoPod(ns, name, node, image string, ip netip.Addr) *corev1.Pod {
+	script := fmt.Sprintf(`httpget -echo -interval 20ms %s > /tmp/echo.out 2> /tmp/echo.gaps; echo closed >> /tmp/echo.out; exec sleep 100000`,
+		net.JoinHostPort(ip.String(), "7"))
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers:                    []corev1.Container{{Name: "echo", Image: image, Command: []string{"sh", "-c", script}}},
+		},
+	}
+}
+
+// echoLines reads the echo pod's output: the number of lines echoed
+// back, checked to be 1, 2, ... in order, or an error naming the first
+// gap or the connection's end.
+func (s *vmScenarios) echoLines(ctx context.Context, ns, name string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, ns, name, "cat", "/tmp/echo.out")
+	if err != nil {
+		return 0, fmt.Errorf("read %s/%s's /tmp/echo.out: %v: %s", ns, name, err, strings.TrimSpace(errOut))
+	}
+	return checkEchoLines(out)
+}
+
+// checkEchoLines checks echo output: lines 1..n in order, the last one
+// possibly cut short; "closed" means the connection ended.
+func checkEchoLines(out string) (int, error) {
+	lines := strings.Split(out, "\n")
+	n := 0
+	for i, l := range lines {
+		if l == "" && i == len(lines)-1 {
+			break
+		}
+		if l == "closed" {
+			return n, fmt.Errorf("the TCP connection closed after %d lines", n)
+		}
+		v, err := strconv.Atoi(l)
+		if err != nil || v != n+1 {
+			if i == len(lines)-1 {
+				break // the line being written
+			}
+			return n, fmt.Errorf("echo line %d is %q, want %d", i+1, l, n+1)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// echoGap returns the longest pause the echo pod saw between two answers
+// before a line numbered above after (0 if none exceeded 100 ms).
+func (s *vmScenarios) echoGap(ctx context.Context, ns, name string, after int) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, ns, name, "cat", "/tmp/echo.gaps")
+	if err != nil {
+		return 0, fmt.Errorf("read %s/%s's /tmp/echo.gaps: %v: %s", ns, name, err, strings.TrimSpace(errOut))
+	}
+	return maxEchoGap(out, after), nil
+}
+
+// maxEchoGap reads httpget -echo's gap lines ("gap <ms> before <line>")
+// and returns the longest before a line numbered above after.
+func maxEchoGap(gaps string, after int) time.Duration {
+	var max time.Duration
+	for _, l := range strings.Split(gaps, "\n") {
+		var ms, line int
+		if _, err := fmt.Sscanf(l, "gap %d before %d", &ms, &line); err != nil || line <= after {
+			continue
+		}
+		if d := time.Duration(ms) * time.Millisecond; d > max {
+			max = d
+		}
+	}
+	return max
+}
+
+// waitEchoGrows waits until the echo pod has more than past lines back,
+// in order.
+func (s *vmScenarios) waitEchoGrows(ctx context.Context, ns, name string, past int) (int, error) {
+	var n int
+	err := poll(ctx, time.Minute, func(ctx context.Context) error {
+		var err error
+		n, err = s.echoLines(ctx, ns, name)
+		if err != nil {
+			return &stopPolling{err}
+		}
+		if n <= past+25 {
+			return fmt.Errorf("echo: %d lines back, want more than %d", n, past+25)
+		}
+		return nil
+	})
+	var sp *stopPolling
+	if errors.As(err, &sp) {
+		return n, sp.err
+	}
+	return n, err
+}
+
+// stopPolling is an error poll's caller treats as final.
+type stopPolling struct{ err error }
+
+func (e *stopPolling) Error() string { return e.err.Error() }
+
+// migrate live-migrates v to node through a VirtualMachineInstanceMigration
+// and waits until it succeeded; it returns the migration's status.
+func (s *vmScenarios) migrate(ctx context.Context, v *runningVM, name, node string) (map[string]any, error) {
+	m := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+		"metadata": map[string]any{"name": name, "namespace": v.ns},
+		"spec": map[string]any{
+			"vmiName":           v.name,
+			"addedNodeSelector": map[string]any{corev1.LabelHostname: node},
+		},
+	}}
+	if _, err := s.dyn.Resource(vmimGVR).Namespace(v.ns).Create(ctx, m, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create migration %s: %w", name, err)
+	}
+	var status map[string]any
+	err := poll(ctx, 5*time.Minute, func(ctx context.Context) error {
+		got, err := s.dyn.Resource(vmimGVR).Namespace(v.ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		phase, _, _ := unstructured.NestedString(got.Object, "status", "phase")
+		status, _, _ = unstructured.NestedMap(got.Object, "status")
+		switch phase {
+		case "Succeeded":
+			return nil
+		case "Failed":
+			reason, _, _ := unstructured.NestedString(got.Object, "status", "migrationState", "failureReason")
+			return &stopPolling{fmt.Errorf("migration %s of %s to %s failed: %s", name, v, node, reason)}
+		}
+		return fmt.Errorf("migration %s: phase %q", name, phase)
+	})
+	var sp *stopPolling
+	if errors.As(err, &sp) {
+		return status, sp.err
+	}
+	return status, err
+}
+
+// migration: two live migrations between the VM's node and the other
+// node that is not the client's, with the echo connection open.
+func (s *vmScenarios) migration(ctx context.Context) (string, error) {
+	v, err := s.vm(nsVM + "/vm-m")
+	if err != nil {
+		return "", err
+	}
+	var other string
+	for _, n := range s.nodes[1:3] {
+		if n != v.node {
+			other = n
+		}
+	}
+	if v.node == s.nodes[0] || other == "" {
+		return "", fmt.Errorf("VM %s on %s: want it on %s or %s, away from the client's %s", v, v.node, s.nodes[1], s.nodes[2], s.nodes[0])
+	}
+	ep := echoPod(nsVM, "echo", s.nodes[0], s.t.Image, v.ip)
+	if _, err := s.t.Client.CoreV1().Pods(nsVM).Create(ctx, ep, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("create echo pod: %w", err)
+	}
+	n, err := s.waitEchoGrows(ctx, nsVM, "echo", 0)
+	if err != nil {
+		return "", err
+	}
+	var steps []string
+	from := v.node
+	for i, to := range []string{other, v.node} {
+		name := fmt.Sprintf("mig-%d", i+1)
+		overNet := i == 1
+		if overNet {
+			// The second migration goes over the dedicated migration
+			// network.
+			if err := s.useMigrationNetwork(ctx); err != nil {
+				return strings.Join(steps, "; "), err
+			}
+		}
+		before := n
+		st, err := s.migrate(ctx, v, name, to)
+		if err != nil {
+			return strings.Join(steps, "; "), err
+		}
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		// The migration's own status may lack the state a moment after
+		// it succeeded; the VMI's is the last migration's.
+		ms, _ := st["migrationState"].(map[string]any)
+		if ms["targetNodeAddress"] == nil {
+			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
+		}
+		var took string
+		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
+			took = b.Sub(a).String()
+		}
+		node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
+		if node != to {
+			return strings.Join(steps, "; "), fmt.Errorf("migration %s succeeded but VMI %s is on %s, want %s", name, v, node, to)
+		}
+		target, _ := ms["targetNodeAddress"].(string)
+		if a, err := netip.ParseAddr(target); overNet && (err != nil || !MigrationSubnet.Contains(a)) {
+			return strings.Join(steps, "; "), fmt.Errorf("migration %s: targetNodeAddress %q, want one in the migration network %s", name, target, MigrationSubnet)
+		}
+		if n, err = s.waitEchoGrows(ctx, nsVM, "echo", n); err != nil {
+			return strings.Join(steps, "; "), fmt.Errorf("after migration %s (%s -> %s): %w", name, from, to, err)
+		}
+		gap, err := s.echoGap(ctx, nsVM, "echo", before)
+		if err != nil {
+			return strings.Join(steps, "; "), err
+		}
+		over := "the pod network"
+		if a, err := netip.ParseAddr(target); err == nil && MigrationSubnet.Contains(a) {
+			over = "migration network " + MigrationNetworkNAD
+		}
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s", name, from, to, over, target, took, n, gap))
+		from = to
+		v.node = to
+	}
+	return fmt.Sprintf("echo from %s on %s to %s:7; %s", "echo", s.nodes[0], v.ip, strings.Join(steps, "; ")), nil
+}
+
+func parseTime(v any) time.Time {
+	s, _ := v.(string)
+	t, _ := time.Parse(time.RFC3339, s)
+	return t
+}
+
+// l2bridge: a VM with the l2bridge binding on the primary UDN gets its
+// claim's address from kvnet-node's DHCP.
+func (s *vmScenarios) l2bridge(ctx context.Context) (string, error) {
+	v := vmSpec{ns: nsVM, name: "vm-l2", binding: "l2bridge", avoid: s.nodes[0], image: s.t.GuestImage}
+	if err := s.createVM(ctx, v); err != nil {
+		return "", err
+	}
+	rv := s.vms[nsVM+"/vm-l2"]
+	// KubeVirt reports a failed network setup as a SyncFailed event and
+	// restarts the VMI: look for it while waiting.
+	var blocked string
+	err := poll(ctx, vmiTimeout, func(ctx context.Context) error {
+		for _, w := range s.warnings(ctx, nsVM, "vm-l2") {
+			if strings.Contains(w, "LinkAdd: operation not supported") {
+				blocked = w
+				return nil
+			}
+		}
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(nsVM).Get(ctx, "vm-l2", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !vmiReady(vmi) {
+			return errors.New("VMI vm-l2 not Ready")
+		}
+		return nil
+	})
+	if blocked != "" {
+		return "", &blockedError{fmt.Sprintf("KubeVirt could not set up the launcher pod's network: %q: its managedTap (l2bridge) and bridge bindings add a dummy link, which this node's kernel does not have (CONFIG_DUMMY)", blocked)}
+	}
+	if err != nil {
+		return "", fmt.Errorf("VM %s: %w%s", rv, err, s.vmiWarnings(ctx, nsVM, "vm-l2"))
+	}
+	if rv.err = s.waitVM(ctx, rv); rv.err != nil {
+		return "", rv.err
+	}
+	claim, err := s.claimIP(ctx, nsVM, "vm-l2.default")
+	if err != nil {
+		return "", err
+	}
+	console, err := s.console(ctx, rv.ns, rv.uid, rv.node)
+	if err != nil {
+		return "", err
+	}
+	leases := parseGuestLeases(console)
+	if len(leases) == 0 || leases[0].IP.Addr() != claim {
+		return "", fmt.Errorf("guest of %s leased %v, want the IPAMClaim's %s", rv, leases, claim)
+	}
+	ps, err := s.need(ctx, nsVM+"/vc")
+	if err != nil {
+		return "", err
+	}
+	body, err := s.reach(ctx, ps[0], "http://"+claim.String()+"/", "vm-l2")
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("guest of %s on %s leased %s from kvnet-node = IPAMClaim vm-l2.default; %s fetched %q", rv, rv.node, leases[0].IP, ps[0], body), nil
+}
+
+// The dedicated migration network the VM scenarios switch KubeVirt to
+// (spec.configuration.migrations.network): a macvlan NAD on the nodes'
+// uplink whose addresses come from kvnet-ipam.
+const MigrationNetworkNAD = "kvnet-migration"
+
+// MigrationSubnet is the migration network's subnet.
+var MigrationSubnet = netip.MustParsePrefix("10.200.5.0/24")
+
+// migrationNAD is the migration network's NAD on uplink master.
+func migrationNAD(master string) *unstructured.Unstructured {
+	config := fmt.Sprintf(`{"cniVersion": "1.0.0", "type": "macvlan", "name": %q, "master": %q, "mode": "bridge", "ipam": {"type": "kvnet-ipam", "subnets": %q}}`,
+		MigrationNetworkNAD, master, MigrationSubnet.String())
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+		"metadata": map[string]any{"name": MigrationNetworkNAD, "namespace": KubeVirtNamespace},
+		"spec":     map[string]any{"config": config},
+	}}
+}
+
+// useMigrationNetwork makes KubeVirt migrate over the migration network,
+// as an admin does: the NAD in KubeVirt's namespace, the KubeVirt CR
+// naming it; then it waits until virt-operator rolled virt-handler out
+// with the network and every handler holds an address there
+// (migration0).
+func (s *vmScenarios) useMigrationNetwork(ctx context.Context) error {
+	master := s.t.MigrationMaster
+	if master == "" {
+		master = "eth0"
+	}
+	s.logf("KubeVirt: migrations over NAD %s/%s (macvlan on %s, kvnet-ipam %s)", KubeVirtNamespace, MigrationNetworkNAD, master, MigrationSubnet)
+	_, err := s.dyn.Resource(nadGVR).Namespace(KubeVirtNamespace).Create(ctx, migrationNAD(master), metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create NAD %s/%s: %w", KubeVirtNamespace, MigrationNetworkNAD, err)
+	}
+	patch := fmt.Sprintf(`{"spec":{"configuration":{"migrations":{"network":%q}}}}`, MigrationNetworkNAD)
+	if _, err := s.dyn.Resource(kubeVirtGVR).Namespace(KubeVirtNamespace).Patch(ctx, "kubevirt", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("KubeVirt %s/kubevirt: set migrations.network: %w", KubeVirtNamespace, err)
+	}
+	return poll(ctx, 10*time.Minute, func(ctx context.Context) error {
+		pods, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-handler"})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for i := range pods.Items {
+			p := &scenarioPod{ns: KubeVirtNamespace, name: pods.Items[i].Name, pod: &pods.Items[i]}
+			if !PodReady(p.pod) || p.pod.DeletionTimestamp != nil {
+				continue
+			}
+			if _, err := p.addr("migration0", MigrationSubnet); err != nil {
+				return fmt.Errorf("virt-handler not rolled out with the migration network yet: %w", err)
+			}
+			ready++
+		}
+		if ready < len(s.nodes) {
+			return fmt.Errorf("%d of %d virt-handlers Ready with migration0", ready, len(s.nodes))
+		}
+		return nil
+	})
+}
+
+// primaryUDNObject is UDN ns/net: a primary Layer2 network on subnet
+// with persistent IPs (IPAMClaims), as the OpenShift docs write it for
+// VMs.
+func primaryUDNObject(ns, subnet string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.ovn.org/v1", "kind": "UserDefinedNetwork",
+		"metadata": map[string]any{"name": "net", "namespace": ns},
+		"spec": map[string]any{"topology": "Layer2", "layer2": map[string]any{
+			"role": "Primary", "subnets": []any{subnet}, "ipam": map[string]any{"lifecycle": "Persistent"},
+		}},
+	}}
+}
