@@ -13,12 +13,10 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/podnetworks"
@@ -41,41 +39,8 @@ func TestCollectLostDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-lostdel"
-	dir := t.TempDir()
-	statusFile := filepath.Join(dir, "status.json")
-	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	confDir, hostLocal, cacheDir := filepath.Join(dir, "net.d"), filepath.Join(dir, "host-local"), filepath.Join(dir, "cache")
-	if err := os.MkdirAll(confDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bridge := fmt.Sprintf(`{"type":"bridge","bridge":"kvgcbr0","isGateway":true,"isDefaultGateway":true,
-		"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"10.74.0.0/24"}]]}}`, hostLocal)
-	if err := os.WriteFile(filepath.Join(confDir, "10-default.conflist"),
-		[]byte(`{"cniVersion":"1.0.0","name":"defnet","plugins":[`+bridge+`]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KVNET_CNI_CONF_DIR", confDir)
-	t.Setenv("KVNET_CNI_CACHE_DIR", cacheDir)
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName("kvgcbr0"); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-
-	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
-	create(t, primaryUDNObject(ns, "10.75.0.0/24"))
-	var nad nadv1.NetworkAttachmentDefinition
-	testenv.Eventually(t, waitTimeout, "NAD", func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
-	})
-	var conf map[string]any
-	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
-		t.Fatal(err)
-	}
-	conf["statusFile"] = statusFile
+	f := newDefaultNetFixture(ctx, t, ns, "kvgcbr0", "10.74.0.0/24", "10.75.0.0/24", false)
+	hostLocal, cacheDir, conf, bridge := f.hostLocal, f.cacheDir, f.conf, f.plugin
 	conf["args"] = map[string]any{"cni": map[string]any{multus.AttachDefaultNetworkArg: true}}
 	config, _ := json.Marshal(conf)
 	list := confList(t, string(config))
@@ -239,7 +204,7 @@ func TestCollectLostDefaultNetwork(t *testing.T) {
 	// A default network whose DEL hangs, in a child that keeps the
 	// plugin's output open after the plugin is killed: pod g's ADD
 	// returns while that child still runs, f's entry stays.
-	pidFile := filepath.Join(dir, "hung.pid")
+	pidFile := filepath.Join(t.TempDir(), "hung.pid")
 	hanging := filepath.Join(binDir, "kvnet-test-gchang")
 	if err := os.WriteFile(hanging, []byte("#!/bin/sh\nsleep 60 &\necho $! > "+pidFile+"\nwait\n"), 0o755); err != nil {
 		t.Fatal(err)

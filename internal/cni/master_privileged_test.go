@@ -41,46 +41,8 @@ func TestAttachDefaultNetwork(t *testing.T) {
 	testenv.NeedsFixture(t, cniCfg != nil)
 	ctx := context.Background()
 	const ns = "cni-master"
-	dir := t.TempDir()
-	statusFile := filepath.Join(dir, "status.json")
-	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	confDir, hostLocal := filepath.Join(dir, "net.d"), filepath.Join(dir, "host-local")
-	if err := os.MkdirAll(confDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]string{
-		// Multus's own file comes first and must be passed over.
-		"00-multus.conf": `{"cniVersion":"1.0.0","name":"multus-cni-network","type":"multus-shim"}`,
-		"10-default.conflist": fmt.Sprintf(`{"cniVersion":"1.0.0","name":"defnet","plugins":[{"type":"bridge","bridge":"kvdefbr0",
-			"isGateway":true,"isDefaultGateway":true,"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"10.84.0.0/24"}]]}}]}`, hostLocal),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(confDir, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("KVNET_CNI_CONF_DIR", confDir)
-	t.Setenv("KVNET_CNI_CACHE_DIR", filepath.Join(dir, "cache"))
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName("kvdefbr0"); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-
-	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
-	create(t, primaryUDNObject(ns, "10.85.0.0/24"))
-	var nad nadv1.NetworkAttachmentDefinition
-	testenv.Eventually(t, waitTimeout, "NAD", func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
-	})
-	var conf map[string]any
-	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
-		t.Fatal(err)
-	}
-	conf["statusFile"] = statusFile
+	f := newDefaultNetFixture(ctx, t, ns, "kvdefbr0", "10.84.0.0/24", "10.85.0.0/24", true)
+	hostLocal, conf := f.hostLocal, f.conf
 	plainConfig, _ := json.Marshal(conf)
 	conf["args"] = map[string]any{"cni": map[string]any{multus.AttachDefaultNetworkArg: true}}
 	config, _ := json.Marshal(conf)
@@ -207,4 +169,63 @@ func TestAttachDefaultNetwork(t *testing.T) {
 	if err := cniCfg.DelNetworkList(ctx, list, r); err != nil {
 		t.Errorf("second DEL: %v", err)
 	}
+}
+
+// defaultNetFixture is a node whose cluster default network is the
+// upstream bridge plugin (bridge) with host-local on defSubnet, found in
+// a CNI configuration directory (after Multus's own file when withMultus)
+// through KVNET_CNI_CONF_DIR, kvnet-cni's cache in KVNET_CNI_CACHE_DIR,
+// and namespace ns with a primary Layer2 UDN on udnSubnet whose NAD's
+// configuration (statusFile set, no cni-args) is conf.
+type defaultNetFixture struct {
+	hostLocal, cacheDir string
+	plugin              string // the bridge plugin's configuration in the conflist
+	conf                map[string]any
+}
+
+func newDefaultNetFixture(ctx context.Context, t *testing.T, ns, bridge, defSubnet, udnSubnet string, withMultus bool) defaultNetFixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := defaultNetFixture{hostLocal: filepath.Join(dir, "host-local"), cacheDir: filepath.Join(dir, "cache")}
+	statusFile := filepath.Join(dir, "status.json")
+	if err := os.WriteFile(statusFile, []byte(`{"ready":true,"exhaustedNetworks":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	confDir := filepath.Join(dir, "net.d")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.plugin = fmt.Sprintf(`{"type":"bridge","bridge":%q,"isGateway":true,"isDefaultGateway":true,
+		"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q}]]}}`, bridge, f.hostLocal, defSubnet)
+	files := map[string]string{
+		"10-default.conflist": `{"cniVersion":"1.0.0","name":"defnet","plugins":[` + f.plugin + `]}`,
+	}
+	if withMultus {
+		// Multus's own file comes first and must be passed over.
+		files["00-multus.conf"] = `{"cniVersion":"1.0.0","name":"multus-cni-network","type":"multus-shim"}`
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(confDir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("KVNET_CNI_CONF_DIR", confDir)
+	t.Setenv("KVNET_CNI_CACHE_DIR", f.cacheDir)
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(bridge); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""}}})
+	create(t, primaryUDNObject(ns, udnSubnet))
+	var nad nadv1.NetworkAttachmentDefinition
+	testenv.Eventually(t, waitTimeout, "NAD", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "net"}, &nad)
+	})
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &f.conf); err != nil {
+		t.Fatal(err)
+	}
+	f.conf["statusFile"] = statusFile
+	return f
 }
