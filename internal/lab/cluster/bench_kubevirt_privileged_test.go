@@ -123,13 +123,7 @@ func (s *vmScenarios) benchNamespace(ctx context.Context, ns string) error {
 	if _, err := s.dyn.Resource(udnGVR).Namespace(ns).Create(ctx, primaryUDNObject(ns, tenantSubnet.String()), metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	return poll(ctx, 2*time.Minute, func(ctx context.Context) error {
-		if _, err := s.t.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
-			return err
-		}
-		_, err := s.dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "net", metav1.GetOptions{})
-		return err
-	})
+	return s.waitNamespaces(ctx, map[string]string{ns: "net"})
 }
 
 // waitLease waits for VM ns/name's VMI to run with an IP and its guest to
@@ -184,7 +178,6 @@ func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, node
 	if err != nil {
 		return 0, 0, fmt.Errorf("VMI %s/%s IP %q: %w", ns, name, ipS, err)
 	}
-	var client string
 	var others []string
 	for _, n := range nodes {
 		if n != node {
@@ -195,39 +188,17 @@ func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, node
 		return 0, 0, fmt.Errorf("want three nodes, have %v", nodes)
 	}
 	client, target := others[0], others[1]
-	if _, err := s.t.Client.CoreV1().Pods(ns).Create(ctx, echoPod(ns, "echo", client, s.t.Image, ip), metav1.CreateOptions{}); err != nil {
-		return 0, 0, err
-	}
-	n, err := s.waitEchoGrows(ctx, ns, "echo", 0)
+	n, err := s.startEcho(ctx, ns, client, ip)
 	if err != nil {
 		return 0, 0, err
 	}
 	v := &runningVM{ns: ns, name: name, node: node, ip: ip}
 	for i, to := range []string{target, node} {
-		before := n
-		st, err := s.migrate(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to)
+		st, err := s.migrateWithEcho(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to, n)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, fmt.Errorf("migration %d: %w", i+1, err)
 		}
-		if n, err = s.waitEchoGrows(ctx, ns, "echo", n); err != nil {
-			return 0, 0, fmt.Errorf("after migration %d: %w", i+1, err)
-		}
-		g, err := s.echoGap(ctx, ns, "echo", before)
-		if err != nil {
-			return 0, 0, err
-		}
-		gap = max(gap, g)
-		vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return 0, 0, err
-		}
-		ms, _ := st["migrationState"].(map[string]any)
-		if ms["endTimestamp"] == nil {
-			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
-		}
-		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
-			took = max(took, b.Sub(a))
-		}
+		n, gap, took = st.lines, max(gap, st.gap), max(took, st.took)
 	}
 	return gap, took, nil
 }

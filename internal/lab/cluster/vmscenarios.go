@@ -779,6 +779,57 @@ func (s *vmScenarios) migrate(ctx context.Context, v *runningVM, name, node stri
 	return status, err
 }
 
+// startEcho starts the echo pod on node against the guest at ip and
+// waits until its first lines came back; it returns how many did.
+func (s *vmScenarios) startEcho(ctx context.Context, ns, node string, ip netip.Addr) (int, error) {
+	if _, err := s.t.Client.CoreV1().Pods(ns).Create(ctx, echoPod(ns, "echo", node, s.t.Image, ip), metav1.CreateOptions{}); err != nil {
+		return 0, fmt.Errorf("create echo pod: %w", err)
+	}
+	return s.waitEchoGrows(ctx, ns, "echo", 0)
+}
+
+// migrationStep is one live migration as the echo client saw it.
+type migrationStep struct {
+	target string        // status.migrationState.targetNodeAddress
+	took   time.Duration // KubeVirt's start to end timestamps (0: not known)
+	lines  int           // echo lines back in order after it
+	gap    time.Duration // the client's longest pause during it
+}
+
+// migrateWithEcho live-migrates v to node (migrate), checks that its VMI
+// is there, waits until the echo pod's lines, lines back before, go on
+// in order, and returns what the migration and the client saw.
+func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, node string, lines int) (migrationStep, error) {
+	st, err := s.migrate(ctx, v, name, node)
+	if err != nil {
+		return migrationStep{}, err
+	}
+	vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
+	if err != nil {
+		return migrationStep{}, err
+	}
+	if at, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName"); at != node {
+		return migrationStep{}, fmt.Errorf("succeeded but VMI %s is on %s, want %s", v, at, node)
+	}
+	v.node = node
+	// The migration's own status may lack the state a moment after it
+	// succeeded; the VMI's is the last migration's.
+	ms, _ := st["migrationState"].(map[string]any)
+	if ms["targetNodeAddress"] == nil || ms["endTimestamp"] == nil {
+		ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
+	}
+	var step migrationStep
+	step.target, _ = ms["targetNodeAddress"].(string)
+	if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
+		step.took = b.Sub(a)
+	}
+	if step.lines, err = s.waitEchoGrows(ctx, v.ns, "echo", lines); err != nil {
+		return step, err
+	}
+	step.gap, err = s.echoGap(ctx, v.ns, "echo", lines)
+	return step, err
+}
+
 // migration: two live migrations between the VM's node and the other
 // node that is not the client's, with the echo connection open.
 func (s *vmScenarios) migration(ctx context.Context) (string, error) {
@@ -795,11 +846,7 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 	if v.node == s.nodes[0] || other == "" {
 		return "", fmt.Errorf("VM %s on %s: want it on %s or %s, away from the client's %s", v, v.node, s.nodes[1], s.nodes[2], s.nodes[0])
 	}
-	ep := echoPod(nsVM, "echo", s.nodes[0], s.t.Image, v.ip)
-	if _, err := s.t.Client.CoreV1().Pods(nsVM).Create(ctx, ep, metav1.CreateOptions{}); err != nil {
-		return "", fmt.Errorf("create echo pod: %w", err)
-	}
-	n, err := s.waitEchoGrows(ctx, nsVM, "echo", 0)
+	n, err := s.startEcho(ctx, nsVM, s.nodes[0], v.ip)
 	if err != nil {
 		return "", err
 	}
@@ -815,45 +862,20 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 				return strings.Join(steps, "; "), err
 			}
 		}
-		before := n
-		st, err := s.migrate(ctx, v, name, to)
+		st, err := s.migrateWithEcho(ctx, v, name, to, n)
 		if err != nil {
-			return strings.Join(steps, "; "), err
+			return strings.Join(steps, "; "), fmt.Errorf("migration %s (%s -> %s): %w", name, from, to, err)
 		}
-		vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
-		if err != nil {
-			return "", err
-		}
-		// The migration's own status may lack the state a moment after
-		// it succeeded; the VMI's is the last migration's.
-		ms, _ := st["migrationState"].(map[string]any)
-		if ms["targetNodeAddress"] == nil {
-			ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
-		}
-		var took string
-		if a, b := parseTime(ms["startTimestamp"]), parseTime(ms["endTimestamp"]); !a.IsZero() && !b.IsZero() {
-			took = b.Sub(a).String()
-		}
-		node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
-		if node != to {
-			return strings.Join(steps, "; "), fmt.Errorf("migration %s succeeded but VMI %s is on %s, want %s", name, v, node, to)
-		}
-		target, _ := ms["targetNodeAddress"].(string)
-		if a, err := netip.ParseAddr(target); overNet && (err != nil || !MigrationSubnet.Contains(a)) {
-			return strings.Join(steps, "; "), fmt.Errorf("migration %s: targetNodeAddress %q, want one in the migration network %s", name, target, MigrationSubnet)
-		}
-		if n, err = s.waitEchoGrows(ctx, nsVM, "echo", n); err != nil {
-			return strings.Join(steps, "; "), fmt.Errorf("after migration %s (%s -> %s): %w", name, from, to, err)
-		}
-		gap, err := s.echoGap(ctx, nsVM, "echo", before)
-		if err != nil {
-			return strings.Join(steps, "; "), err
+		n = st.lines
+		target, err := netip.ParseAddr(st.target)
+		if overNet && (err != nil || !MigrationSubnet.Contains(target)) {
+			return strings.Join(steps, "; "), fmt.Errorf("migration %s: targetNodeAddress %q, want one in the migration network %s", name, st.target, MigrationSubnet)
 		}
 		over := "the pod network"
-		if a, err := netip.ParseAddr(target); err == nil && MigrationSubnet.Contains(a) {
+		if err == nil && MigrationSubnet.Contains(target) {
 			over = "migration network " + MigrationNetworkNAD
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s", name, from, to, over, target, took, n, gap))
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s", name, from, to, over, st.target, st.took, n, st.gap))
 		from = to
 		v.node = to
 	}
