@@ -42,8 +42,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: httpget [-timeout 5s] [-cacert FILE] [-token FILE] URL\n       httpget -echo [-interval 20ms] HOST:PORT")
 	}
 	flag.Parse()
-	if flag.NArg() != 1 || (*echo && *interval <= 0) {
+	if flag.NArg() != 1 {
 		flag.Usage()
+		os.Exit(2)
+	}
+	if *echo && *interval <= 0 {
+		fmt.Fprintf(os.Stderr, "httpget: -interval %s: want a positive duration\n", *interval)
 		os.Exit(2)
 	}
 	if *echo {
