@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -257,13 +258,21 @@ func (l *Launcher) Start(ctx context.Context, pod *corev1.Pod, netns string) err
 	return nil
 }
 
+// targetWait bounds how long a migration target pod waits for its VMI's
+// migrationState to name it. virt-controller writes it right after it
+// made the pod, but a busy or restarting control plane (the chaos run
+// kills it every few seconds) can take far longer than usual; KubeVirt's
+// own target waits minutes for its migration to start.
+const targetWait = 2 * time.Minute
+
 // readVMI reads the VMI of launcher pod. A migration target pod may be
 // seen before virt-controller wrote the VMI's migrationState naming it;
-// the VMI is read again until it does (or says the pod's migration is
-// over), so that a target never boots a second guest of a running VM.
+// the VMI is read again until it does (or the pod is deleted: its
+// migration is over), so that a target never boots a second guest of a
+// running VM.
 func (l *Launcher) readVMI(ctx context.Context, pod *corev1.Pod) (*kubevirtv1.VirtualMachineInstance, error) {
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Annotations[kubevirtv1.DomainAnnotation]}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(targetWait)
 	for {
 		var vmi kubevirtv1.VirtualMachineInstance
 		if err := l.reader.Get(ctx, key, &vmi); err != nil {
@@ -273,8 +282,13 @@ func (l *Launcher) readVMI(ctx context.Context, pod *corev1.Pod) (*kubevirtv1.Vi
 		if pod.Labels[simvirt.MigrationJobUIDLabel] == "" || m != nil && m.TargetPod == pod.Name {
 			return &vmi, nil
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("virt-launcher: migration target %s: VMI %s does not name it in status.migrationState", pod.Name, key)
+		var now corev1.Pod
+		err := l.reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &now)
+		switch {
+		case apierrors.IsNotFound(err) || err == nil && (now.UID != pod.UID || now.DeletionTimestamp != nil):
+			return nil, fmt.Errorf("virt-launcher: migration target %s: deleted before VMI %s named it in status.migrationState", pod.Name, key)
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("virt-launcher: migration target %s: VMI %s does not name it in status.migrationState after %s", pod.Name, key, targetWait)
 		}
 		select {
 		case <-ctx.Done():
