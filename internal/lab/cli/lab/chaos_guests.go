@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/lab/simkubelet"
+	"kvnet.io/kvnet/internal/lab/simvirt"
 	"kvnet.io/kvnet/internal/podnetworks"
 )
 
@@ -105,7 +107,7 @@ func (w *world) checkGuests(ctx context.Context) (answered int, findings []strin
 	w.mu.Unlock()
 	for _, v := range guests {
 		if err := w.reachGuest(ctx, v); err != nil {
-			findings = append(findings, fmt.Sprintf("guest VM %s/%s: %v", v.ns, v.name, err))
+			findings = append(findings, fmt.Sprintf("guest VM %s/%s: %v\n%s", v.ns, v.name, err, w.guestState(ctx, v)))
 			continue
 		}
 		answered++
@@ -226,4 +228,56 @@ func dialGuest(ctx context.Context, netns string, addr netip.AddrPort) (net.Conn
 		return nil, err
 	}
 	return conn, nil
+}
+
+// guestState describes what the lab knows of a guest that did not
+// answer, so that a finding made where the run's logs are gone (CI) still
+// says where to look: its VMI's phase, node and last migration, its
+// launcher pods with their nodes and network-status, and the end of its
+// console log.
+func (w *world) guestState(ctx context.Context, v chaosVM) string {
+	var b strings.Builder
+	var vmi kubevirtv1.VirtualMachineInstance
+	if err := w.e.c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: v.name}, &vmi); err != nil {
+		fmt.Fprintf(&b, "  VMI: %v\n", err)
+	} else {
+		fmt.Fprintf(&b, "  VMI: phase %s, node %s, interfaces %+v\n", vmi.Status.Phase, vmi.Status.NodeName, vmi.Status.Interfaces)
+		if m := vmi.Status.MigrationState; m != nil {
+			fmt.Fprintf(&b, "  last migration: %s (%s) -> %s (%s), completed %t, failed %t\n",
+				m.SourceNode, m.SourcePod, m.TargetNode, m.TargetPod, m.Completed, m.Failed)
+		}
+		var pods corev1.PodList
+		if err := w.e.c.List(ctx, &pods, client.InNamespace(v.ns), client.MatchingLabels{simvirt.CreatedByLabel: string(vmi.UID)}); err != nil {
+			fmt.Fprintf(&b, "  launcher pods: %v\n", err)
+		}
+		for _, p := range pods.Items {
+			fmt.Fprintf(&b, "  launcher pod %s: node %s, %s, deleting %t, pod-networks %s\n",
+				p.Name, p.Spec.NodeName, p.Status.Phase, p.DeletionTimestamp != nil, p.Annotations[podnetworks.Annotation])
+		}
+	}
+	var probe corev1.Pod
+	if err := w.e.c.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: probePod}, &probe); err == nil {
+		fmt.Fprintf(&b, "  probe pod: node %s, pod-networks %s\n", probe.Spec.NodeName, probe.Annotations[podnetworks.Annotation])
+	}
+	if w.e.launcher != nil {
+		fmt.Fprintf(&b, "  console (end):\n%s", consoleTail(w.e.launcher.ConsoleLog(v.ns, v.name), 15))
+	}
+	return b.String()
+}
+
+// consoleTail is the last n lines of the console log at path, indented.
+func consoleTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "    " + err.Error() + "\n"
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("    " + strings.TrimRight(l, "\r") + "\n")
+	}
+	return b.String()
 }
