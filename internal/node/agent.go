@@ -502,7 +502,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
 	applyErr := a.dp.Apply(ctx, plan.State)
-	a.announce.sync(plan.State.Ports)
+	a.announce.sync(plan.State.Ports, plan.Neighbours)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)

@@ -36,7 +36,10 @@ type announcements struct {
 	mu        sync.Mutex
 	watching  map[string]*os.File // standby host interface -> packet socket
 	announced map[string]bool     // MAC -> its guest announced itself here
-	wg        sync.WaitGroup
+	// neighbours are Plan.Neighbours: what a Standby port's ARP requests
+	// are answered from.
+	neighbours map[string]map[netip.Addr]net.HardwareAddr
+	wg         sync.WaitGroup
 }
 
 func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
@@ -55,9 +58,10 @@ func (w *announcements) Announced() map[string]bool {
 	return out
 }
 
-// sync watches exactly the plan's Standby ports and forgets announcements
-// of MACs that no longer migrate here.
-func (w *announcements) sync(ports []datapath.Port) {
+// sync watches exactly the plan's Standby ports, answers their ARP
+// requests from neighbours (Plan.Neighbours) and forgets announcements of
+// MACs that no longer migrate here.
+func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[netip.Addr]net.HardwareAddr) {
 	want := map[string]datapath.Port{}
 	migrating := map[string]bool{}
 	for _, p := range ports {
@@ -70,6 +74,7 @@ func (w *announcements) sync(ports []datapath.Port) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.neighbours = neighbours
 	for mac := range w.announced {
 		if !migrating[mac] {
 			delete(w.announced, mac)
@@ -140,6 +145,9 @@ func (w *announcements) read(f *os.File, p datapath.Port) {
 			}
 			return
 		}
+		if w.answerARP(f, buf[:n], p) {
+			continue
+		}
 		what := guestFrame(buf[:n], p)
 		if what == "" {
 			continue
@@ -205,6 +213,78 @@ func guestFrame(b []byte, p datapath.Port) string {
 		return "IPv6 from " + src.String()
 	}
 	return ""
+}
+
+// answerARP answers, on the Standby port's socket f, an ARP request b
+// that port p's pod sent from its own MAC and address for one of the
+// network's neighbours, with the neighbour's MAC; it reports whether b
+// was such a request. The request itself is dropped by the port's
+// standby rules (it would teach the network the guest's new place before
+// the guest runs there), yet a pod whose own stack sends the guest's
+// traffic (KubeVirt's masquerade binding: the guest is behind NAT in the
+// pod) must resolve its peer before the first packet that opens the
+// port can leave: without an answer that packet never comes and the
+// switch-over waits for the API. OVN-Kubernetes answers ARP for known
+// addresses locally too.
+func (w *announcements) answerARP(f *os.File, b []byte, p datapath.Port) bool {
+	req, ok := parseARPRequest(b)
+	if !ok || !bytes.Equal(req.senderMAC, p.MAC) || !hasIP(p.IPs, req.senderIP) {
+		return false
+	}
+	w.mu.Lock()
+	mac := w.neighbours[p.Network][req.targetIP]
+	w.mu.Unlock()
+	if mac == nil || bytes.Equal(mac, p.MAC) {
+		return true
+	}
+	if _, err := f.Write(arpReply(req, mac)); err != nil {
+		w.log.Error(err, "answer a migration target pod's ARP request", "port", p.HostIfName, "for", req.targetIP.String())
+		return true
+	}
+	w.log.V(1).Info("answered a migration target pod's ARP request", "port", p.HostIfName, "for", req.targetIP.String(), "mac", mac.String())
+	return true
+}
+
+// arpRequest is an Ethernet ARP request for an IPv4 address.
+type arpRequest struct {
+	senderMAC          net.HardwareAddr
+	senderIP, targetIP netip.Addr
+}
+
+// parseARPRequest reads an Ethernet frame holding an ARP request
+// (Ethernet, IPv4, opcode 1).
+func parseARPRequest(b []byte) (arpRequest, bool) {
+	if len(b) < 42 || binary.BigEndian.Uint16(b[12:14]) != unix.ETH_P_ARP {
+		return arpRequest{}, false
+	}
+	a := b[14:]
+	if binary.BigEndian.Uint16(a[0:2]) != 1 || binary.BigEndian.Uint16(a[2:4]) != unix.ETH_P_IP || a[4] != 6 || a[5] != 4 ||
+		binary.BigEndian.Uint16(a[6:8]) != 1 {
+		return arpRequest{}, false
+	}
+	return arpRequest{senderMAC: net.HardwareAddr(bytes.Clone(a[8:14])),
+		senderIP: netip.AddrFrom4([4]byte(a[14:18])), targetIP: netip.AddrFrom4([4]byte(a[24:28]))}, true
+}
+
+// arpReply is the Ethernet frame answering req with mac (padded to the
+// minimum frame size).
+func arpReply(req arpRequest, mac net.HardwareAddr) []byte {
+	b := make([]byte, 60)
+	copy(b[0:6], req.senderMAC)
+	copy(b[6:12], mac)
+	binary.BigEndian.PutUint16(b[12:14], unix.ETH_P_ARP)
+	a := b[14:]
+	binary.BigEndian.PutUint16(a[0:2], 1)
+	binary.BigEndian.PutUint16(a[2:4], unix.ETH_P_IP)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:8], 2)
+	copy(a[8:14], mac)
+	t := req.targetIP.As4()
+	copy(a[14:18], t[:])
+	copy(a[18:24], req.senderMAC)
+	s := req.senderIP.As4()
+	copy(a[24:28], s[:])
+	return b
 }
 
 func hasIP(ps []netip.Prefix, a netip.Addr) bool {

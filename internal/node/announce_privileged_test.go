@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -13,8 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/nstest"
@@ -35,39 +40,8 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 	nad := tenant(t, "agent-frame", "10.6.0.0/24", true)
 	peer := l.runPod(nad, "peer", "n3", nil)
 
-	// migratingVM starts VM vm's source pod on n1 and target pod on n2,
-	// with its VMI on n1 and a migration to n2 running, never completed.
-	migratingVM := func(vm string) (src, dst *pod) {
-		t.Helper()
-		testenv.Create(t, c, &ipamclaimv1alpha1.IPAMClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm + ".udn"},
-			Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: nad.Namespace + "_udn", Interface: "ovn-udn1"},
-		})
-		launcher := func(p *corev1.Pod) {
-			p.Labels["kubevirt.io"] = "virt-launcher"
-			p.Labels["vm.kubevirt.io/name"] = vm
-			p.Annotations[kubevirtv1.DomainAnnotation] = vm
-			p.Annotations["k8s.ovn.org/primary-udn-ipamclaim"] = vm + ".udn"
-		}
-		src = l.runPod(nad, "virt-launcher-"+vm+"-a", "n1", launcher)
-		dst = l.runPod(nad, "virt-launcher-"+vm+"-b", "n2", launcher)
-		if dst.a.MACAddress != src.a.MACAddress || dst.ip() != src.ip() {
-			t.Fatalf("%s: target got %s/%s, source %s/%s: the claim must give both the same", vm, dst.a.MACAddress, dst.ip(), src.a.MACAddress, src.ip())
-		}
-		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm}}
-		testenv.Create(t, c, vmi)
-		start := metav1.Now()
-		vmi.Status.NodeName = l.nodeName("n1")
-		vmi.Status.MigrationState = &kubevirtv1.VirtualMachineInstanceMigrationState{
-			SourceNode: l.nodeName("n1"), SourcePod: src.name, TargetNode: l.nodeName("n2"), TargetPod: dst.name, StartTimestamp: &start,
-		}
-		if err := c.Status().Update(ctx, vmi); err != nil {
-			t.Fatal(err)
-		}
-		return src, dst
-	}
-	rarpSrc, rarpDst := migratingVM("vm-rarp")
-	ipSrc, ipDst := migratingVM("vm-ip")
+	rarpSrc, rarpDst := migratingVM(t, l, nad, "vm-rarp")
+	ipSrc, ipDst := migratingVM(t, l, nad, "vm-ip")
 
 	for _, tc := range []struct {
 		name, vm string
@@ -104,6 +78,94 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 				t.Fatalf("VMI %s moved: node %q, migration %+v", tc.vm, vmi.Status.NodeName, ms)
 			}
 		})
+	}
+}
+
+// migratingVM starts VM vm's source pod on n1 and target pod on n2 of
+// lab l, with its VMI on n1 and a migration to n2 running, never
+// completed.
+func migratingVM(t *testing.T, l *lab, nad *nadv1.NetworkAttachmentDefinition, vm string) (src, dst *pod) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.Create(t, c, &ipamclaimv1alpha1.IPAMClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm + ".udn"},
+		Spec:       ipamclaimv1alpha1.IPAMClaimSpec{Network: nad.Namespace + "_udn", Interface: "ovn-udn1"},
+	})
+	launcher := func(p *corev1.Pod) {
+		p.Labels["kubevirt.io"] = "virt-launcher"
+		p.Labels["vm.kubevirt.io/name"] = vm
+		p.Annotations[kubevirtv1.DomainAnnotation] = vm
+		p.Annotations["k8s.ovn.org/primary-udn-ipamclaim"] = vm + ".udn"
+	}
+	src = l.runPod(nad, "virt-launcher-"+vm+"-a", "n1", launcher)
+	dst = l.runPod(nad, "virt-launcher-"+vm+"-b", "n2", launcher)
+	if dst.a.MACAddress != src.a.MACAddress || dst.ip() != src.ip() {
+		t.Fatalf("%s: target got %s/%s, source %s/%s: the claim must give both the same", vm, dst.a.MACAddress, dst.ip(), src.a.MACAddress, src.ip())
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: nad.Namespace, Name: vm}}
+	testenv.Create(t, c, vmi)
+	start := metav1.Now()
+	vmi.Status.NodeName = l.nodeName("n1")
+	vmi.Status.MigrationState = &kubevirtv1.VirtualMachineInstanceMigrationState{
+		SourceNode: l.nodeName("n1"), SourcePod: src.name, TargetNode: l.nodeName("n2"), TargetPod: dst.name, StartTimestamp: &start,
+	}
+	if err := c.Status().Update(ctx, vmi); err != nil {
+		t.Fatal(err)
+	}
+	return src, dst
+}
+
+// TestAgentAnswersStandbyPortARP: a migration target whose pod's own
+// stack sends the guest's traffic (KubeVirt's masquerade binding: the
+// guest is behind NAT in the pod, and the pod's neighbour cache starts
+// empty) must resolve its peer before the first packet that opens its
+// port can leave, while the standby port drops the ARP request itself.
+// kvnet-node answers it with the peer's (or the gateway's) MAC; the
+// answer alone does not open the port; the pod's first packet then does,
+// with the VMI never moved by the API.
+func TestAgentAnswersStandbyPortARP(t *testing.T) {
+	testenv.NeedsFixture(t, env != nil)
+	ctx := context.Background()
+	l := newLab(t, "n1", "n2", "n3")
+	nad := tenant(t, "agent-masq", "10.7.0.0/24", true)
+	peer := l.runPod(nad, "peer", "n3", nil)
+	src, dst := migratingVM(t, l, nad, "vm-masq")
+	guestMAC := dst.a.MACAddress
+	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
+	if err := nstest.Exec(src.netns, "ip", "link", "set", src.ifName, "down"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The target pod's ARP for the peer and for the gateway: answered by
+	// kvnet-node, with their MACs, and the port stays on standby.
+	for _, tc := range []struct{ what, ip, mac string }{
+		{"the peer", peer.ip(), peer.a.MACAddress},
+		{"the gateway", "10.7.0.1", datapath.GatewayMAC(l.agent("n2").LastPlan().State.Networks[0].ID).String()},
+	} {
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(dst.netns), "busybox", "arping", "-c", "1", "-w", "2", "-I", dst.ifName, tc.ip).CombinedOutput()
+		if err != nil {
+			t.Fatalf("the target pod's ARP for %s (%s) was not answered: %v\n%s", tc.what, tc.ip, err, out)
+		}
+		if !strings.Contains(strings.ToLower(string(out)), tc.mac) {
+			t.Fatalf("the target pod's ARP for %s (%s) was answered, not with %s:\n%s", tc.what, tc.ip, tc.mac, out)
+		}
+	}
+	if err := targetPort(l, guestMAC, true)(); err != nil {
+		t.Fatalf("after the ARP answers: %v: an ARP request opened the port", err)
+	}
+
+	// The pod's own first packet (as masquerade sends the guest's) opens
+	// the port, and the peer's answer comes back through it.
+	testenv.Eventually(t, waitTimeout, "the target pod pings the peer through its opened port", func() error {
+		return nstest.Ping(dst.netns, peer.ip())
+	})
+	testenv.Eventually(t, waitTimeout, "n2's plan keeps the target's port open", targetPort(l, guestMAC, false))
+	var vmi kubevirtv1.VirtualMachineInstance
+	if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: "vm-masq"}, &vmi); err != nil {
+		t.Fatal(err)
+	}
+	if ms := vmi.Status.MigrationState; vmi.Status.NodeName != l.nodeName("n1") || ms == nil || ms.Completed || ms.Failed {
+		t.Fatalf("VMI moved: node %q, migration %+v", vmi.Status.NodeName, ms)
 	}
 }
 

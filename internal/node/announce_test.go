@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net"
 	"net/netip"
@@ -80,6 +81,60 @@ func FuzzGuestFrame(f *testing.F) {
 		got := guestFrame(b, guestPort)
 		if got != "" && (len(b) < 14 || net.HardwareAddr(b[6:12]).String() != guestMAC.String()) {
 			t.Fatalf("%q from a frame not from the guest's MAC", got)
+		}
+	})
+}
+
+// An ARP request parsed and answered: the reply swaps the roles, carries
+// the neighbour's MAC, and parses as no request itself.
+func TestARPReply(t *testing.T) {
+	peerMAC := net.HardwareAddr{0x0a, 0x58, 0x0a, 0x50, 0x00, 0x04}
+	req := make([]byte, 42)
+	copy(req[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(req[6:12], guestMAC)
+	binary.BigEndian.PutUint16(req[12:], 0x0806)
+	a := req[14:]
+	binary.BigEndian.PutUint16(a[0:], 1)
+	binary.BigEndian.PutUint16(a[2:], 0x0800)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:], 1)
+	copy(a[8:14], guestMAC)
+	copy(a[14:18], []byte{10, 80, 0, 3})
+	copy(a[24:28], []byte{10, 80, 0, 4})
+	r, ok := parseARPRequest(req)
+	if !ok || r.senderMAC.String() != guestMAC.String() || r.senderIP.String() != "10.80.0.3" || r.targetIP.String() != "10.80.0.4" {
+		t.Fatalf("parseARPRequest = %+v, %v", r, ok)
+	}
+	reply := arpReply(r, peerMAC)
+	if len(reply) != 60 || !bytes.Equal(reply[0:6], guestMAC) || !bytes.Equal(reply[6:12], peerMAC) ||
+		binary.BigEndian.Uint16(reply[20:22]) != 2 || !bytes.Equal(reply[22:28], peerMAC) ||
+		!bytes.Equal(reply[28:32], []byte{10, 80, 0, 4}) || !bytes.Equal(reply[32:38], guestMAC) || !bytes.Equal(reply[38:42], []byte{10, 80, 0, 3}) {
+		t.Fatalf("arpReply = % x", reply)
+	}
+	if _, ok := parseARPRequest(reply); ok {
+		t.Error("the reply parsed as a request")
+	}
+	binary.BigEndian.PutUint16(a[2:], 0x86dd)
+	if _, ok := parseARPRequest(req); ok {
+		t.Error("an ARP request for a non-IPv4 protocol parsed")
+	}
+	if _, ok := parseARPRequest(req[:41]); ok {
+		t.Error("a truncated request parsed")
+	}
+}
+
+func FuzzParseARPRequest(f *testing.F) {
+	f.Add(make([]byte, 42))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, ok := parseARPRequest(b)
+		if !ok {
+			return
+		}
+		if len(b) < 42 || binary.BigEndian.Uint16(b[20:22]) != 1 {
+			t.Fatalf("parsed %+v from a frame that is no ARP request", r)
+		}
+		if got, ok := parseARPRequest(arpReply(r, guestMAC)); ok {
+			t.Fatalf("the reply to %+v parsed as request %+v", r, got)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 
@@ -148,6 +149,12 @@ type Plan struct {
 	// Problems are inputs that could not be used, each naming the object
 	// and field; the rest of the plan is still right.
 	Problems []string
+	// Neighbours maps each network with a port on Standby to the
+	// addresses its live holders and its gateways have, and their MACs:
+	// kvnet-node answers a Standby port's ARP requests from them
+	// (announcements), since the requests themselves must not leave the
+	// port.
+	Neighbours map[string]map[netip.Addr]net.HardwareAddr
 	// Unserved maps each network this node cannot attach (a localnet
 	// network without a bridge mapping here, or with a VLAN the kernel
 	// cannot tag) to why; kvnet-cni refuses its pods with that reason.

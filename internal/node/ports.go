@@ -2,6 +2,7 @@ package node
 
 import (
 	"cmp"
+	"net"
 	"net/netip"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -71,6 +72,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			}
 		}
 	}
+	p.neighbours(n, dn, hs)
 	if leases != nil {
 		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases,
 			Prefixes6: prefixes6, DefaultRouter: dn.Primary, MTU: cmp.Or(n.conf.MTU, p.in.MTU)})
@@ -111,4 +113,41 @@ func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in In
 		}
 	}
 	return l, l.IP.IsValid() || l.IP6.IsValid()
+}
+
+// neighbours records, for network n when one of its ports on this node
+// is on Standby, the IPv4 addresses of its live holders and of its
+// gateways with their MACs (Plan.Neighbours).
+func (p *planner) neighbours(n *network, dn datapath.Network, hs []*holder) {
+	standby := false
+	for _, port := range p.plan.State.Ports {
+		if port.Network == n.conf.Name && port.Standby {
+			standby = true
+		}
+	}
+	if !standby {
+		return
+	}
+	m := map[netip.Addr]net.HardwareAddr{}
+	for _, h := range hs {
+		if !h.active || h.mac == nil {
+			continue
+		}
+		for _, s := range h.a.IPAddresses {
+			if pfx, err := netip.ParsePrefix(s); err == nil && pfx.Addr().Is4() {
+				m[pfx.Addr()] = h.mac
+			}
+		}
+	}
+	if dn.HasRouter() {
+		for _, gw := range dn.Gateways {
+			if gw.Is4() {
+				m[gw] = datapath.GatewayMAC(dn.ID)
+			}
+		}
+	}
+	if p.plan.Neighbours == nil {
+		p.plan.Neighbours = map[string]map[netip.Addr]net.HardwareAddr{}
+	}
+	p.plan.Neighbours[n.conf.Name] = m
 }
