@@ -5,6 +5,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -94,12 +95,29 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 			}
 			pods = append(pods, time.Since(start))
 		}
-		gap, took, err := s.benchMigrations(ctx, ns, "vm-0", c.Nodes)
+		steps, err := s.benchMigrations(ctx, ns, "vm-0", c.Nodes)
 		if err != nil {
 			b.Fatal(err)
 		}
+		// The blackout taken apart (blackout.go): every part must have
+		// been measured.
+		var gap, took, pause, ping time.Duration
+		switchOver := time.Duration(math.MinInt64)
+		for i, st := range steps {
+			p, okP := st.blackout.guestPause()
+			sw, okS := st.blackout.switchOver()
+			if !okP || !okS {
+				b.Fatalf("migration %d: blackout not taken apart: %s", i+1, st.blackout)
+			}
+			b.Logf("migration %d: longest TCP pause %s, migration %s; %s", i+1, st.gap, st.took, st.blackout)
+			gap, took, pause, ping = max(gap, st.gap), max(took, st.took), max(pause, p), max(ping, st.blackout.pingGap)
+			switchOver = max(switchOver, sw)
+		}
 		b.ReportMetric(float64(gap.Milliseconds()), "blackout-max-ms")
 		b.ReportMetric(took.Seconds(), "migration-max-s")
+		b.ReportMetric(float64(pause.Milliseconds()), "guest-pause-max-ms")
+		b.ReportMetric(float64(switchOver.Milliseconds()), "switch-after-resume-max-ms")
+		b.ReportMetric(float64(ping.Milliseconds()), "ping-gap-max-ms")
 		lp50, lp99 := percentile(leases, 50), percentile(leases, 99)
 		ip50, pp50, pp99 := percentile(ips, 50), percentile(pods, 50), percentile(pods, 99)
 		b.ReportMetric(lp50.Seconds(), "vm-p50-s")
@@ -160,23 +178,23 @@ func (s *vmScenarios) waitLease(ctx context.Context, ns, name string, start time
 }
 
 // benchMigrations migrates VM ns/name twice between the two nodes that
-// are not its echo client's, and returns the longest pause the client
-// saw and the longest migration (KubeVirt's start to end timestamps).
-func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, nodes []string) (gap, took time.Duration, err error) {
+// are not its echo client's, and returns what each migration's client
+// and logs saw.
+func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, nodes []string) ([]migrationStep, error) {
 	vmi, err := s.dyn.Resource(vmiGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	node, _, _ := unstructured.NestedString(vmi.Object, "status", "nodeName")
 	ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
 	if len(ifaces) == 0 {
-		return 0, 0, fmt.Errorf("VMI %s/%s has no interface status", ns, name)
+		return nil, fmt.Errorf("VMI %s/%s has no interface status", ns, name)
 	}
 	m, _ := ifaces[0].(map[string]any)
 	ipS, _ := m["ipAddress"].(string)
 	ip, err := netip.ParseAddr(ipS)
 	if err != nil {
-		return 0, 0, fmt.Errorf("VMI %s/%s IP %q: %w", ns, name, ipS, err)
+		return nil, fmt.Errorf("VMI %s/%s IP %q: %w", ns, name, ipS, err)
 	}
 	var others []string
 	for _, n := range nodes {
@@ -185,20 +203,22 @@ func (s *vmScenarios) benchMigrations(ctx context.Context, ns, name string, node
 		}
 	}
 	if len(others) < 2 {
-		return 0, 0, fmt.Errorf("want three nodes, have %v", nodes)
+		return nil, fmt.Errorf("want three nodes, have %v", nodes)
 	}
 	client, target := others[0], others[1]
-	n, err := s.startEcho(ctx, ns, client, ip)
+	n, seq, err := s.startEcho(ctx, ns, client, ip)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	v := &runningVM{ns: ns, name: name, node: node, ip: ip}
+	var steps []migrationStep
 	for i, to := range []string{target, node} {
-		st, err := s.migrateWithEcho(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to, n)
+		st, err := s.migrateWithEcho(ctx, v, fmt.Sprintf("bench-mig-%d", i+1), to, n, seq)
 		if err != nil {
-			return 0, 0, fmt.Errorf("migration %d: %w", i+1, err)
+			return steps, fmt.Errorf("migration %d: %w", i+1, err)
 		}
-		n, gap, took = st.lines, max(gap, st.gap), max(took, st.took)
+		n, seq = st.lines, st.pingSeq
+		steps = append(steps, st)
 	}
-	return gap, took, nil
+	return steps, nil
 }

@@ -235,6 +235,7 @@ type NetworkStatus struct {
 	Name      string   `json:"name"`
 	Interface string   `json:"interface"`
 	IPs       []string `json:"ips"`
+	MAC       string   `json:"mac"`
 	Default   bool     `json:"default"`
 }
 

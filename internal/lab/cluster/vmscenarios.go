@@ -438,11 +438,7 @@ func (s *vmScenarios) console(ctx context.Context, ns, uid, node string) (string
 	if err != nil {
 		return "", err
 	}
-	b, err := s.t.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "guest-console-log"}).DoRaw(ctx)
-	if err != nil {
-		return "", fmt.Errorf("console of %s/%s: %w", ns, p.Name, err)
-	}
-	return string(b), nil
+	return s.podLog(ctx, ns, p.Name, "guest-console-log")
 }
 
 func (s *vmScenarios) vm(key string) (*runningVM, error) {
@@ -635,10 +631,13 @@ func (s *vmScenarios) stopStart(ctx context.Context) (string, error) {
 // echo service (port 7) at ip and sends a numbered line every 20 ms
 // (httpget -echo), writing what comes back to /tmp/echo.out and every
 // pause of more than 100 ms between two answers to /tmp/echo.gaps; when
-// the connection ends it appends "closed" to /tmp/echo.out.
+// the connection ends it appends "closed" to /tmp/echo.out. Beside it,
+// busybox ping sends a request to ip every pingInterval and writes the
+// replies to /tmp/ping.out.
 func echoPod(ns, name, node, image string, ip netip.Addr) *corev1.Pod {
-	script := fmt.Sprintf(`httpget -echo -interval 20ms %s > /tmp/echo.out 2> /tmp/echo.gaps; echo closed >> /tmp/echo.out; exec sleep 100000`,
-		net.JoinHostPort(ip.String(), "7"))
+	script := fmt.Sprintf(`ping -i %g %s > /tmp/ping.out 2>&1 &
+httpget -echo -interval 20ms %s > /tmp/echo.out 2> /tmp/echo.gaps; echo closed >> /tmp/echo.out; exec sleep 100000`,
+		pingInterval.Seconds(), ip, net.JoinHostPort(ip.String(), "7"))
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
@@ -780,26 +779,38 @@ func (s *vmScenarios) migrate(ctx context.Context, v *runningVM, name, node stri
 }
 
 // startEcho starts the echo pod on node against the guest at ip and
-// waits until its first lines came back; it returns how many did.
-func (s *vmScenarios) startEcho(ctx context.Context, ns, node string, ip netip.Addr) (int, error) {
+// waits until its first lines and ping replies came back; it returns how
+// many lines did and the last reply's seq.
+func (s *vmScenarios) startEcho(ctx context.Context, ns, node string, ip netip.Addr) (lines, pingSeq int, err error) {
 	if _, err := s.t.Client.CoreV1().Pods(ns).Create(ctx, echoPod(ns, "echo", node, s.t.Image, ip), metav1.CreateOptions{}); err != nil {
-		return 0, fmt.Errorf("create echo pod: %w", err)
+		return 0, 0, fmt.Errorf("create echo pod: %w", err)
 	}
-	return s.waitEchoGrows(ctx, ns, "echo", 0)
+	if lines, err = s.waitEchoGrows(ctx, ns, "echo", 0); err != nil {
+		return 0, 0, err
+	}
+	seqs, err := s.pingReplies(ctx, ns, "echo")
+	if err != nil {
+		return 0, 0, err
+	}
+	return lines, seqs[len(seqs)-1], nil
 }
 
 // migrationStep is one live migration as the echo client saw it.
 type migrationStep struct {
-	target string        // status.migrationState.targetNodeAddress
-	took   time.Duration // KubeVirt's start to end timestamps (0: not known)
-	lines  int           // echo lines back in order after it
-	gap    time.Duration // the client's longest pause during it
+	target   string        // status.migrationState.targetNodeAddress
+	took     time.Duration // KubeVirt's start to end timestamps (0: not known)
+	lines    int           // echo lines back in order after it
+	gap      time.Duration // the client's longest pause during it
+	pingSeq  int           // the last ping reply's seq after it
+	blackout blackout
 }
 
 // migrateWithEcho live-migrates v to node (migrate), checks that its VMI
 // is there, waits until the echo pod's lines, lines back before, go on
-// in order, and returns what the migration and the client saw.
-func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, node string, lines int) (migrationStep, error) {
+// in order, and returns what the migration, the client and the logs saw;
+// pingSeq is the last ping reply's seq before the migration.
+func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, node string, lines, pingSeq int) (migrationStep, error) {
+	since := time.Now()
 	st, err := s.migrate(ctx, v, name, node)
 	if err != nil {
 		return migrationStep{}, err
@@ -815,7 +826,7 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	// The migration's own status may lack the state a moment after it
 	// succeeded; the VMI's is the last migration's.
 	ms, _ := st["migrationState"].(map[string]any)
-	if ms["targetNodeAddress"] == nil || ms["endTimestamp"] == nil {
+	if ms["targetNodeAddress"] == nil || ms["endTimestamp"] == nil || ms["sourcePod"] == nil {
 		ms, _, _ = unstructured.NestedMap(vmi.Object, "status", "migrationState")
 	}
 	var step migrationStep
@@ -826,8 +837,65 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	if step.lines, err = s.waitEchoGrows(ctx, v.ns, "echo", lines); err != nil {
 		return step, err
 	}
-	step.gap, err = s.echoGap(ctx, v.ns, "echo", lines)
-	return step, err
+	if step.gap, err = s.echoGap(ctx, v.ns, "echo", lines); err != nil {
+		return step, err
+	}
+	seqs, err := s.pingReplies(ctx, v.ns, "echo")
+	if err != nil {
+		return step, err
+	}
+	step.blackout.pingGap, step.pingSeq = longestPingGap(seqs, pingSeq)
+	sourcePod, _ := ms["sourcePod"].(string)
+	targetPod, _ := ms["targetPod"].(string)
+	if sourcePod == "" || targetPod == "" {
+		return step, fmt.Errorf("VMI %s: migration state names no source or target pod: %v", v, ms)
+	}
+	mac, err := s.podMAC(ctx, v.ns, targetPod, primaryInterface)
+	if err != nil {
+		return step, err
+	}
+	bo, err := s.migrationBlackout(ctx, v.ns, sourcePod, targetPod, node, mac, since)
+	if err != nil {
+		return step, err
+	}
+	bo.pingGap = step.blackout.pingGap
+	step.blackout = bo
+	return step, nil
+}
+
+// pingReplies returns the seqs of the replies the echo pod's ping got so
+// far.
+func (s *vmScenarios) pingReplies(ctx context.Context, ns, name string) ([]int, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, ns, name, "cat", "/tmp/ping.out")
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%s's /tmp/ping.out: %v: %s", ns, name, err, strings.TrimSpace(errOut))
+	}
+	seqs := pingSeqs(out)
+	if len(seqs) == 0 {
+		return nil, fmt.Errorf("%s/%s's ping got no reply: %s", ns, name, lastLines(out, 3))
+	}
+	return seqs, nil
+}
+
+// podMAC returns the MAC of pod ns/name's iface from its network-status.
+func (s *vmScenarios) podMAC(ctx context.Context, ns, name, iface string) (string, error) {
+	pod, err := s.t.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	p := &scenarioPod{ns: ns, name: name, pod: pod}
+	st, err := p.networkStatus()
+	if err != nil {
+		return "", err
+	}
+	for _, e := range st {
+		if e.Interface == iface && e.MAC != "" {
+			return e.MAC, nil
+		}
+	}
+	return "", fmt.Errorf("pod %s: no MAC of %s in its network-status", p, iface)
 }
 
 // migration: two live migrations between the VM's node and the other
@@ -846,7 +914,7 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 	if v.node == s.nodes[0] || other == "" {
 		return "", fmt.Errorf("VM %s on %s: want it on %s or %s, away from the client's %s", v, v.node, s.nodes[1], s.nodes[2], s.nodes[0])
 	}
-	n, err := s.startEcho(ctx, nsVM, s.nodes[0], v.ip)
+	n, seq, err := s.startEcho(ctx, nsVM, s.nodes[0], v.ip)
 	if err != nil {
 		return "", err
 	}
@@ -862,11 +930,11 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 				return strings.Join(steps, "; "), err
 			}
 		}
-		st, err := s.migrateWithEcho(ctx, v, name, to, n)
+		st, err := s.migrateWithEcho(ctx, v, name, to, n, seq)
 		if err != nil {
 			return strings.Join(steps, "; "), fmt.Errorf("migration %s (%s -> %s): %w", name, from, to, err)
 		}
-		n = st.lines
+		n, seq = st.lines, st.pingSeq
 		target, err := netip.ParseAddr(st.target)
 		if overNet && (err != nil || !MigrationSubnet.Contains(target)) {
 			return strings.Join(steps, "; "), fmt.Errorf("migration %s: targetNodeAddress %q, want one in the migration network %s", name, st.target, MigrationSubnet)
@@ -875,7 +943,8 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if err == nil && MigrationSubnet.Contains(target) {
 			over = "migration network " + MigrationNetworkNAD
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s", name, from, to, over, st.target, st.took, n, st.gap))
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s",
+			name, from, to, over, st.target, st.took, n, st.gap, st.blackout))
 		from = to
 		v.node = to
 	}
