@@ -104,6 +104,9 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 		var gap, took, pause, ping time.Duration
 		switchOver := time.Duration(math.MinInt64)
 		for i, st := range steps {
+			if st.blackoutErr != nil {
+				b.Fatalf("migration %d: %v", i+1, st.blackoutErr)
+			}
 			p, okP := st.blackout.guestPause()
 			sw, okS := st.blackout.switchOver()
 			if !okP || !okS {

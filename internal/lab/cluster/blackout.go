@@ -184,21 +184,21 @@ func (b blackout) switchOver() (time.Duration, bool) {
 func (b blackout) String() string {
 	var parts []string
 	if d, ok := b.guestPause(); ok {
-		parts = append(parts, "guest paused "+ms(d)+" (libvirt: source suspended to target resumed)")
+		parts = append(parts, "guest paused "+millis(d)+" (libvirt: source suspended to target resumed)")
 	} else {
 		parts = append(parts, "guest pause not in virt-launcher's logs")
 	}
 	if d, ok := b.switchOver(); ok {
-		parts = append(parts, "kvnet opened the target port "+ms(d)+" after the resume")
+		parts = append(parts, "kvnet opened the target port "+millis(d)+" after the resume")
 	} else {
 		parts = append(parts, "no port activation in kvnet-node's log")
 	}
-	parts = append(parts, "longest ping gap "+ms(b.pingGap))
+	parts = append(parts, "longest ping gap "+millis(b.pingGap))
 	return strings.Join(parts, ", ")
 }
 
-// ms formats d in milliseconds.
-func ms(d time.Duration) string {
+// millis formats d in milliseconds.
+func millis(d time.Duration) string {
 	return fmt.Sprintf("%.0f ms", float64(d.Microseconds())/1000)
 }
 

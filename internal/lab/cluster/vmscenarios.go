@@ -803,6 +803,8 @@ type migrationStep struct {
 	gap      time.Duration // the client's longest pause during it
 	pingSeq  int           // the last ping reply's seq after it
 	blackout blackout
+	// blackoutErr says why the logs' part of blackout is missing.
+	blackoutErr error
 }
 
 // migrateWithEcho live-migrates v to node (migrate), checks that its VMI
@@ -844,23 +846,37 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	if err != nil {
 		return step, err
 	}
-	step.blackout.pingGap, step.pingSeq = longestPingGap(seqs, pingSeq)
+	pingGap, last := longestPingGap(seqs, pingSeq)
+	step.pingSeq = last
+	// What the logs tell is a measurement: a log that cannot be read
+	// is reported (the benchmark requires it), not the migration's
+	// failure.
+	step.blackout, step.blackoutErr = s.logBlackout(ctx, v, ms, node, since)
+	step.blackout.pingGap = pingGap
+	return step, nil
+}
+
+// logBlackout reads the blackout of v's migration, whose state is ms,
+// to node from the logs (migrationBlackout).
+func (s *vmScenarios) logBlackout(ctx context.Context, v *runningVM, ms map[string]any, node string, since time.Time) (blackout, error) {
 	sourcePod, _ := ms["sourcePod"].(string)
 	targetPod, _ := ms["targetPod"].(string)
 	if sourcePod == "" || targetPod == "" {
-		return step, fmt.Errorf("VMI %s: migration state names no source or target pod: %v", v, ms)
+		return blackout{}, fmt.Errorf("VMI %s: migration state names no source or target pod: %v", v, ms)
 	}
 	mac, err := s.podMAC(ctx, v.ns, targetPod, primaryInterface)
 	if err != nil {
-		return step, err
+		return blackout{}, err
 	}
-	bo, err := s.migrationBlackout(ctx, v.ns, sourcePod, targetPod, node, mac, since)
-	if err != nil {
-		return step, err
+	return s.migrationBlackout(ctx, v.ns, sourcePod, targetPod, node, mac, since)
+}
+
+// blackoutString is the step's blackout, or why the logs did not tell.
+func (st migrationStep) blackoutString() string {
+	if st.blackoutErr != nil {
+		return fmt.Sprintf("longest ping gap %s; the logs not read: %v", millis(st.blackout.pingGap), st.blackoutErr)
 	}
-	bo.pingGap = step.blackout.pingGap
-	step.blackout = bo
-	return step, nil
+	return st.blackout.String()
 }
 
 // pingReplies returns the seqs of the replies the echo pod's ping got so
@@ -944,7 +960,7 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 			over = "migration network " + MigrationNetworkNAD
 		}
 		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s",
-			name, from, to, over, st.target, st.took, n, st.gap, st.blackout))
+			name, from, to, over, st.target, st.took, n, st.gap, st.blackoutString()))
 		from = to
 		v.node = to
 	}
