@@ -22,11 +22,11 @@ import (
 // of the VMI its migrationState names the target pod; after podGone reads
 // of the pod, the pod is gone.
 type scriptedReader struct {
-	mu              sync.Mutex
-	vmiReads        int
-	podReads        int
-	names, podGone  int // 0: never
-	target, podName string
+	mu             sync.Mutex
+	vmiReads       int
+	podReads       int
+	names, podGone int // 0: never
+	target         string
 }
 
 func (r *scriptedReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
