@@ -99,27 +99,36 @@ func BenchmarkClusterVMCreateToLease(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// The blackout taken apart (blackout.go): every part must have
-		// been measured.
+		// The blackout taken apart (blackout.go): the guest's pause must
+		// be in virt-launcher's logs. kvnet-node opens the target port at
+		// the guest's first frame only if it saw the migration before
+		// the guest resumed there; otherwise the API's switch did it
+		// (counted, not a failure: a slow node agent is a fact to report).
 		var gap, took, pause, ping time.Duration
 		switchOver := time.Duration(math.MinInt64)
+		byFrame := 0
 		for i, st := range steps {
 			if st.blackoutErr != nil {
 				b.Fatalf("migration %d: %v", i+1, st.blackoutErr)
 			}
-			p, okP := st.blackout.guestPause()
-			sw, okS := st.blackout.switchOver()
-			if !okP || !okS {
-				b.Fatalf("migration %d: blackout not taken apart: %s", i+1, st.blackout)
+			p, ok := st.blackout.guestPause()
+			if !ok {
+				b.Fatalf("migration %d: no guest pause in virt-launcher's logs: %s", i+1, st.blackout)
+			}
+			if sw, ok := st.blackout.switchOver(); ok {
+				switchOver = max(switchOver, sw)
+				byFrame++
 			}
 			b.Logf("migration %d: longest TCP pause %s, migration %s; %s", i+1, st.gap, st.took, st.blackout)
 			gap, took, pause, ping = max(gap, st.gap), max(took, st.took), max(pause, p), max(ping, st.blackout.pingGap)
-			switchOver = max(switchOver, sw)
 		}
 		b.ReportMetric(float64(gap.Milliseconds()), "blackout-max-ms")
 		b.ReportMetric(took.Seconds(), "migration-max-s")
 		b.ReportMetric(float64(pause.Milliseconds()), "guest-pause-max-ms")
-		b.ReportMetric(float64(switchOver.Milliseconds()), "switch-after-resume-max-ms")
+		b.ReportMetric(float64(byFrame), "switches-at-first-frame")
+		if byFrame > 0 {
+			b.ReportMetric(float64(switchOver.Milliseconds()), "switch-after-resume-max-ms")
+		}
 		b.ReportMetric(float64(ping.Milliseconds()), "ping-gap-max-ms")
 		lp50, lp99 := percentile(leases, 50), percentile(leases, 99)
 		ip50, pp50, pp99 := percentile(ips, 50), percentile(pods, 50), percentile(pods, 99)
