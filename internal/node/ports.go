@@ -32,6 +32,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 	if dn.HasRouter() && (serverIP.IsValid() || len(prefixes6) > 0) {
 		leases = map[string]dhcp.Lease{}
 	}
+	standby := false              // a port of n here waits for its guest
 	localMAC := map[string]bool{} // MACs with a port on this node
 	for _, h := range hs {
 		if h.node == p.in.Node && (h.active || h.migrating) && h.mac != nil {
@@ -65,6 +66,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 				}
 			}
 			p.plan.State.Ports = append(p.plan.State.Ports, port)
+			standby = standby || port.Standby
 			if leases != nil && h.active {
 				if l, ok := lease(h, serverIP, n.conf.MTU, p.dnsServers, p.in); ok {
 					leases[h.mac.String()] = l
@@ -72,7 +74,9 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			}
 		}
 	}
-	p.neighbours(n, dn, hs)
+	if standby {
+		p.neighbours(n, dn, hs)
+	}
 	if leases != nil {
 		p.plan.DHCP = append(p.plan.DHCP, DHCPNetwork{Network: name, ID: n.id, ServerIP: serverIP, Leases: leases,
 			Prefixes6: prefixes6, DefaultRouter: dn.Primary, MTU: cmp.Or(n.conf.MTU, p.in.MTU)})
@@ -115,19 +119,10 @@ func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in In
 	return l, l.IP.IsValid() || l.IP6.IsValid()
 }
 
-// neighbours records, for network n when one of its ports on this node
-// is on Standby, the IPv4 addresses of its live holders and of its
+// neighbours records, for network n (one of whose ports on this node is
+// on Standby), the IPv4 addresses of its live holders and of its
 // gateways with their MACs (Plan.Neighbours).
 func (p *planner) neighbours(n *network, dn datapath.Network, hs []*holder) {
-	standby := false
-	for _, port := range p.plan.State.Ports {
-		if port.Network == n.conf.Name && port.Standby {
-			standby = true
-		}
-	}
-	if !standby {
-		return
-	}
 	m := map[netip.Addr]net.HardwareAddr{}
 	for _, h := range hs {
 		if !h.active || h.mac == nil {

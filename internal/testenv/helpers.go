@@ -183,3 +183,13 @@ func run(m *testing.M, opts Options, setup func(*Env) (cleanup func(), err error
 	defer cleanup()
 	return m.Run()
 }
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	port, err := freePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return port
+}

@@ -40,10 +40,10 @@ func TestWithoutKubeVirt(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := manager.DefaultWebhookOptions()
-	w.Host, w.Port, w.IPs = "127.0.0.1", freePort(t), []net.IP{net.IPv4(127, 0, 0, 1)}
+	w.Host, w.Port, w.IPs = "127.0.0.1", testenv.FreePort(t), []net.IP{net.IPv4(127, 0, 0, 1)}
 	opts := manager.DefaultOptions()
 	opts.Webhook, opts.SkipNameValidation, opts.MetricsAddr, opts.LeaderElection = &w, true, "0", false
-	opts.ProbeAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	opts.ProbeAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	mgr, err := manager.New(env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -97,17 +97,6 @@ func TestWithoutKubeVirt(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("kvnet-controller went on without its VM controllers after KubeVirt's CRDs appeared")
 	}
-}
-
-// freePort returns a TCP port free on 127.0.0.1 now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // httpOK returns nil when GET url answers 200.

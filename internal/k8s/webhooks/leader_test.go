@@ -44,7 +44,7 @@ func TestMACPoolLeaderOnly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
+		probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 		opts.ProbeAddr = probe
 		opts.LeaderElection = true
 		opts.LeaderElectionNamespace = "kvnet-system"
@@ -117,16 +117,6 @@ func TestMACPoolLeaderOnly(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is already used by VM mac-ha/first-") {
 		t.Fatalf("explicit MAC %s of the old leader's VM: err = %v", first, err)
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func httpStatus(t *testing.T, url string) int {

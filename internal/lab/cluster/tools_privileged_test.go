@@ -23,17 +23,6 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startTool starts binDir/name with args, logging into the test's
 // directory, and stops it when the test ends.
 func startTool(t *testing.T, binDir, name string, args ...string) {
@@ -115,7 +104,7 @@ func TestClusterToolsCoreDNS(t *testing.T) {
 		}
 	}
 
-	hostsPort, fwdPort := freePort(t), freePort(t)
+	hostsPort, fwdPort := testenv.FreePort(t), testenv.FreePort(t)
 	corefile := fmt.Sprintf(`.:%d {
     errors
     hosts {
@@ -162,7 +151,7 @@ func TestClusterToolsRegistry(t *testing.T) {
 	binDir := buildTools(t)
 
 	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	conf := fmt.Sprintf("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "storage"), addr)
 	path := filepath.Join(dir, "registry.yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil { //nolint:gosec // a config file
