@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Builds what the real-cluster lab (kvnet-lab cluster, docs/cluster.md)
 # runs beside the lab's control plane, from Go modules only:
-#   kubelet, kube-scheduler, kube-proxy   hack/tools/k8s-node (k8s.io/kubernetes,
-#                                         the version hack/tools/k8s pins)
-#   registry                              hack/tools/registry (distribution v3,
-#                                         filesystem storage only: its main.go)
+#   hack/tools/cluster (one module, so that they share one version of every
+#   module, and the Go build cache one compile of each package, with the
+#   control plane of hack/tools/k8s):
+#     kubelet, kube-scheduler, kube-proxy   k8s.io/kubernetes (the version
+#                                           hack/tools/k8s pins)
+#     registry                              ./registry (distribution v3,
+#                                           filesystem storage only)
+#     coredns                               ./coredns (github.com/coredns/coredns,
+#                                           the lab's plugins only)
+#     flanneld                              github.com/flannel-io/flannel
+#     multus-daemon, multus-shim, multus,   gopkg.in/k8snetworkplumbingwg/multus-cni.v4
+#     install_multus, passthru,
+#     thin_entrypoint
 #   bridge, host-local, loopback, ptp,    the CNI plugins of kvnet's go.mod
 #   macvlan (KubeVirt's migration network)
-#   coredns                               hack/tools/coredns (github.com/coredns/coredns,
-#                                         the lab's plugins only: its main.go)
-#   flanneld                              hack/tools/flannel (github.com/flannel-io/flannel)
 #   flannel, portmap (CNI)                hack/tools/flannel-cni (containernetworking/plugins v0.9.1)
-#   multus-daemon, multus-shim, multus,   hack/tools/multus
-#   install_multus, passthru,             (gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
-#   thin_entrypoint
 # containerd and runc are Debian's (hack/install-deps.sh --cluster).
 #
 # Builds are cached OUTSIDE the clone, keyed by version, so that fresh
@@ -46,35 +49,27 @@ cpu_s() {
 
 # pin MODDIR MODULE: the version MODDIR's go.mod requires of MODULE.
 pin() { awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == "require" ? $3 : $2); exit }' "$1/go.mod"; }
-stamp_of() { cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-16; }
 
-k8s_node=$root/hack/tools/k8s-node
-k8s_version=$(pin "$k8s_node" k8s.io/kubernetes)
+cluster_mod=$root/hack/tools/cluster
+k8s_version=$(pin "$cluster_mod" k8s.io/kubernetes)
 cp_version=$(pin "$root/hack/tools/k8s" k8s.io/kubernetes)
 if [ "$k8s_version" != "$cp_version" ]; then
-  log "hack/tools/k8s-node pins k8s.io/kubernetes $k8s_version but the control plane (hack/tools/k8s) $cp_version: pin the same version in both"
+  log "hack/tools/cluster pins k8s.io/kubernetes $k8s_version but the control plane (hack/tools/k8s) $cp_version: pin the same version in both"
   exit 1
 fi
-registry_mod=$root/hack/tools/registry
-registry_version=$(pin "$registry_mod" github.com/distribution/distribution/v3)
+registry_version=$(pin "$cluster_mod" github.com/distribution/distribution/v3)
+coredns_version=$(pin "$cluster_mod" github.com/coredns/coredns)
+flannel_version=$(pin "$cluster_mod" github.com/flannel-io/flannel)
+multus_version=$(pin "$cluster_mod" gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 cni_version=$(pin "$root" github.com/containernetworking/plugins)
-coredns_mod=$root/hack/tools/coredns
-coredns_version=$(pin "$coredns_mod" github.com/coredns/coredns)
-flannel_mod=$root/hack/tools/flannel
-flannel_version=$(pin "$flannel_mod" github.com/flannel-io/flannel)
 flannel_cni_mod=$root/hack/tools/flannel-cni
 flannel_cni_version=$(pin "$flannel_cni_mod" github.com/containernetworking/plugins)
-multus_mod=$root/hack/tools/multus
-multus_version=$(pin "$multus_mod" gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 
-# build GROUP VERSION MODDIR STAMP LDFLAGS PACKAGES...: go build PACKAGES in
-# MODDIR into the group's cache directory unless it is there already.
-# RENAME=FROM:TO in its environment renames binary FROM to TO; CGO=1 builds
-# with cgo (LDFLAGS then link statically, so that the binary runs in an
-# image without a C library).
+# build GROUP VERSION STAMP STEPS [ARGS...]: unless the group's cache
+# directory is there already, runs STEPS OUT ARGS... to fill a new one (OUT)
+# and logs the wall and CPU time it took.
 build() {
-  local group=$1 version=$2 dir=$3 stamp=$4 ldflags=$5; shift 5
-  stamp=$(echo "$stamp $ldflags" | sha256sum | cut -c1-16)
+  local group=$1 version=$2 stamp=$3; shift 3
   local out="$cache/build/$group-$version-$stamp"
   if [ -f "$out/.done" ]; then
     log "$group $version up to date ($out)"
@@ -85,9 +80,7 @@ build() {
     cpu0=$cpu
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
-    (cd "$dir" && CGO_ENABLED=${CGO:-0} go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "$@")
-    # RENAME=FROM:TO renames a binary whose package name clashes with another's.
-    if [ -n "${RENAME:-}" ]; then mv "$out.tmp/${RENAME%%:*}" "$out.tmp/${RENAME#*:}"; fi
+    "$1" "$out.tmp" "${@:2}"
     touch "$out.tmp/.done"
     rm -rf "$out"
     mv "$out.tmp" "$out"
@@ -95,6 +88,21 @@ build() {
     log "built $group in $((SECONDS - start))s wall, $((cpu - cpu0))s CPU (user+sys)"
   fi
   dirs+=("$out")
+}
+
+# go_build OUT MODDIR LDFLAGS PACKAGES...: go build PACKAGES in MODDIR into
+# OUT, logging the step's wall and CPU time. CGO=1 in its environment
+# builds with cgo; RENAME=FROM:TO renames binary FROM to TO (a package name
+# that clashes with another's, or is not the command's name).
+go_build() {
+  local out=$1 dir=$2 ldflags=$3; shift 3
+  local start=$SECONDS cpu0
+  cpu_s
+  cpu0=$cpu
+  (cd "$dir" && CGO_ENABLED=${CGO:-0} go build -trimpath -ldflags="$ldflags" -o "$out/" "$@")
+  if [ -n "${RENAME:-}" ]; then mv "$out/${RENAME%%:*}" "$out/${RENAME#*:}"; fi
+  cpu_s
+  log "  $(basename "${@: -1}"): $((SECONDS - start))s wall, $((cpu - cpu0))s CPU"
 }
 
 # The Kubernetes binaries report their version (kubectl get nodes shows
@@ -105,22 +113,46 @@ k8s_ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
+# Binaries that run in an image without a C library are linked statically.
+static="-linkmode external -extldflags -static"
+# flanneld and Multus report their versions from these variables
+# (flanneld --version, multus-daemon -version).
+multus_pkg=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
+flannel_ldflags="-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_version $static"
+multus_ldflags="-s -w -X $multus_pkg.version=$multus_version -X $multus_pkg.gitTreeState=clean $static"
+
+# cluster_steps OUT: every command of hack/tools/cluster, with cgo, as
+# hack/build-tools.sh builds the control plane (Go's default where a C
+# compiler is: it sets none). cgo changes the build of package net, and
+# with it the cache key of every package that imports it, so one setting
+# for all is what lets the Go build cache compile each shared package once
+# (flanneld needs cgo anyway: its udp backend). The kubelet, kube-proxy,
+# kube-scheduler and the registry run on the host and link its C library;
+# the others run in images and are linked statically.
+cluster_steps() {
+  local out=$1
+  CGO=1 go_build "$out" "$cluster_mod" "$k8s_ldflags" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
+  CGO=1 go_build "$out" "$cluster_mod" "-s -w" ./registry
+  CGO=1 go_build "$out" "$cluster_mod" "-s -w $static" ./coredns
+  CGO=1 RENAME=flannel:flanneld go_build "$out" "$cluster_mod" "$flannel_ldflags" github.com/flannel-io/flannel
+  CGO=1 RENAME=passthru-cni:passthru go_build "$out" "$cluster_mod" "$multus_ldflags" \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/install_multus \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/thin_entrypoint
+}
+
+# plain_steps OUT MODDIR PACKAGES...: go build PACKAGES in MODDIR, no cgo.
+plain_steps() { go_build "$1" "$2" "-s -w" "${@:3}"; }
 
 dirs=()
-# The node binaries are built with the cgo setting hack/build-tools.sh
-# builds the control plane with (go's default: it sets none), so that the
-# two builds share every compiled k8s.io package of the version both pin
-# in the Go build cache: cgo changes package net's build, and with it the
-# cache key of everything that imports it. The kubelet, kube-proxy and
-# kube-scheduler run on the host (in the nodes' namespaces), never in an
-# image, so a binary linked against the host's C library runs.
-CGO=$(go env CGO_ENABLED) build k8s-node "$k8s_version" "$k8s_node" "$(stamp_of "$k8s_node")" "$k8s_ldflags" \
-  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
-# registry and coredns are main packages of the repo's own (main.go) that
-# link only what the lab uses: main.go is part of their stamps.
-registry_stamp=$(cat "$registry_mod/go.mod" "$registry_mod/go.sum" "$registry_mod/main.go" | sha256sum | cut -c1-16)
-build registry "$registry_version" "$registry_mod" "$registry_stamp" "-s -w" \
-  kvnet.io/kvnet/hack/tools/registry
+# The stamp covers the module, the repo's own sources in it and the
+# recipe (this script's link flags).
+cluster_stamp=$( (cd "$cluster_mod" && cat go.mod go.sum tools.go coredns/main.go registry/main.go tencentvpc/go.mod tencentvpc/*/*.go; echo "$k8s_ldflags $static $flannel_ldflags $multus_ldflags") | sha256sum | cut -c1-16)
+build cluster "$k8s_version" "$cluster_stamp" cluster_steps
 # The CNI plugins come from kvnet's own module: its go.sum pins them. The
 # stamp names the plugins too, so adding one builds the group anew.
 cni_pkgs=(
@@ -130,32 +162,10 @@ cni_pkgs=(
   github.com/containernetworking/plugins/plugins/main/ptp
   github.com/containernetworking/plugins/plugins/main/macvlan
 )
-build cni-plugins "$cni_version" "$root" "$( (grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum"; echo "${cni_pkgs[*]}") | sha256sum | cut -c1-16)" "-s -w" \
-  "${cni_pkgs[@]}"
-coredns_stamp=$(cat "$coredns_mod/go.mod" "$coredns_mod/go.sum" "$coredns_mod/main.go" | sha256sum | cut -c1-16)
-build coredns "$coredns_version" "$coredns_mod" "$coredns_stamp" "-s -w" \
-  kvnet.io/kvnet/hack/tools/coredns
-# flanneld reports its version from this variable; the stand-in module
-# it builds with (hack/tools/flannel/tencentvpc) is part of the stamp. Its
-# udp backend is cgo (as upstream, linked statically).
-flannel_stamp=$(cat "$flannel_mod/go.mod" "$flannel_mod/go.sum" "$flannel_mod"/tencentvpc/go.mod "$flannel_mod"/tencentvpc/*/*.go | sha256sum | cut -c1-16)
-CGO=1 RENAME=flannel:flanneld build flannel "$flannel_version" "$flannel_mod" "$flannel_stamp" \
-  "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_version -linkmode external -extldflags -static" \
-  github.com/flannel-io/flannel
-build flannel-cni "$flannel_cni_version" "$flannel_cni_mod" "$(stamp_of "$flannel_cni_mod")" "-s -w" \
-  github.com/containernetworking/plugins/plugins/meta/flannel github.com/containernetworking/plugins/plugins/meta/portmap
-# Multus reports its version from these variables (multus-daemon -version).
-# tools.go lists the commands: it is part of the stamp.
-multus_pkg=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
-multus_stamp=$(cat "$multus_mod/go.mod" "$multus_mod/go.sum" "$multus_mod/tools.go" | sha256sum | cut -c1-16)
-RENAME=passthru-cni:passthru build multus "$multus_version" "$multus_mod" "$multus_stamp" \
-  "-s -w -X $multus_pkg.version=$multus_version -X $multus_pkg.gitTreeState=clean" \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/install_multus \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni \
-  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/thin_entrypoint
+build cni-plugins "$cni_version" "$( (grep "^github.com/containernetworking/plugins $cni_version " "$root/go.sum"; echo "${cni_pkgs[*]} -s -w") | sha256sum | cut -c1-16)" \
+  plain_steps "$root" "${cni_pkgs[@]}"
+build flannel-cni "$flannel_cni_version" "$( (cat "$flannel_cni_mod/go.mod" "$flannel_cni_mod/go.sum"; echo "-s -w") | sha256sum | cut -c1-16)" \
+  plain_steps "$flannel_cni_mod" github.com/containernetworking/plugins/plugins/meta/flannel github.com/containernetworking/plugins/plugins/meta/portmap
 
 # busybox for the workload image: Debian's busybox-static, the candidate
 # version, downloaded (not installed: it conflicts with package busybox)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
@@ -70,8 +69,7 @@ func NewFixture(o FixtureOptions) (_ *Fixture, err error) {
 	f.APIAddr = u.Host
 	f.BinDir = filepath.Join(f.Dir, "bin")
 	for name, pkg := range o.Build {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(f.BinDir, name), pkg)
-		cmd.Dir = env.Root
+		cmd := GoBuild(env.Root, "-o", filepath.Join(f.BinDir, name), pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -192,4 +193,18 @@ func FreePort(tb testing.TB) int {
 		tb.Fatal(err)
 	}
 	return port
+}
+
+// GoBuild returns the command that builds kvnet binaries for a test, run in
+// the repository at root: go build -trimpath ARGS with cgo off, the
+// settings make images compiles kvnet's images with (internal/images).
+// One setting for both lets the Go build cache compile kvnet's packages
+// once for the tests that run its binaries and for the real-cluster test,
+// which builds the images (cgo and -trimpath change every package's cache
+// key). The binaries are static, which the host runs as well.
+func GoBuild(root string, args ...string) *exec.Cmd {
+	cmd := exec.Command("go", append([]string{"build", "-trimpath"}, args...)...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return cmd
 }

@@ -43,10 +43,9 @@ func buildKvnetIn(t testing.TB) (string, string, func(args ...string) string) {
 		t.Fatal(err)
 	}
 	binDir := t.TempDir()
-	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-lab", "./cmd/kvnet-node", "./cmd/kvnet-cni",
+	build := testenv.GoBuild(root, "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-lab", "./cmd/kvnet-node", "./cmd/kvnet-cni",
 		"github.com/containernetworking/plugins/plugins/main/macvlan", "github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local")
-	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kvnet: %v\n%s", err, out)
 	}

@@ -1,9 +1,10 @@
 //go:build cluster
 
-// The real-cluster test builds kubelet, kube-scheduler, kube-proxy and the
-// registry on its first run (minutes on 2 cores; cached after, see
-// hack/build-cluster-tools.sh), so it is not part of make test yet: it
-// carries the build tag "cluster" and runs with make cluster-test.
+// The real-cluster test builds kubelet, kube-scheduler, kube-proxy, Multus,
+// Flannel, CoreDNS and the registry on its first run (minutes on 2 cores;
+// cached after, see hack/build-cluster-tools.sh). It carries the build tag
+// "cluster": make test (hack/test.sh) runs it as root after the rest of
+// the suite, alone; make cluster-test runs only it.
 
 package cluster
 

@@ -12,7 +12,7 @@ import (
 
 // The Flannel images, named as upstream's kube-flannel.yml names its two:
 //
-//   - kvnet-lab/flannel: flanneld at /opt/bin/flanneld (hack/tools/flannel),
+//   - kvnet-lab/flannel: flanneld at /opt/bin/flanneld (hack/tools/cluster),
 //     busybox's cp and sh, and Debian's iptables (nf_tables variant) with
 //     the libraries and extensions it loads, copied from the host's
 //     package: flanneld runs iptables even when it only cleans up.

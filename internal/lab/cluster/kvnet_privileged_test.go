@@ -34,8 +34,7 @@ func kvnetCLI(t testing.TB, c *Cluster) func(args ...string) (string, error) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "kvnet")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kvnet")
-	build.Dir = root
+	build := testenv.GoBuild(root, "-o", bin, "./cmd/kvnet")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/kvnet: %v\n%s", err, out)
 	}

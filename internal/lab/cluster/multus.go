@@ -32,7 +32,7 @@ const (
 var multusBinaries = []string{"multus-daemon", "multus-shim", "multus", "install_multus", "passthru"}
 
 // multusImage assembles kvnet-lab/multus from binDir: Multus's binaries
-// (hack/tools/multus) where upstream's image has them, entrypoint
+// (hack/tools/cluster) where upstream's image has them, entrypoint
 // multus-daemon as upstream's thick image. The daemon runs the delegate
 // CNI plugins chrooted into the node's root (chrootDir in its
 // configuration), so the image needs nothing else but /etc/passwd,

@@ -2,7 +2,7 @@
 
 // The checks of what hack/build-cluster-tools.sh builds that need no
 // cluster: CoreDNS and the registry are main packages of the repo's own
-// (hack/tools/coredns, hack/tools/registry) that link only what the lab
+// (hack/tools/cluster/coredns, hack/tools/cluster/registry) that link only what the lab
 // uses, so these tests pin down that it is enough.
 
 package cluster
@@ -100,7 +100,7 @@ func TestClusterToolsCoreDNS(t *testing.T) {
 	}
 	for _, d := range corefileDirectives(t) {
 		if !linked[d] {
-			t.Errorf("manifests/coredns.yaml's Corefile uses plugin %q, which hack/tools/coredns/main.go does not link; coredns -plugins:\n%s", d, out)
+			t.Errorf("manifests/coredns.yaml's Corefile uses plugin %q, which hack/tools/cluster/coredns/main.go does not link; coredns -plugins:\n%s", d, out)
 		}
 	}
 

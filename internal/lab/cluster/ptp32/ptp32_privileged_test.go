@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,12 +36,10 @@ func TestPTP32Layout(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/",
+	build := testenv.GoBuild(root, "-o", bin+"/",
 		"github.com/containernetworking/plugins/plugins/main/ptp",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
 		"./internal/lab/cluster/ptp32")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ptp, host-local, ptp32: %v\n%s", err, out)
 	}
