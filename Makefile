@@ -54,12 +54,13 @@ chaos: deps tools build ## Chaos run: 10,000 operations while killing kvnet-cont
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
 	hack/lint.sh
 
-# The system packages and the guest image serve only the privileged tests:
-# as any other user make test runs the unit tests without them.
-PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image)
+# The system packages and the guest image serve only the privileged tests
+# (cluster-deps: the real-cluster e2e's containerd, runc, ...): as any other
+# user make test runs the unit tests without them.
+PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps)
 
 .PHONY: test
-test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab and QEMU tests)
+test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab, QEMU and real-cluster tests)
 	GO=$(GO) hack/test.sh -race -count=1 -timeout 40m
 
 .PHONY: bench
@@ -97,9 +98,9 @@ cluster-down: ## Stop the real cluster and remove everything it made
 cluster-demo: build ## Run the pod scenarios on the cluster of make cluster-up (installs kvnet first if needed); one PASS/FAIL line each
 	$(BIN)/kvnet-lab cluster demo --dir $(CLUSTER_DIR)
 
-# Not in make test yet: its first run builds kubelet & co. (minutes).
+# make test runs it too (as root, after the rest).
 .PHONY: cluster-test
-cluster-test: cluster-deps tools ## Run the real-cluster test (root; builds kubelet & co. on its first run, cached after)
+cluster-test: cluster-deps tools ## Run only the real-cluster test (root; builds kubelet & co. on its first run, cached after)
 	hack/build-cluster-tools.sh >/dev/null
 	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 30m -v -run TestCluster ./internal/lab/cluster/
 
