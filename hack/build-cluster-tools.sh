@@ -131,6 +131,7 @@ multus_ldflags="-s -w -X $multus_pkg.version=$multus_version -X $multus_pkg.gitT
 # the others run in images and are linked statically.
 cluster_steps() {
   local out=$1
+  log "  Kubernetes $k8s_version, registry $registry_version, CoreDNS $coredns_version, Flannel $flannel_version, Multus $multus_version"
   CGO=1 go_build "$out" "$cluster_mod" "$k8s_ldflags" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
   CGO=1 go_build "$out" "$cluster_mod" "-s -w" ./registry
