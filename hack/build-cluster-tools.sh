@@ -102,7 +102,10 @@ go_build() {
   (cd "$dir" && CGO_ENABLED=${CGO:-0} go build -trimpath -ldflags="$ldflags" -o "$out/" "$@")
   if [ -n "${RENAME:-}" ]; then mv "$out/${RENAME%%:*}" "$out/${RENAME#*:}"; fi
   cpu_s
-  log "  $(basename "${@: -1}"): $((SECONDS - start))s wall, $((cpu - cpu0))s CPU"
+  local what
+  what=$(basename "$1")
+  if [ $# -gt 1 ]; then what+=" and $(($# - 1)) more"; fi
+  log "  $what: $((SECONDS - start))s wall, $((cpu - cpu0))s CPU"
 }
 
 # The Kubernetes binaries report their version (kubectl get nodes shows
