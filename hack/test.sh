@@ -15,6 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
+cluster_e2e=(-tags cluster -run '^TestCluster' ./internal/lab/cluster/)
 
 if [ "$(id -u)" = 0 ]; then
 	# The cluster's binaries build in the background at the lowest CPU
@@ -39,12 +40,12 @@ if [ "$(id -u)" = 0 ]; then
 		cat "$prebuild_log"
 	fi
 	rm -f "$prebuild_log"
-	"$GO" test "$@" -tags cluster -run '^TestCluster' ./internal/lab/cluster/ || rc=1
+	"$GO" test "$@" "${cluster_e2e[@]}" || rc=1
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
 	pkgs=$(grep -rlE --include='*_test.go' --exclude-dir=.cache 'NeedsRoot\(|NeedsFixture\(|needRoot\(|requirePrivileged\(' . | xargs -n1 dirname | sort -u | sed 's#^\./##' | tr '\n' ' ')
 	echo "kvnet: privileged tests NOT RUN (need root; CI runs them as root) in: ${pkgs% }"
-	echo "kvnet: the real-cluster e2e NOT RUN (needs root; CI runs it as root): go test -tags cluster -run '^TestCluster' ./internal/lab/cluster/"
+	echo "kvnet: the real-cluster e2e NOT RUN (needs root; CI runs it as root): go test ${cluster_e2e[*]}"
 fi
 exit $rc

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -32,6 +31,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"kvnet.io/kvnet/internal/repo"
 )
 
 // BinDir is where the binaries live inside every image.
@@ -195,10 +196,8 @@ func compile(ctx context.Context, o Options, p Platform, dir string) error {
 			pkgs = append(pkgs, "./cmd/"+b)
 		}
 	}
-	args := append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", dir + "/"}, pkgs...)
-	cmd := exec.CommandContext(ctx, o.Go, args...)
-	cmd.Dir = o.Repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Arch)
+	cmd := repo.GoBuild(ctx, o.Go, o.Repo, append([]string{"-ldflags=-s -w", "-o", dir + "/"}, pkgs...)...)
+	cmd.Env = append(cmd.Env, "GOOS="+p.OS, "GOARCH="+p.Arch)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	fmt.Fprintf(o.Log, "building %s for %s\n", strings.Join(pkgs, " "), p)

@@ -2,8 +2,10 @@
 package repo
 
 import (
+	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -25,4 +27,16 @@ func Root() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// GoBuild returns the command that compiles kvnet's binaries in the
+// repository at root: goBin build -trimpath ARGS with cgo off. The images
+// (internal/images), the lab's image binaries and the tests' binaries all
+// build this way: static, and, with one setting for all, compiled once in
+// the Go build cache (cgo and -trimpath change every package's cache key).
+func GoBuild(ctx context.Context, goBin, root string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, goBin, append([]string{"build", "-trimpath"}, args...)...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return cmd
 }

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/repo"
 )
 
 // Eventually calls f until it returns nil, failing the test with f's last
@@ -195,16 +196,9 @@ func FreePort(tb testing.TB) int {
 	return port
 }
 
-// GoBuild returns the command that builds kvnet binaries for a test, run in
-// the repository at root: go build -trimpath ARGS with cgo off, the
-// settings make images compiles kvnet's images with (internal/images).
-// One setting for both lets the Go build cache compile kvnet's packages
-// once for the tests that run its binaries and for the real-cluster test,
-// which builds the images (cgo and -trimpath change every package's cache
-// key). The binaries are static, which the host runs as well.
+// GoBuild returns the command that builds kvnet binaries for a test in
+// the repository at root: repo.GoBuild's settings, those of the images, so
+// that the real-cluster test's image build reuses the tests' compile.
 func GoBuild(root string, args ...string) *exec.Cmd {
-	cmd := exec.Command("go", append([]string{"build", "-trimpath"}, args...)...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	return cmd
+	return repo.GoBuild(context.Background(), "go", root, args...)
 }

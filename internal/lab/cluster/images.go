@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"time"
@@ -21,6 +20,7 @@ import (
 
 	"kvnet.io/kvnet/internal/images"
 	"kvnet.io/kvnet/internal/lab/ociimage"
+	"kvnet.io/kvnet/internal/repo"
 )
 
 // LabTag tags the lab's own images (pause, busybox) in the registry.
@@ -59,10 +59,8 @@ var busyboxApplets = []string{
 // busybox and coredns images (CoreDNS from hack/build-cluster-tools.sh).
 func buildLabImages(ctx context.Context, repoRoot, binDir, work string) ([]labImage, error) {
 	out := filepath.Join(work, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out+"/",
+	cmd := repo.GoBuild(ctx, "go", repoRoot, "-ldflags=-s -w", "-o", out+"/",
 		"./internal/lab/cluster/pause", "./internal/lab/cluster/httpget")
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
+
+	"kvnet.io/kvnet/internal/repo"
 )
 
 // NetworkPTP32 is the /32 default-network layout, as Calico lays pods
@@ -33,9 +34,7 @@ const ptp32Plugin = "ptp32"
 // returns its contents.
 func buildPTP32Plugin(ctx context.Context, repoRoot, work string) ([]byte, error) {
 	out := filepath.Join(work, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out+"/", "./internal/lab/cluster/ptp32")
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd := repo.GoBuild(ctx, "go", repoRoot, "-ldflags=-s -w", "-o", out+"/", "./internal/lab/cluster/ptp32")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
