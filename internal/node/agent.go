@@ -107,6 +107,7 @@ type Agent struct {
 	mu            sync.Mutex // guards the fields below
 	ready         bool
 	last          Plan
+	applied       Plan       // the last plan applied without error
 	status        cni.Status // last written to StatusFile
 	statusWritten bool
 }
@@ -215,6 +216,15 @@ func (a *Agent) LastPlan() Plan {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.last
+}
+
+// LastApplied returns the plan last applied without error (for tests): its
+// rules are programmed and the connections its policies no longer allow
+// are cut. A plan whose Apply failed is retried and not returned.
+func (a *Agent) LastApplied() Plan {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.applied
 }
 
 // MTU is the pod MTU of the node's datapath.
@@ -643,6 +653,9 @@ func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
 	a.mu.Lock()
 	prev, wasReady := a.last, a.ready
 	a.last = plan
+	if ok {
+		a.applied = plan
+	}
 	a.ready = a.ready || ok
 	a.mu.Unlock()
 	if ok && !wasReady {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -227,6 +228,31 @@ func echoConn(t *testing.T, nsPath, addr string) func() error {
 	}
 }
 
+// waitCut waits until the agents of nodes have applied, without error, a
+// plan in which no port of to admits from's connections to TCP port:
+// Apply programs the rules and then cuts the tracked connections they no
+// longer allow, so an open connection of from's must be gone once this
+// returns. (The reachability matrix can show the rules before the cut.)
+func waitCut(t *testing.T, l *lab, from *pod, port uint16, to ...*pod) {
+	t.Helper()
+	peer := netip.MustParseAddr(from.ip())
+	for _, p := range to {
+		hostIf := p.hostIf(t, l)
+		testenv.Eventually(t, waitTimeout, fmt.Sprintf("%s's ingress applied on %s without %s", p.name, p.node, from.name), func() error {
+			for _, pp := range l.agent(p.node).LastApplied().State.Policies {
+				if pp.Port != hostIf {
+					continue
+				}
+				if rule, ok := pp.Ingress.Allows(peer, 6, port); ok {
+					return fmt.Errorf("rule %q still admits it", rule)
+				}
+				return nil
+			}
+			return fmt.Errorf("no policy applied on port %s", hostIf)
+		})
+	}
+}
+
 func deletePolicies(t *testing.T, nps ...*networkingv1.NetworkPolicy) {
 	t.Helper()
 	for _, np := range nps {
@@ -380,6 +406,7 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.check(t, "x from z (updated)", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "z" })
+	waitCut(t, l, w.pod("y", "a").p, 82, w.pod("x", "a").p)
 	if err := roundTrip(); err == nil {
 		t.Error("y/a's established connection to x/a survived the update that no longer allows it")
 	}
