@@ -228,14 +228,13 @@ func echoConn(t *testing.T, nsPath, addr string) func() error {
 	}
 }
 
-// waitCut waits until the agents of nodes have applied, without error, a
-// plan in which no port of to admits from's connections to TCP port:
-// Apply programs the rules and then cuts the tracked connections they no
-// longer allow, so an open connection of from's must be gone once this
-// returns. (The reachability matrix can show the rules before the cut.)
-func waitCut(t *testing.T, l *lab, from *pod, port uint16, to ...*pod) {
+// waitRefused waits until the agents of to's nodes have applied, without
+// error, a plan in which no port of to admits from's connections to TCP
+// port: Apply programs the rules and then cuts the tracked connections
+// they no longer allow, so from is refused and an open connection of its
+// is gone once this returns. (Traffic can show the rules before the cut.)
+func waitRefused(t *testing.T, l *lab, from *pod, port uint16, to ...*pod) {
 	t.Helper()
-	peer := netip.MustParseAddr(from.ip())
 	for _, p := range to {
 		hostIf := p.hostIf(t, l)
 		testenv.Eventually(t, waitTimeout, fmt.Sprintf("%s's ingress applied on %s without %s", p.name, p.node, from.name), func() error {
@@ -243,8 +242,11 @@ func waitCut(t *testing.T, l *lab, from *pod, port uint16, to ...*pod) {
 				if pp.Port != hostIf {
 					continue
 				}
-				if rule, ok := pp.Ingress.Allows(peer, 6, port); ok {
-					return fmt.Errorf("rule %q still admits it", rule)
+				for _, a := range from.a.IPAddresses {
+					peer := netip.MustParsePrefix(a).Addr()
+					if rule, ok := pp.Ingress.Allows(peer, 6, port); ok {
+						return fmt.Errorf("rule %q still admits %s", rule, peer)
+					}
 				}
 				return nil
 			}
@@ -406,7 +408,7 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.check(t, "x from z (updated)", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "z" })
-	waitCut(t, l, w.pod("y", "a").p, 82, w.pod("x", "a").p)
+	waitRefused(t, l, w.pod("y", "a").p, 82, w.pod("x", "a").p)
 	if err := roundTrip(); err == nil {
 		t.Error("y/a's established connection to x/a survived the update that no longer allows it")
 	}

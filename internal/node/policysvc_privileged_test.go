@@ -120,7 +120,7 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, waitTimeout, "other admitted after the update", reachesBoth(other))
-	waitCut(t, l, far, 82, e1, e2)
+	waitRefused(t, l, far, 82, e1, e2)
 	if err := roundTrip(); err == nil {
 		t.Error("far's open connection through the cluster IP survived the update that no longer admits it")
 	}

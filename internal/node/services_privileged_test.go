@@ -96,6 +96,9 @@ func TestAgentServices(t *testing.T) {
 
 	other := tenant(t, "svc-b", "10.8.0.0/24", false)
 	b := l.runPod(other, "b1", "n1", nil)
+	// b1 is attached (it reaches its own gateway), so what it does not
+	// reach below is isolation, not a port still down.
+	mustReach(t, b, "10.8.0.1")
 	for range 3 {
 		for _, addr := range []string{vip, nodePort} {
 			if token, err := tokenAt(b, addr); err == nil {

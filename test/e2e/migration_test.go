@@ -31,6 +31,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/simkubelet"
 	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/lab/simvirt"
+	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -478,6 +479,13 @@ func TestLabMigrationNetwork(t *testing.T) {
 			var pod corev1.Pod
 			if err := c.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: simvirt.HandlerPodName(lab.NodeName(i))}, &pod); err != nil {
 				return err
+			}
+			// The handler pod from before the network was set stays
+			// Running until the kubelet has torn it down: wait for its
+			// replacement, the one that asks for migration-net.
+			if pod.DeletionTimestamp != nil || !strings.Contains(pod.Annotations[multus.NetworksAnnotation], `"migration-net"`) {
+				return fmt.Errorf("handler on %s: not yet replaced for the migration network (networks %q, deleting %v)",
+					pod.Spec.NodeName, pod.Annotations[multus.NetworksAnnotation], pod.DeletionTimestamp != nil)
 			}
 			if pod.Status.Phase != corev1.PodRunning {
 				return fmt.Errorf("handler on %s: phase %q", pod.Spec.NodeName, pod.Status.Phase)
