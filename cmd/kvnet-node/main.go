@@ -40,6 +40,8 @@ func main() {
 		"namespace/name of the cluster DNS Service: pods on primary user-defined networks reach it, and DHCP hands its cluster IP to VMs there")
 	serviceCIDRs := flag.String("service-cidrs", "", "comma-separated Service ranges of the cluster beyond its ServiceCIDR objects (needed before Kubernetes 1.33): "+
 		"pods on primary user-defined networks reach no Service there but their own, the cluster DNS and the API server")
+	defaultNetworkCIDRs := flag.String("default-network-cidrs", "", "comma-separated pod ranges of the cluster default network beyond the Nodes' spec.podCIDRs "+
+		"(where its IPAM has pools of its own, as Calico's): pods on primary user-defined networks reach no pod there")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", node.DefaultClusterDomain, "the cluster's DNS domain, for the search list DHCP hands to VMs")
 	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
 		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
@@ -70,7 +72,8 @@ func main() {
 		<-ctrl.SetupSignalHandler().Done()
 		return
 	}
-	if err := configure(&cfg, *underlayIP, *dns, *clusterDNS, *serviceCIDRs); err != nil {
+	if err := configure(&cfg, flagValues{underlayIP: *underlayIP, dns: *dns, clusterDNS: *clusterDNS,
+		serviceCIDRs: *serviceCIDRs, defaultNetworkCIDRs: *defaultNetworkCIDRs}); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
 	}
@@ -115,17 +118,23 @@ func main() {
 	}
 }
 
-// configure fills the underlay and DNS settings from the flags.
-func configure(cfg *node.Config, underlayIP, dns, clusterDNS, serviceCIDRs string) error {
-	if serviceCIDRs != "" {
-		for _, s := range strings.Split(serviceCIDRs, ",") {
-			p, err := netip.ParsePrefix(strings.TrimSpace(s))
-			if err != nil {
-				return fmt.Errorf("--service-cidrs %q: %v", s, err)
-			}
-			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, p.Masked())
-		}
+// flagValues are the flags configure parses.
+type flagValues struct {
+	underlayIP, dns, clusterDNS       string
+	serviceCIDRs, defaultNetworkCIDRs string
+}
+
+// configure fills the underlay, DNS and cluster range settings from the
+// flags.
+func configure(cfg *node.Config, f flagValues) error {
+	var err error
+	if cfg.ServiceCIDRs, err = parsePrefixes("--service-cidrs", f.serviceCIDRs); err != nil {
+		return err
 	}
+	if cfg.DefaultNetworkCIDRs, err = parsePrefixes("--default-network-cidrs", f.defaultNetworkCIDRs); err != nil {
+		return err
+	}
+	underlayIP, dns, clusterDNS := f.underlayIP, f.dns, f.clusterDNS
 	ns, name, ok := strings.Cut(clusterDNS, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 		return fmt.Errorf("--cluster-dns-service %q: want namespace/name", clusterDNS)
@@ -222,4 +231,21 @@ func runCleanup(nodeName, routerNSPrefix, hostRoot, cniBinDir string) int {
 	}
 	logger.Info("node clean", "removed", len(removed))
 	return 0
+}
+
+// parsePrefixes parses the comma-separated prefixes of flag name (masked);
+// an empty value is none.
+func parsePrefixes(name, value string) ([]netip.Prefix, error) {
+	if value == "" {
+		return nil, nil
+	}
+	var out []netip.Prefix
+	for _, s := range strings.Split(value, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %v", name, s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }

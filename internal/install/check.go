@@ -3,8 +3,11 @@ package install
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -99,13 +102,15 @@ func Check(ctx context.Context, c client.Client, o CheckOptions) ([]Finding, err
 		out = append(out, f)
 	}
 	if o.Prerequisites {
-		return out, nil
+		f, err := checkDefaultNetworkSubnets(ctx, c, nil)
+		return append(out, f), err
 	}
 	for _, name := range []string{"ipamclaims.k8s.cni.cncf.io", "userdefinednetworks.k8s.ovn.org", "clusteruserdefinednetworks.k8s.ovn.org"} {
 		if err := crd(name, "kvnet CRDs", "kvnet install", Missing); err != nil {
 			return nil, err
 		}
 	}
+	var nodeDS *unstructured.Unstructured // kvnet-node's DaemonSet, if found
 	for _, w := range []struct {
 		gvk  schema.GroupVersionKind
 		key  client.ObjectKey
@@ -125,8 +130,12 @@ func Check(ctx context.Context, c client.Client, o CheckOptions) ([]Finding, err
 			return nil, fmt.Errorf("read %s %s: %w", w.gvk.Kind, w.key, err)
 		}
 		out = append(out, workloadReady(w.what, u))
+		if w.what == "kvnet-node" {
+			nodeDS = u
+		}
 	}
-	return out, nil
+	f, err := checkDefaultNetworkSubnets(ctx, c, nodeDS)
+	return append(out, f), err
 }
 
 // workloadReady reads a Deployment's or DaemonSet's status.
@@ -201,4 +210,111 @@ func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
 		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s: l2bridge has no migration: {} (VMs using it cannot migrate)", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
 	}
 	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers l2bridge (managedTap, migration)", kv.GetNamespace(), kv.GetName())}, nil
+}
+
+// DefaultNetworkCIDRsFlag is kvnet-node's flag naming the default
+// network's pod ranges beyond the Nodes' spec.podCIDRs.
+const DefaultNetworkCIDRsFlag = "--default-network-cidrs"
+
+// checkDefaultNetworkSubnets checks that every pod address of the cluster
+// default network lies in a subnet kvnet-node knows as the default
+// network's — the Nodes' spec.podCIDRs and kvnet-node's
+// --default-network-cidrs (read from its DaemonSet ds, if any) — since a
+// primary network's router refuses only those: a default-network pod
+// elsewhere (a default network with IP pools of its own, as Calico's) is
+// reachable from primary networks through the node's masquerade.
+func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstructured.Unstructured) (Finding, error) {
+	const what = "default network pod subnets"
+	var known []netip.Prefix
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return Finding{}, fmt.Errorf("list Nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		cidrs := n.Spec.PodCIDRs
+		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+			cidrs = []string{n.Spec.PodCIDR}
+		}
+		for _, s := range cidrs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				known = append(known, p.Masked())
+			}
+		}
+	}
+	source := "the Nodes' spec.podCIDRs"
+	if ds != nil {
+		value, err := nodeFlag(ds, DefaultNetworkCIDRsFlag)
+		if err != nil {
+			return Finding{Status: Warning, What: what, Detail: err.Error(), Fix: "kubectl -n " + ds.GetNamespace() + " edit daemonset " + ds.GetName()}, nil
+		}
+		for s := range strings.SplitSeq(value, ",") {
+			if value == "" {
+				break
+			}
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err != nil {
+				return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("DaemonSet %s/%s: kvnet-node %s %q: %v", ds.GetNamespace(), ds.GetName(), DefaultNetworkCIDRsFlag, s, err),
+					Fix: "kubectl -n " + ds.GetNamespace() + " edit daemonset " + ds.GetName()}, nil
+			}
+			known = append(known, p.Masked())
+		}
+		source += " and kvnet-node's " + DefaultNetworkCIDRsFlag
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods); err != nil {
+		return Finding{}, fmt.Errorf("list Pods: %w", err)
+	}
+	addrs, outside := 0, 0
+	example := ""
+	for _, pod := range pods.Items {
+		if pod.Spec.HostNetwork {
+			continue
+		}
+		for _, ip := range pod.Status.PodIPs {
+			a, err := netip.ParseAddr(ip.IP)
+			if err != nil {
+				continue
+			}
+			addrs++
+			if !slices.ContainsFunc(known, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) {
+				if outside++; example == "" {
+					example = fmt.Sprintf("pod %s/%s has %s", pod.Namespace, pod.Name, a)
+				}
+			}
+		}
+	}
+	if outside > 0 {
+		return Finding{Status: Warning, What: what,
+			Detail: fmt.Sprintf("%d of %d default-network pod addresses lie outside %s (%s): pods on primary user-defined networks could reach those pods through the node", outside, addrs, source, example),
+			Fix:    "add " + DefaultNetworkCIDRsFlag + "=<the default network's pod ranges, e.g. Calico's IP pools> to the kvnet-node DaemonSet's container args"}, nil
+	}
+	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("%d default-network pod addresses, all within %s", addrs, source)}, nil
+}
+
+// nodeFlag returns the value of flag name (as "--name=value" or "--name
+// value", with one dash or two) in the container args of kvnet-node's
+// DaemonSet ds; "" if not set.
+func nodeFlag(ds *unstructured.Unstructured, name string) (string, error) {
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	for _, ct := range containers {
+		m, _ := ct.(map[string]any)
+		args, _ := m["args"].([]any)
+		bare := strings.TrimLeft(name, "-")
+		for i, a := range args {
+			s, _ := a.(string)
+			flag, value, hasValue := strings.Cut(strings.TrimLeft(s, "-"), "=")
+			if !strings.HasPrefix(s, "-") || flag != bare {
+				continue
+			}
+			if hasValue {
+				return value, nil
+			}
+			if i+1 < len(args) {
+				v, _ := args[i+1].(string)
+				return v, nil
+			}
+			return "", fmt.Errorf("DaemonSet %s/%s: kvnet-node's %s has no value", ds.GetNamespace(), ds.GetName(), name)
+		}
+	}
+	return "", nil
 }

@@ -64,6 +64,10 @@ type Config struct {
 	// ServiceCIDR objects (which clusters before Kubernetes 1.33 may not
 	// have).
 	ServiceCIDRs []netip.Prefix
+	// DefaultNetworkCIDRs are the cluster default network's pod ranges
+	// beyond the Nodes' spec.podCIDRs (a default network whose IPAM has
+	// pools of its own): primary networks reach no pod there either.
+	DefaultNetworkCIDRs []netip.Prefix
 	// Reserved are the cluster's reserved subnets (kvnet-node's
 	// --masquerade-subnets, --join-subnets, --transit-subnets, the same as
 	// kvnet-controller's); zero means the defaults. The join and transit
@@ -570,6 +574,7 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	in.Namespaces = namespaces.Items
 	in.ClusterDNS, in.ClusterDomain = a.cfg.ClusterDNS, a.cfg.ClusterDomain
 	in.ServiceCIDRs = a.cfg.ServiceCIDRs
+	in.DefaultNetworkCIDRs = a.cfg.DefaultNetworkCIDRs
 	if a.hasServiceCIDRs(ctx) {
 		var cidrs networkingv1.ServiceCIDRList
 		if err := c.List(ctx, &cidrs); err != nil {

@@ -81,6 +81,10 @@ type Input struct {
 	// router reaches only its own Services and the cluster DNS and API
 	// server there.
 	ServiceCIDRs []netip.Prefix
+	// DefaultNetworkCIDRs are the cluster default network's pod ranges
+	// beyond the Nodes' spec.podCIDRs: a primary network's router refuses
+	// them as it refuses those.
+	DefaultNetworkCIDRs []netip.Prefix
 	// Reserved are the cluster's reserved subnets: a primary network whose
 	// NAD names no "joinSubnet" or "transitSubnet" (Layer3 NADs, and
 	// hand-written ones) uses their join and transit subnets. Zero: the
@@ -213,7 +217,8 @@ type planner struct {
 	in   Input
 	plan Plan
 	self *corev1.Node // this node; nil while the API does not list it
-	// defaultNetworkSubnets are the nodes' pod CIDRs (nodePodCIDRs).
+	// defaultNetworkSubnets are the nodes' pod CIDRs (nodePodCIDRs) and
+	// Input.DefaultNetworkCIDRs.
 	defaultNetworkSubnets []netip.Prefix
 	// mappings are this node's bridge mappings (physical network ->
 	// bridge, for localnet networks); mappingsErr why they are unusable.
@@ -237,7 +242,7 @@ func newPlanner(in Input) *planner {
 		p.gateways = GatewaysOf
 	}
 	p.self = nodeNamed(in.Nodes, in.Node)
-	p.defaultNetworkSubnets = nodePodCIDRs(in.Nodes)
+	p.defaultNetworkSubnets = append(nodePodCIDRs(in.Nodes), in.DefaultNetworkCIDRs...)
 	if p.self != nil {
 		if p.mappings, p.mappingsErr = physnet.ParseBridgeMappings(p.self.Annotations[physnet.BridgeMappingsAnnotation]); p.mappingsErr != nil {
 			p.problem("node %s: annotation %s: %v", in.Node, physnet.BridgeMappingsAnnotation, p.mappingsErr)

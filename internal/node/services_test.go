@@ -277,10 +277,13 @@ func TestDesiredClusterServices(t *testing.T) {
 	// The default network's pod subnets, as the nodes' pod CIDRs say.
 	in.Nodes[0].Spec.PodCIDRs = []string{"10.244.0.0/24", "fd00:244::/64"}
 	in.Nodes = append(in.Nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24"}})
+	// And its pools beyond them (--default-network-cidrs; one repeats a
+	// node's pod CIDR).
+	in.DefaultNetworkCIDRs = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("fd00:10::/56"), netip.MustParsePrefix("10.244.1.0/24")}
 	in.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:96::/108"), netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("10.96.0.0/12")}
 	plan := Desired(in)
-	if n := plan.State.Networks; len(n) != 1 || fmt.Sprint(n[0].DefaultNetworkSubnets) != "[10.244.0.0/24 10.244.1.0/24]" {
-		t.Errorf("default network subnets of the IPv4 network: %+v, want both nodes' IPv4 pod CIDRs", n)
+	if n := plan.State.Networks; len(n) != 1 || fmt.Sprint(n[0].DefaultNetworkSubnets) != "[10.244.0.0/24 10.244.1.0/24 192.168.0.0/16]" {
+		t.Errorf("default network subnets of the IPv4 network: %+v, want both nodes' IPv4 pod CIDRs and the IPv4 pool, once each", n)
 	}
 	var got []string
 	for _, s := range plan.State.Services {

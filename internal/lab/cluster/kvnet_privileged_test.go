@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,11 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 		if strings.HasPrefix(l, "missing") {
 			t.Errorf("kvnet check: %s", l)
 		}
+	}
+	// Flannel and the /32 layout both address pods from the Nodes'
+	// spec.podCIDRs: primary networks refuse every default-network pod.
+	if !regexp.MustCompile(`(?m)^ok +default network pod subnets: [1-9]`).MatchString(out) {
+		t.Errorf("kvnet check does not find every default-network pod in the Nodes' pod CIDRs")
 	}
 	if err != nil {
 		t.Errorf("kvnet check: %v", err)

@@ -1,0 +1,94 @@
+package install_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kvnet.io/kvnet/internal/install"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// TestCheckDefaultNetworkSubnets: kvnet check warns, naming a pod and its
+// address, when a default-network pod lies outside the Nodes'
+// spec.podCIDRs and kvnet-node's --default-network-cidrs (primary
+// networks refuse only those), and is content once the flag covers it,
+// in either spelling; a bad flag value is named. Host-network pods do not
+// count.
+func TestCheckDefaultNetworkSubnets(t *testing.T) {
+	ctx := context.Background()
+	const what = "default network pod subnets"
+	const ns, kvnetNS = "dn-check", "dn-check-kvnet"
+	var made []client.Object
+	t.Cleanup(func() {
+		for _, o := range made {
+			_ = c.Delete(ctx, o, client.GracePeriodSeconds(0))
+		}
+	})
+	create := func(o client.Object) {
+		t.Helper()
+		testenv.Create(t, c, o)
+		made = append(made, o)
+	}
+	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvnetNS}})
+	create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dn-check-node"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}})
+	pod := func(name, ip string, hostNetwork bool) {
+		t.Helper()
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.PodSpec{HostNetwork: hostNetwork, Containers: []corev1.Container{{Name: "c", Image: testImage}}}}
+		create(p)
+		p.Status.PodIP, p.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+		if err := c.Status().Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(o install.CheckOptions, status install.Status, detail ...string) {
+		t.Helper()
+		f := findings(t, o)[what]
+		if f.Status != status {
+			t.Errorf("%+v: %v, want %s", o, f, status)
+		}
+		for _, d := range detail {
+			if !strings.Contains(f.String(), d) {
+				t.Errorf("%+v: %v, want it to say %q", o, f, d)
+			}
+		}
+	}
+	prereq := install.CheckOptions{Prerequisites: true}
+	pod("inside", "10.244.7.5", false)
+	pod("host", "192.0.2.10", true)
+	check(prereq, install.OK, "within the Nodes' spec.podCIDRs")
+	pod("pool", "192.168.77.5", false)
+	check(prereq, install.Warning, "pod dn-check/pool has 192.168.77.5", "--default-network-cidrs=")
+
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: kvnetNS, Name: "kvnet-node"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "n"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "n"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "node", Image: testImage, Args: []string{"--cni-bin-dir=/opt"}}}}}}}
+	create(ds)
+	installed := install.CheckOptions{Namespace: kvnetNS}
+	check(installed, install.Warning, "outside the Nodes' spec.podCIDRs and kvnet-node's --default-network-cidrs", "192.168.77.5")
+	for _, tc := range []struct {
+		args   []string
+		status install.Status
+		detail string
+	}{
+		{[]string{"--default-network-cidrs=192.168.0.0/16"}, install.OK, "all within"},
+		{[]string{"-default-network-cidrs", "192.168.0.0/16,fd00:10::/56"}, install.OK, "all within"},
+		{[]string{"--default-network-cidrs=192.168.0.0/20"}, install.Warning, "192.168.77.5"},
+		{[]string{"--default-network-cidrs=192.168.0.0/16,calico"}, install.Warning, `--default-network-cidrs "calico"`},
+		{[]string{"--default-network-cidrs"}, install.Warning, "--default-network-cidrs has no value"},
+	} {
+		ds.Spec.Template.Spec.Containers[0].Args = append([]string{"--cni-bin-dir=/opt"}, tc.args...)
+		if err := c.Update(ctx, ds); err != nil {
+			t.Fatal(err)
+		}
+		check(installed, tc.status, tc.detail)
+	}
+}
