@@ -64,6 +64,10 @@ func main() {
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if err := settingsFromEnv(flag.CommandLine, os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
+		os.Exit(2)
+	}
 
 	switch {
 	case *cleanup:
@@ -248,4 +252,34 @@ func parsePrefixes(name, value string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// clusterSettings are the flags the ConfigMap kvnet-node-config sets, one
+// key each (config/node/config.yaml): the DaemonSet passes key k as the
+// environment variable settingEnv(k).
+var clusterSettings = []string{"cluster-dns-service", "cluster-domain", "service-cidrs", "default-network-cidrs", "vxlan-port", "allow-default-network"}
+
+// settingEnv returns the environment variable of flag name:
+// KVNET_DEFAULT_NETWORK_CIDRS for default-network-cidrs.
+func settingEnv(name string) string {
+	return "KVNET_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// settingsFromEnv sets each of clusterSettings not given on the command
+// line from its environment variable, when that is not empty; a value the
+// flag refuses is an error naming the variable, the ConfigMap key and the
+// value.
+func settingsFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range clusterSettings {
+		v := getenv(settingEnv(name))
+		if v == "" || given[name] {
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			return fmt.Errorf("$%s (ConfigMap kvnet-node-config, key %s) %q: %v", settingEnv(name), name, v, err)
+		}
+	}
+	return nil
 }

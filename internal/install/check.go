@@ -213,8 +213,14 @@ func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
 }
 
 // DefaultNetworkCIDRsFlag is kvnet-node's flag naming the default
-// network's pod ranges beyond the Nodes' spec.podCIDRs.
-const DefaultNetworkCIDRsFlag = "--default-network-cidrs"
+// network's pod ranges beyond the Nodes' spec.podCIDRs, also set by the
+// key DefaultNetworkCIDRsKey of the ConfigMap NodeConfigMap in kvnet's
+// namespace (config/node/config.yaml).
+const (
+	DefaultNetworkCIDRsFlag = "--default-network-cidrs"
+	DefaultNetworkCIDRsKey  = "default-network-cidrs"
+	NodeConfigMap           = "kvnet-node-config"
+)
 
 // checkDefaultNetworkSubnets checks that every pod address of the cluster
 // default network lies in a subnet kvnet-node knows as the default
@@ -243,9 +249,21 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 	}
 	source := "the Nodes' spec.podCIDRs"
 	if ds != nil {
+		// The DaemonSet's args win over the ConfigMap, as in kvnet-node.
 		value, err := nodeFlag(ds, DefaultNetworkCIDRsFlag)
+		from, fix := "DaemonSet "+ds.GetNamespace()+"/"+ds.GetName(), "kubectl -n "+ds.GetNamespace()+" edit daemonset "+ds.GetName()
 		if err != nil {
-			return Finding{Status: Warning, What: what, Detail: err.Error(), Fix: "kubectl -n " + ds.GetNamespace() + " edit daemonset " + ds.GetName()}, nil
+			return Finding{Status: Warning, What: what, Detail: err.Error(), Fix: fix}, nil
+		}
+		if value == "" {
+			var cm corev1.ConfigMap
+			switch err := c.Get(ctx, client.ObjectKey{Namespace: ds.GetNamespace(), Name: NodeConfigMap}, &cm); {
+			case err == nil:
+				value = cm.Data[DefaultNetworkCIDRsKey]
+				from, fix = "ConfigMap "+ds.GetNamespace()+"/"+NodeConfigMap+", key "+DefaultNetworkCIDRsKey, "kubectl -n "+ds.GetNamespace()+" edit configmap "+NodeConfigMap
+			case !apierrors.IsNotFound(err):
+				return Finding{}, fmt.Errorf("read ConfigMap %s/%s: %w", ds.GetNamespace(), NodeConfigMap, err)
+			}
 		}
 		for s := range strings.SplitSeq(value, ",") {
 			if value == "" {
@@ -253,8 +271,7 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 			}
 			p, err := netip.ParsePrefix(strings.TrimSpace(s))
 			if err != nil {
-				return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("DaemonSet %s/%s: kvnet-node %s %q: %v", ds.GetNamespace(), ds.GetName(), DefaultNetworkCIDRsFlag, s, err),
-					Fix: "kubectl -n " + ds.GetNamespace() + " edit daemonset " + ds.GetName()}, nil
+				return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("%s: kvnet-node %s %q: %v", from, DefaultNetworkCIDRsFlag, s, err), Fix: fix}, nil
 			}
 			known = append(known, p.Masked())
 		}
@@ -286,7 +303,7 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 	if outside > 0 {
 		return Finding{Status: Warning, What: what,
 			Detail: fmt.Sprintf("%d of %d default-network pod addresses lie outside %s (%s): pods on primary user-defined networks could reach those pods through the node", outside, addrs, source, example),
-			Fix:    "add " + DefaultNetworkCIDRsFlag + "=<the default network's pod ranges, e.g. Calico's IP pools> to the kvnet-node DaemonSet's container args"}, nil
+			Fix:    "set " + DefaultNetworkCIDRsKey + ": <the default network's pod ranges, e.g. Calico's IP pools> in the ConfigMap " + NodeConfigMap + " of kvnet's namespace, then restart the kvnet-node DaemonSet"}, nil
 	}
 	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("%d default-network pod addresses, all within %s", addrs, source)}, nil
 }

@@ -17,9 +17,10 @@ import (
 // TestCheckDefaultNetworkSubnets: kvnet check warns, naming a pod and its
 // address, when a default-network pod lies outside the Nodes'
 // spec.podCIDRs and kvnet-node's --default-network-cidrs (primary
-// networks refuse only those), and is content once the flag covers it,
-// in either spelling; a bad flag value is named. Host-network pods do not
-// count.
+// networks refuse only those), and is content once the flag (in either
+// spelling, or the ConfigMap kvnet-node-config, which the flag overrides)
+// covers it; a bad value is named with where it is. Host-network pods do
+// not count.
 func TestCheckDefaultNetworkSubnets(t *testing.T) {
 	ctx := context.Background()
 	const what = "default network pod subnets"
@@ -65,7 +66,7 @@ func TestCheckDefaultNetworkSubnets(t *testing.T) {
 	pod("host", "192.0.2.10", true)
 	check(prereq, install.OK, "within the Nodes' spec.podCIDRs")
 	pod("pool", "192.168.77.5", false)
-	check(prereq, install.Warning, "pod dn-check/pool has 192.168.77.5", "--default-network-cidrs=")
+	check(prereq, install.Warning, "pod dn-check/pool has 192.168.77.5", "set default-network-cidrs: <")
 
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: kvnetNS, Name: "kvnet-node"},
 		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "n"}},
@@ -74,19 +75,29 @@ func TestCheckDefaultNetworkSubnets(t *testing.T) {
 	create(ds)
 	installed := install.CheckOptions{Namespace: kvnetNS}
 	check(installed, install.Warning, "outside the Nodes' spec.podCIDRs and kvnet-node's --default-network-cidrs", "192.168.77.5")
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: kvnetNS, Name: "kvnet-node-config"}, Data: map[string]string{"default-network-cidrs": ""}}
+	create(cm)
 	for _, tc := range []struct {
 		args   []string
+		cm     string // the ConfigMap's default-network-cidrs
 		status install.Status
 		detail string
 	}{
-		{[]string{"--default-network-cidrs=192.168.0.0/16"}, install.OK, "all within"},
-		{[]string{"-default-network-cidrs", "192.168.0.0/16,fd00:10::/56"}, install.OK, "all within"},
-		{[]string{"--default-network-cidrs=192.168.0.0/20"}, install.Warning, "192.168.77.5"},
-		{[]string{"--default-network-cidrs=192.168.0.0/16,calico"}, install.Warning, `--default-network-cidrs "calico"`},
-		{[]string{"--default-network-cidrs"}, install.Warning, "--default-network-cidrs has no value"},
+		{nil, "", install.Warning, "192.168.77.5"},
+		{nil, "192.168.0.0/16", install.OK, "all within"},
+		{nil, "10.0.0.0/8,bad", install.Warning, `ConfigMap dn-check-kvnet/kvnet-node-config, key default-network-cidrs: kvnet-node --default-network-cidrs "bad"`},
+		{[]string{"--default-network-cidrs=192.168.0.0/16"}, "", install.OK, "all within"},
+		{[]string{"-default-network-cidrs", "192.168.0.0/16,fd00:10::/56"}, "", install.OK, "all within"},
+		{[]string{"--default-network-cidrs=192.168.0.0/20"}, "192.168.0.0/16", install.Warning, "192.168.77.5"}, // the args win
+		{[]string{"--default-network-cidrs=192.168.0.0/16,calico"}, "", install.Warning, `DaemonSet dn-check-kvnet/kvnet-node: kvnet-node --default-network-cidrs "calico"`},
+		{[]string{"--default-network-cidrs"}, "", install.Warning, "--default-network-cidrs has no value"},
 	} {
 		ds.Spec.Template.Spec.Containers[0].Args = append([]string{"--cni-bin-dir=/opt"}, tc.args...)
 		if err := c.Update(ctx, ds); err != nil {
+			t.Fatal(err)
+		}
+		cm.Data["default-network-cidrs"] = tc.cm
+		if err := c.Update(ctx, cm); err != nil {
 			t.Fatal(err)
 		}
 		check(installed, tc.status, tc.detail)

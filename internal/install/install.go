@@ -155,9 +155,15 @@ func ContainerImages(objs []*unstructured.Unstructured) []string {
 // Apply leave the object alone when it exists and kvnet did not create it
 // (the MultiNetworkPolicy CRD, which the multi-networkpolicy project
 // installs too), and Delete remove it only when kvnet created it.
+//
+// Set to CreateOnly (the cluster's settings: the ConfigMaps
+// kvnet-reserved-subnets and kvnet-node-config), it makes Apply create the
+// object where it is absent and never change it after, so an upgrade
+// keeps what the admin set there; Delete removes it.
 const (
 	InstallAnnotation = "kvnet.io/install"
 	IfAbsent          = "if-absent"
+	CreateOnly        = "create-only"
 )
 
 // Apply server-side applies the objects in order (kustomize puts
@@ -194,13 +200,25 @@ func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructur
 	return nil
 }
 
-// applyOne server-side applies u, unless it is IfAbsent and foreign.
+// applyOne server-side applies u, unless it is IfAbsent and foreign, or
+// CreateOnly and exists.
 func applyOne(ctx context.Context, c client.Client, u *unstructured.Unstructured, log io.Writer) error {
 	if foreign, err := foreignIfAbsent(ctx, c, u); err != nil {
 		return err
 	} else if foreign {
 		fmt.Fprintf(log, "kept %s %s: it exists and was not installed by kvnet\n", u.GetKind(), objName(u))
 		return nil
+	}
+	if u.GetAnnotations()[InstallAnnotation] == CreateOnly {
+		cur := &unstructured.Unstructured{}
+		cur.SetGroupVersionKind(u.GroupVersionKind())
+		switch err := c.Get(ctx, client.ObjectKeyFromObject(u), cur); {
+		case err == nil:
+			fmt.Fprintf(log, "kept %s %s: the cluster's settings, created once and then yours to change\n", u.GetKind(), objName(u))
+			return nil
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("read %s %s: %w", u.GetKind(), objName(u), err)
+		}
 	}
 	obj := u.DeepCopy()
 	obj.SetResourceVersion("")

@@ -192,10 +192,42 @@ func TestApplyCheckDelete(t *testing.T) {
 			t.Errorf("webhook %d's caBundle is not kvnet-controller's CA: %q", i, b)
 		}
 	}
+	// The cluster's settings are the admin's once created: edited (as
+	// kubectl edit does), an upgrade keeps them.
+	edits := map[string]map[string]string{
+		"kvnet-reserved-subnets": {"join-subnets": "100.66.0.0/16,fd98::/64"},
+		"kvnet-node-config":      {"default-network-cidrs": "192.168.0.0/16", "cluster-dns-service": "openshift-dns/dns-default"},
+	}
+	for name, data := range edits {
+		var cm corev1.ConfigMap
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "kvnet-system", Name: name}, &cm); err != nil {
+			t.Fatalf("ConfigMap %s after install: %v", name, err)
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		for k, v := range data {
+			cm.Data[k] = v
+		}
+		if err := c.Update(ctx, &cm, client.FieldOwner("kubectl-edit")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Applying again (an upgrade) changes nothing, fails nothing and keeps
 	// the caBundle.
 	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
 		t.Fatalf("second apply: %v", err)
+	}
+	for name, data := range edits {
+		var cm corev1.ConfigMap
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "kvnet-system", Name: name}, &cm); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range data {
+			if cm.Data[k] != v {
+				t.Errorf("ConfigMap %s after an upgrade: %s = %q, want the admin's %q", name, k, cm.Data[k], v)
+			}
+		}
 	}
 	for i, b := range caBundles() {
 		if b != string(ca) {
