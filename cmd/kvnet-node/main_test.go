@@ -91,11 +91,7 @@ func TestSettingsFromEnv(t *testing.T) {
 // has exactly the keys kvnet-node reads, and its DaemonSet passes each as
 // its variable.
 func TestClusterSettingsManifest(t *testing.T) {
-	rendered, err := install.Render(install.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.RenderObjects(install.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

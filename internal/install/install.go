@@ -133,6 +133,16 @@ func Objects(rendered []byte) ([]*unstructured.Unstructured, error) {
 	return manifests.Decode(rendered)
 }
 
+// RenderObjects renders config/default with o (Render) and decodes it
+// (Objects), in order.
+func RenderObjects(o Options) ([]*unstructured.Unstructured, error) {
+	rendered, err := Render(o)
+	if err != nil {
+		return nil, err
+	}
+	return Objects(rendered)
+}
+
 // ContainerImages lists every container image the objects run.
 func ContainerImages(objs []*unstructured.Unstructured) []string {
 	var out []string

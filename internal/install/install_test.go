@@ -127,11 +127,7 @@ func TestApplyCheckDelete(t *testing.T) {
 		t.Errorf("Multus CRD finding %v, want ok (the control plane has the NAD CRD)", f)
 	}
 
-	rendered, err := install.Render(install.Options{Registry: "registry.test/kvnet", Tag: "t1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.RenderObjects(install.Options{Registry: "registry.test/kvnet", Tag: "t1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,11 +319,7 @@ func TestApplyCRDIfAbsent(t *testing.T) {
 
 func testApplyCRDIfAbsent(t *testing.T, name string) {
 	ctx := context.Background()
-	rendered, err := install.Render(install.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.RenderObjects(install.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,11 +35,7 @@ const testImage = "registry.test/kvnet/kvnet-node:t2"
 // of the other tests stays Terminating without a namespace controller).
 func nodeObjects(t *testing.T, ns string) []*unstructured.Unstructured {
 	t.Helper()
-	rendered, err := install.Render(install.Options{Registry: "registry.test/kvnet", Tag: "t2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.RenderObjects(install.Options{Registry: "registry.test/kvnet", Tag: "t2"})
 	if err != nil {
 		t.Fatal(err)
 	}

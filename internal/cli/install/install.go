@@ -40,11 +40,7 @@ func (o *options) addImageFlags(cmd *cobra.Command) {
 // objects renders config/default with o's images and connects to the
 // cluster.
 func (o *options) objects() ([]*unstructured.Unstructured, client.Client, error) {
-	rendered, err := install.Render(o.images)
-	if err != nil {
-		return nil, nil, err
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.RenderObjects(o.images)
 	if err != nil {
 		return nil, nil, err
 	}
