@@ -138,25 +138,24 @@ func configure(cfg *node.Config, f flagValues) error {
 	if cfg.DefaultNetworkCIDRs, err = parsePrefixes("--default-network-cidrs", f.defaultNetworkCIDRs); err != nil {
 		return err
 	}
-	underlayIP, dns, clusterDNS := f.underlayIP, f.dns, f.clusterDNS
-	ns, name, ok := strings.Cut(clusterDNS, "/")
+	ns, name, ok := strings.Cut(f.clusterDNS, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return fmt.Errorf("--cluster-dns-service %q: want namespace/name", clusterDNS)
+		return fmt.Errorf("--cluster-dns-service %q: want namespace/name", f.clusterDNS)
 	}
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-		return fmt.Errorf("--cluster-dns-service %q: namespace: %s", clusterDNS, strings.Join(errs, "; "))
+		return fmt.Errorf("--cluster-dns-service %q: namespace: %s", f.clusterDNS, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1035Label(name); len(errs) > 0 {
-		return fmt.Errorf("--cluster-dns-service %q: name: %s", clusterDNS, strings.Join(errs, "; "))
+		return fmt.Errorf("--cluster-dns-service %q: name: %s", f.clusterDNS, strings.Join(errs, "; "))
 	}
 	cfg.ClusterDNS = types.NamespacedName{Namespace: ns, Name: name}
 	if errs := validation.IsDNS1123Subdomain(cfg.ClusterDomain); len(errs) > 0 {
 		return fmt.Errorf("--cluster-domain %q: %s", cfg.ClusterDomain, strings.Join(errs, "; "))
 	}
-	if underlayIP != "" {
-		ip, err := netip.ParseAddr(underlayIP)
+	if f.underlayIP != "" {
+		ip, err := netip.ParseAddr(f.underlayIP)
 		if err != nil {
-			return fmt.Errorf("--underlay-ip %q: %v", underlayIP, err)
+			return fmt.Errorf("--underlay-ip %q: %v", f.underlayIP, err)
 		}
 		cfg.Datapath.UnderlayIP = ip
 	}
@@ -168,8 +167,8 @@ func configure(cfg *node.Config, f flagValues) error {
 			return err
 		}
 	}
-	if dns != "" {
-		for _, s := range strings.Split(dns, ",") {
+	if f.dns != "" {
+		for _, s := range strings.Split(f.dns, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
 				return fmt.Errorf("--dns %q: %v", s, err)

@@ -265,15 +265,14 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 				return Finding{}, fmt.Errorf("read ConfigMap %s/%s: %w", ds.GetNamespace(), NodeConfigMap, err)
 			}
 		}
-		for s := range strings.SplitSeq(value, ",") {
-			if value == "" {
-				break
+		if value != "" {
+			for s := range strings.SplitSeq(value, ",") {
+				p, err := netip.ParsePrefix(strings.TrimSpace(s))
+				if err != nil {
+					return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("%s: kvnet-node %s %q: %v", from, DefaultNetworkCIDRsFlag, s, err), Fix: fix}, nil
+				}
+				known = append(known, p.Masked())
 			}
-			p, err := netip.ParsePrefix(strings.TrimSpace(s))
-			if err != nil {
-				return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("%s: kvnet-node %s %q: %v", from, DefaultNetworkCIDRsFlag, s, err), Fix: fix}, nil
-			}
-			known = append(known, p.Masked())
 		}
 		source += " and kvnet-node's " + DefaultNetworkCIDRsFlag
 	}
@@ -312,11 +311,11 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 // value", with one dash or two) in the container args of kvnet-node's
 // DaemonSet ds; "" if not set.
 func nodeFlag(ds *unstructured.Unstructured, name string) (string, error) {
+	bare := strings.TrimLeft(name, "-")
 	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 	for _, ct := range containers {
 		m, _ := ct.(map[string]any)
 		args, _ := m["args"].([]any)
-		bare := strings.TrimLeft(name, "-")
 		for i, a := range args {
 			s, _ := a.(string)
 			flag, value, hasValue := strings.Cut(strings.TrimLeft(s, "-"), "=")
