@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"kvnet.io/kvnet/internal/policy/verdict"
 )
 
 // This file holds the network policy of local ports (PortPolicy, in
@@ -33,50 +35,39 @@ type PolicyDirection struct {
 	Rules []PolicyRule
 }
 
-// PolicyRule allows traffic with a set of peers.
-type PolicyRule struct {
-	// Name identifies the rule and its peer set on the node, e.g.
-	// "ns/policy ingress[0]": rules of several ports of one network with
-	// the same Name share one set per IP family and must have the same
-	// peers; on another network the name is another set.
-	Name string
-	// AnyPeer allows every peer address; Peers is then empty.
-	AnyPeer bool
-	// Peers are the allowed peer prefixes (sources for ingress,
-	// destinations for egress).
-	Peers []netip.Prefix
-	// Ports allowed; empty is every protocol and port.
-	Ports []PolicyPort
-}
+// PolicyRule allows traffic with a set of peers (package verdict: the
+// rule model the policy compiler produces and kvnet why explains). Its
+// Name identifies the rule and its peer set on the node, e.g.
+// "ns/policy ingress[0]": rules of several ports of one network with the
+// same Name share one set per IP family and must have the same peers; on
+// another network the name is another set. Peers are the allowed peer
+// prefixes (sources for ingress, destinations for egress); Ports empty is
+// every protocol and port. Policy is not used here.
+type PolicyRule = verdict.Rule
 
 // PolicyPort is a protocol ("TCP", "UDP" or "SCTP") and destination port
 // range: Port 0 is every port, EndPort 0 is Port alone.
-type PolicyPort struct {
-	Protocol      string
-	Port, EndPort uint16
-}
+type PolicyPort = verdict.Port
 
 // policyProtos maps PolicyPort protocols to IP protocol numbers.
-var policyProtos = map[string]byte{"TCP": 6, "UDP": 17, "SCTP": 132}
+var policyProtos = map[string]byte{verdict.TCP: 6, verdict.UDP: 17, verdict.SCTP: 132}
+
+// policyProtoNames maps IP protocol numbers to PolicyPort protocols.
+var policyProtoNames = map[byte]string{6: verdict.TCP, 17: verdict.UDP, 132: verdict.SCTP}
 
 // Allows reports whether d lets peer open a connection with protocol
 // proto (an IP protocol number) to port, and names the rule; a nil d (not
-// isolated) allows everything.
+// isolated) allows everything. It is verdict.Match, the one verdict kvnet
+// why gives too.
 func (d *PolicyDirection) Allows(peer netip.Addr, proto byte, port uint16) (rule string, ok bool) {
 	if d == nil {
 		return "", true
 	}
-	for _, r := range d.Rules {
-		if !r.AnyPeer && !slices.ContainsFunc(r.Peers, func(p netip.Prefix) bool { return p.Contains(peer) }) {
-			continue
-		}
-		if len(r.Ports) == 0 || slices.ContainsFunc(r.Ports, func(p PolicyPort) bool {
-			return policyProtos[p.Protocol] == proto && (p.Port == 0 || port == p.Port || p.EndPort != 0 && port >= p.Port && port <= p.EndPort)
-		}) {
-			return r.Name, true
-		}
+	name, known := policyProtoNames[proto]
+	if !known {
+		return "", false // no rule names another protocol
 	}
-	return "", false
+	return verdict.Match(d.Rules, peer, name, port)
 }
 
 // validatePolicies checks s.Policies against the ports (by host

@@ -90,14 +90,87 @@ func (p *planner) enforce(dn datapath.Network, namespaces map[string]bool, nps [
 			eps = append(eps, datapath.EndpointPolicy{Network: dn.Name, Name: pp.Key(), Addrs: pp.Addrs, Ingress: direction(pp.Ingress)})
 		}
 	}
-	// One network's policies the datapath would refuse must not stop the
-	// rest: Apply refuses a whole state with an invalid policy in it.
-	if err := datapath.Validate(datapath.State{Networks: []datapath.Network{dn}, Ports: ports, Policies: pols, EndpointPolicies: eps}); err != nil {
-		p.problem("network %s: policies not enforced: %v", dn.Name, err)
-		return
-	}
+	// What the datapath would refuse fails closed, and must not stop the
+	// network's other policies: Apply refuses a whole state with an
+	// invalid policy in it.
+	pols, eps = p.failClosed(dn, ports, pols, eps)
 	p.plan.State.Policies = append(p.plan.State.Policies, pols...)
 	p.plan.State.EndpointPolicies = append(p.plan.State.EndpointPolicies, eps...)
+}
+
+// validatePolicies is datapath.Validate, the check failClosed runs
+// (tests replace it to inject a refusal).
+var validatePolicies = datapath.Validate
+
+// failClosed returns network dn's port and endpoint policies as the
+// datapath accepts them: each rule the datapath refuses is left out (it
+// admits nothing) and reported, and when the rest is still refused (rules
+// that conflict with each other) every policy of the network keeps its
+// isolation with no rule at all. A port a policy selects is never left
+// open because its policy cannot be programmed.
+func (p *planner) failClosed(dn datapath.Network, ports []datapath.Port, pols []datapath.PortPolicy, eps []datapath.EndpointPolicy) ([]datapath.PortPolicy, []datapath.EndpointPolicy) {
+	valid := func(pols []datapath.PortPolicy, eps []datapath.EndpointPolicy) error {
+		return validatePolicies(datapath.State{Networks: []datapath.Network{dn}, Ports: ports, Policies: pols, EndpointPolicies: eps})
+	}
+	if valid(pols, eps) == nil {
+		return pols, eps
+	}
+	// usable keeps the rules of d the datapath accepts alone, given check
+	// (which validates a direction with one rule).
+	usable := func(d *datapath.PolicyDirection, where string, check func(*datapath.PolicyDirection) error) *datapath.PolicyDirection {
+		if d == nil {
+			return nil
+		}
+		out := &datapath.PolicyDirection{Policies: d.Policies}
+		for _, r := range d.Rules {
+			if err := check(&datapath.PolicyDirection{Policies: d.Policies, Rules: []datapath.PolicyRule{r}}); err != nil {
+				p.problem("network %s: %s rule %q admits nothing (kvnet fails closed; policy %s): the datapath refuses it: %v", dn.Name, where, r.Name, r.Policy, err)
+				continue
+			}
+			out.Rules = append(out.Rules, r)
+		}
+		return out
+	}
+	var kept []datapath.PortPolicy
+	for _, pp := range pols {
+		one := func(in, eg *datapath.PolicyDirection) error {
+			return valid([]datapath.PortPolicy{{Port: pp.Port, Ingress: in, Egress: eg}}, nil)
+		}
+		kept = append(kept, datapath.PortPolicy{Port: pp.Port,
+			Ingress: usable(pp.Ingress, "port "+pp.Port+" ingress", func(d *datapath.PolicyDirection) error { return one(d, nil) }),
+			Egress:  usable(pp.Egress, "port "+pp.Port+" egress", func(d *datapath.PolicyDirection) error { return one(nil, d) }),
+		})
+	}
+	var keptEps []datapath.EndpointPolicy
+	for _, ep := range eps {
+		ep.Ingress = usable(ep.Ingress, "Service endpoint "+ep.Name+" ingress", func(d *datapath.PolicyDirection) error {
+			e := ep
+			e.Ingress = d
+			return valid(nil, []datapath.EndpointPolicy{e})
+		})
+		keptEps = append(keptEps, ep)
+	}
+	err := valid(kept, keptEps)
+	if err == nil {
+		return kept, keptEps
+	}
+	p.problem("network %s: policies refused by the datapath even rule by rule (%v): every port they select stays isolated with no rule (kvnet fails closed)", dn.Name, err)
+	for i := range kept {
+		kept[i].Ingress, kept[i].Egress = isolatedOnly(kept[i].Ingress), isolatedOnly(kept[i].Egress)
+	}
+	for i := range keptEps {
+		keptEps[i].Ingress = isolatedOnly(keptEps[i].Ingress)
+	}
+	return kept, keptEps
+}
+
+// isolatedOnly returns d without its rules: isolated, admitting nothing
+// (nil, not isolated, stays nil).
+func isolatedOnly(d *datapath.PolicyDirection) *datapath.PolicyDirection {
+	if d == nil {
+		return nil
+	}
+	return &datapath.PolicyDirection{Policies: d.Policies}
 }
 
 // namespaceLabels returns the labels of namespace ns (none if unknown).
@@ -115,13 +188,5 @@ func direction(d policy.Direction) *datapath.PolicyDirection {
 	if !d.Isolated {
 		return nil
 	}
-	out := &datapath.PolicyDirection{Policies: d.Policies}
-	for _, r := range d.Rules {
-		dr := datapath.PolicyRule{Name: r.Name, AnyPeer: r.AnyPeer, Peers: r.Peers}
-		for _, pp := range r.Ports {
-			dr.Ports = append(dr.Ports, datapath.PolicyPort{Protocol: pp.Protocol, Port: pp.Port, EndPort: pp.EndPort})
-		}
-		out.Rules = append(out.Rules, dr)
-	}
-	return out
+	return &datapath.PolicyDirection{Policies: d.Policies, Rules: slices.Clone(d.Rules)}
 }

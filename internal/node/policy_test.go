@@ -1,6 +1,7 @@
 package node
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -87,7 +88,9 @@ func TestDesiredPolicies(t *testing.T) {
 		t.Errorf("a/web's policy: %+v, want ingress only with %+v", pp, want)
 	}
 
-	// A bad policy is a problem naming it; the others still apply.
+	// A bad policy is a problem naming it; it fails closed (every pod of
+	// the namespace it selects is isolated, its bad rule admits nothing)
+	// and the others still apply.
 	bad := networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "bad"},
 		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
 			From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "nope"}}}}}}}
@@ -96,8 +99,99 @@ func TestDesiredPolicies(t *testing.T) {
 	if len(p.Problems) != 1 || !strings.Contains(p.Problems[0], `"a/bad"`) || !strings.Contains(p.Problems[0], `cidr "nope"`) {
 		t.Errorf("problems: %q, want one naming a/bad and its cidr", p.Problems)
 	}
-	if policyOf(p, "kvp0") == nil {
-		t.Error("a bad policy took the good one away")
+	if pp := policyOf(p, "kvp0"); pp == nil || pp.Ingress == nil || len(pp.Ingress.Rules) != 1 || pp.Ingress.Rules[0].Name != want.Name {
+		t.Errorf("a bad policy took the good one away: %+v", pp)
+	}
+	if pp := policyOf(p, "kvp2"); pp == nil || pp.Ingress == nil || len(pp.Ingress.Rules) != 0 || !slices.Equal(pp.Ingress.Policies, []string{"a/bad"}) {
+		t.Errorf("a/other under the bad policy: %+v, want isolated by a/bad with no rule", pp)
+	}
+	if err := datapath.Validate(p.State); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDesiredPolicyDatapathRefusalFailsClosed: a rule the datapath
+// refuses (injected: the compiler refuses all it knows the datapath
+// would) admits nothing, its port stays isolated, the network's other
+// policies keep their rules, and the problem names rule and policy; when
+// the datapath refuses even the rules one by one, every selected port
+// stays isolated with no rule.
+func TestDesiredPolicyDatapathRefusalFailsClosed(t *testing.T) {
+	web := labelled(pod("a", "web", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour), "app", "web")
+	client := labelled(pod("a", "client", "n1", "10.1.1.3", "0a:58:0a:01:01:03", time.Hour), "app", "client")
+	db := labelled(pod("a", "db", "n1", "10.1.1.4", "0a:58:0a:01:01:04", time.Hour), "app", "db")
+	fromClient := []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+		{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}}
+	in := Input{
+		Node:  "n1",
+		NADs:  []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:  []corev1.Pod{web, client, db},
+		Nodes: []corev1.Node{kvnode("n1", "192.168.100.1")},
+		Links: links(web, client, db),
+		NetworkPolicies: []networkingv1.NetworkPolicy{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
+			Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, Ingress: fromClient},
+		}, {
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "refused"},
+			Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}, Ingress: fromClient},
+		}},
+		Namespaces: []corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}},
+	}
+	refuse := func(refused func(datapath.State) bool) {
+		t.Helper()
+		orig := validatePolicies
+		validatePolicies = func(s datapath.State) error {
+			if refused(s) {
+				return errors.New("injected refusal")
+			}
+			return orig(s)
+		}
+		t.Cleanup(func() { validatePolicies = orig })
+	}
+	hasRule := func(s datapath.State, name string) bool {
+		for _, pp := range s.Policies {
+			for _, d := range []*datapath.PolicyDirection{pp.Ingress, pp.Egress} {
+				if d != nil && slices.ContainsFunc(d.Rules, func(r datapath.PolicyRule) bool { return r.Name == name }) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	refuse(func(s datapath.State) bool { return hasRule(s, "a/refused ingress[0]") })
+	p := Desired(in)
+	if len(p.Problems) != 1 || !strings.Contains(p.Problems[0], `rule "a/refused ingress[0]" admits nothing`) ||
+		!strings.Contains(p.Problems[0], "policy a/refused") || !strings.Contains(p.Problems[0], "injected refusal") {
+		t.Errorf("problems: %q, want one naming the refused rule and its policy", p.Problems)
+	}
+	if pp := policyOf(p, "kvp0"); pp == nil || pp.Ingress == nil || len(pp.Ingress.Rules) != 1 || pp.Ingress.Rules[0].Name != "a/web ingress[0]" {
+		t.Errorf("a/web, whose policy the datapath accepts: %+v, want its rule", pp)
+	}
+	if pp := policyOf(p, "kvp2"); pp == nil || pp.Ingress == nil || len(pp.Ingress.Rules) != 0 || !slices.Equal(pp.Ingress.Policies, []string{"a/refused"}) {
+		t.Errorf("a/db, whose policy's rule the datapath refuses: %+v, want isolated with no rule", pp)
+	}
+	if policyOf(p, "kvp1") != nil {
+		t.Error("a/client, which no policy selects, got a policy")
+	}
+
+	// Refused whatever the rules (here: two ports with rules at once).
+	refuse(func(s datapath.State) bool {
+		n := 0
+		for _, pp := range s.Policies {
+			if pp.Ingress != nil && len(pp.Ingress.Rules) > 0 {
+				n++
+			}
+		}
+		return n > 1
+	})
+	p = Desired(in)
+	if !slices.ContainsFunc(p.Problems, func(s string) bool { return strings.Contains(s, "every port they select stays isolated with no rule") }) {
+		t.Errorf("problems: %q, want the fallback named", p.Problems)
+	}
+	for _, ifName := range []string{"kvp0", "kvp2"} {
+		if pp := policyOf(p, ifName); pp == nil || pp.Ingress == nil || len(pp.Ingress.Rules) != 0 {
+			t.Errorf("port %s: %+v, want isolated with no rule", ifName, pp)
+		}
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kvnet.io/kvnet/internal/policy/verdict"
 )
 
 // NamedPort is a named container port of an endpoint, which a policy may
@@ -57,67 +59,17 @@ type Input struct {
 
 // Protocols a policy port may name.
 const (
-	TCP  = "TCP"
-	UDP  = "UDP"
-	SCTP = "SCTP"
+	TCP  = verdict.TCP
+	UDP  = verdict.UDP
+	SCTP = verdict.SCTP
 )
 
-// Port is a protocol and a port range: Port 0 is every port of Protocol,
-// EndPort 0 is Port alone.
-type Port struct {
-	Protocol      string
-	Port, EndPort uint16
-}
+// Port is a protocol and a port range (package verdict).
+type Port = verdict.Port
 
-// Contains reports whether p allows port port of protocol proto.
-func (p Port) Contains(proto string, port uint16) bool {
-	if p.Protocol != proto {
-		return false
-	}
-	if p.Port == 0 {
-		return true
-	}
-	return port == p.Port || (p.EndPort != 0 && port >= p.Port && port <= p.EndPort)
-}
-
-// String renders p as "TCP/80", "TCP/80-90" or "TCP".
-func (p Port) String() string {
-	switch {
-	case p.Port == 0:
-		return p.Protocol
-	case p.EndPort != 0:
-		return fmt.Sprintf("%s/%d-%d", p.Protocol, p.Port, p.EndPort)
-	}
-	return fmt.Sprintf("%s/%d", p.Protocol, p.Port)
-}
-
-// Rule allows traffic between an endpoint and a set of peers: from them
-// (ingress) or to them (egress).
-type Rule struct {
-	// Name identifies the rule's peer set cluster-wide: "<ns>/<policy>
-	// ingress[i]" or "... egress[i]", and for the peers of an egress rule
-	// that name a container port, "... egress[i] port <name>" (each peer
-	// resolves the name itself). Two rules with the same Name have the
-	// same Peers, whatever endpoint they are compiled for.
-	Name string
-	// Policy is the NetworkPolicy granting it, "<ns>/<name>".
-	Policy string
-	// AnyPeer allows every address (a rule without from/to); Peers are
-	// then empty.
-	AnyPeer bool
-	// Peers are the allowed peer prefixes, sorted, none inside another.
-	Peers []netip.Prefix
-	// Ports allowed; empty is every protocol and port.
-	Ports []Port
-}
-
-// Allows reports whether r lets peer speak protocol proto on port port.
-func (r *Rule) Allows(peer netip.Addr, proto string, port uint16) bool {
-	if !r.AnyPeer && !slices.ContainsFunc(r.Peers, func(p netip.Prefix) bool { return p.Contains(peer) }) {
-		return false
-	}
-	return len(r.Ports) == 0 || slices.ContainsFunc(r.Ports, func(p Port) bool { return p.Contains(proto, port) })
-}
+// Rule allows traffic between an endpoint and a set of peers (package
+// verdict, where the one function that matches connections lives).
+type Rule = verdict.Rule
 
 // Direction is an endpoint's policy in one direction.
 type Direction struct {
@@ -136,12 +88,7 @@ func (d *Direction) Allows(peer netip.Addr, proto string, port uint16) (rule str
 	if !d.Isolated {
 		return "", true
 	}
-	for i := range d.Rules {
-		if d.Rules[i].Allows(peer, proto, port) {
-			return d.Rules[i].Name, true
-		}
-	}
-	return "", false
+	return verdict.Match(d.Rules, peer, proto, port)
 }
 
 // PortPolicy is the policy of one local endpoint selected by at least one
@@ -171,10 +118,34 @@ func (c *Compiled) Port(namespace, name string) *PortPolicy {
 	return &c.Ports[i]
 }
 
-// Compile computes the policy of in's local endpoints. A policy it cannot
-// compile (a bad selector, CIDR, protocol or port) is left out and
-// reported in the returned errors, one per policy, naming the field and
-// value; the rest is compiled.
+// Error is a part of a policy the compiler cannot use, and what it does
+// instead. Compile fails closed: what it cannot understand never opens a
+// pod, so the pods the policy selects stay isolated in its directions and
+// an unusable rule admits nothing.
+type Error struct {
+	// Policy is "<ns>/<name>", Network the network compiled.
+	Policy, Network string
+	// Err names the field and value.
+	Err error
+	// Effect says what kvnet enforces instead, e.g. "rule spec.ingress[0]
+	// admits nothing".
+	Effect string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("policy %q on network %q: %v: %s (kvnet fails closed)", e.Policy, e.Network, e.Err, e.Effect)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Compile computes the policy of in's local endpoints. It fails closed:
+// a part of a policy it cannot use (a bad selector, CIDR, protocol, port
+// or policy type) is reported in the returned errors (*Error), one per
+// part, naming the field and value and what is enforced instead; the
+// policy still isolates the pods it selects, its unusable rules admit
+// nothing, and its other rules and the other policies apply as written.
+// A pod selector that does not parse selects every pod of its namespace;
+// an unknown policy type isolates both directions.
 func Compile(in Input) (Compiled, []error) {
 	c := compiler{in: in, byNS: map[string][]*Endpoint{}, localByNS: map[string][]*Endpoint{}}
 	for i := range in.Endpoints {
@@ -182,6 +153,7 @@ func Compile(in Input) (Compiled, []error) {
 		if _, ok := in.Namespaces[e.Namespace]; !ok {
 			continue
 		}
+		c.all = append(c.all, e)
 		c.byNS[e.Namespace] = append(c.byNS[e.Namespace], e)
 		if e.Local || e.Backend {
 			c.localByNS[e.Namespace] = append(c.localByNS[e.Namespace], e)
@@ -196,9 +168,7 @@ func Compile(in Input) (Compiled, []error) {
 		if _, ok := in.Namespaces[np.Namespace]; !ok {
 			continue
 		}
-		if err := c.policy(np, ports); err != nil {
-			errs = append(errs, fmt.Errorf("compile NetworkPolicy %q on network %q: %w", np.Namespace+"/"+np.Name, in.Network, err))
-		}
+		errs = append(errs, c.policy(np, ports)...)
 	}
 	out := Compiled{Ports: make([]PortPolicy, 0, len(ports))}
 	for _, p := range ports {
@@ -215,6 +185,7 @@ func Compile(in Input) (Compiled, []error) {
 
 type compiler struct {
 	in        Input
+	all       []*Endpoint            // the endpoints of the network's namespaces
 	byNS      map[string][]*Endpoint // namespace -> endpoints
 	localByNS map[string][]*Endpoint // namespace -> local and Backend endpoints
 }
@@ -233,12 +204,18 @@ type compiledPort struct {
 	named string // the container port's name; Port.Port is then 0
 }
 
-// policy compiles np into ports (keyed by endpoint), or reports why it
-// cannot, changing nothing.
-func (c *compiler) policy(np *networkingv1.NetworkPolicy, ports map[string]*PortPolicy) error {
+// policy compiles np into ports (keyed by endpoint), failing closed on
+// what it cannot use, which the returned errors name.
+func (c *compiler) policy(np *networkingv1.NetworkPolicy, ports map[string]*PortPolicy) []error {
+	name := np.Namespace + "/" + np.Name
+	var errs []error
+	fail := func(err error, effect string) {
+		errs = append(errs, &Error{Policy: name, Network: c.in.Network, Err: err, Effect: effect})
+	}
 	sel, err := selector(&np.Spec.PodSelector, "spec.podSelector")
 	if err != nil {
-		return err
+		fail(err, fmt.Sprintf("the policy isolates every pod of namespace %q", np.Namespace))
+		sel = labels.Everything()
 	}
 	var selected []*Endpoint
 	for _, e := range c.localByNS[np.Namespace] {
@@ -258,59 +235,58 @@ func (c *compiler) policy(np *networkingv1.NetworkPolicy, ports map[string]*Port
 			case networkingv1.PolicyTypeEgress:
 				egress = true
 			default:
-				return fmt.Errorf("spec.policyTypes[%d] %q: want Ingress or Egress", i, t)
+				fail(fmt.Errorf("spec.policyTypes[%d] %q: want Ingress or Egress", i, t), "the policy isolates its pods in both directions")
+				ingress, egress = true, true
 			}
 		}
 	}
-	name := np.Namespace + "/" + np.Name
 
-	// Compile every rule first, so that a bad one leaves the policy out
-	// entirely rather than half applied.
+	// A rule that cannot be compiled admits nothing: leaving out one bad
+	// peer or port instead could widen it (no peers is every peer, no
+	// ports every port).
 	type rule struct {
+		i     int
 		peers peerSet
 		ports []compiledPort
 	}
-	compileRules := func(dir string, n int, peersOf func(int) []networkingv1.NetworkPolicyPeer, portsOf func(int) []networkingv1.NetworkPolicyPort) ([]rule, error) {
+	compileRules := func(dir string, n int, peersOf func(int) []networkingv1.NetworkPolicyPeer, portsOf func(int) []networkingv1.NetworkPolicyPort) []rule {
 		rules := make([]rule, 0, n)
 		for i := range n {
 			field := fmt.Sprintf("spec.%s[%d]", dir, i)
 			ps, err := c.peers(np.Namespace, peersOf(i), field, len(selected) > 0)
-			if err != nil {
-				return nil, err
+			var pp []compiledPort
+			if err == nil {
+				pp, err = policyPorts(portsOf(i), field+".ports")
 			}
-			pp, err := policyPorts(portsOf(i), field+".ports")
 			if err != nil {
-				return nil, err
+				fail(err, fmt.Sprintf("rule %s admits nothing", field))
+				continue
 			}
-			rules = append(rules, rule{ps, pp})
+			rules = append(rules, rule{i, ps, pp})
 		}
-		return rules, nil
+		return rules
 	}
 	var in, eg []rule
 	if ingress {
-		if in, err = compileRules("ingress", len(np.Spec.Ingress),
+		in = compileRules("ingress", len(np.Spec.Ingress),
 			func(i int) []networkingv1.NetworkPolicyPeer { return np.Spec.Ingress[i].From },
-			func(i int) []networkingv1.NetworkPolicyPort { return np.Spec.Ingress[i].Ports }); err != nil {
-			return err
-		}
+			func(i int) []networkingv1.NetworkPolicyPort { return np.Spec.Ingress[i].Ports })
 	}
 	if egress {
-		if eg, err = compileRules("egress", len(np.Spec.Egress),
+		eg = compileRules("egress", len(np.Spec.Egress),
 			func(i int) []networkingv1.NetworkPolicyPeer { return np.Spec.Egress[i].To },
-			func(i int) []networkingv1.NetworkPolicyPort { return np.Spec.Egress[i].Ports }); err != nil {
-			return err
-		}
+			func(i int) []networkingv1.NetworkPolicyPort { return np.Spec.Egress[i].Ports })
 	}
 
 	// Egress rules do not depend on the selected endpoint: compile once.
 	var egRules []Rule
-	for i, r := range eg {
-		egRules = append(egRules, egressRules(name, i, r.peers, r.ports)...)
+	for _, r := range eg {
+		egRules = append(egRules, c.egressRules(name, r.i, r.peers, r.ports)...)
 	}
 	// Ingress peers do not either; only named ports do.
 	inPeers := make([]Rule, len(in))
 	for i, r := range in {
-		inPeers[i] = Rule{Name: fmt.Sprintf("%s ingress[%d]", name, i), Policy: name, AnyPeer: r.peers.any,
+		inPeers[i] = Rule{Name: fmt.Sprintf("%s ingress[%d]", name, r.i), Policy: name, AnyPeer: r.peers.any,
 			Peers: r.peers.prefixes(nil)}
 	}
 	for _, e := range selected {
@@ -338,13 +314,18 @@ func (c *compiler) policy(np *networkingv1.NetworkPolicy, ports map[string]*Port
 			pp.Egress.Rules = append(pp.Egress.Rules, egRules...)
 		}
 	}
-	return nil
+	return errs
 }
 
 // egressRules compiles egress rule i of policy name: one Rule for its
 // numbered ports (or all ports) with every peer, and one per named port
-// and number it resolves to, with the endpoints that resolve it so.
-func egressRules(name string, i int, ps peerSet, ports []compiledPort) []Rule {
+// and number it resolves to, with the destination endpoints that resolve
+// it so. A named port is a container port of a pod: it resolves on the
+// network's endpoints the rule's peers cover (those its selectors pick,
+// those with an address in its ipBlocks, every one when it has no "to"),
+// and matches no other destination (an address outside the network, or
+// one no pod holds).
+func (c *compiler) egressRules(name string, i int, ps peerSet, ports []compiledPort) []Rule {
 	base := fmt.Sprintf("%s egress[%d]", name, i)
 	var numbered []Port
 	named := map[string]bool{} // name/protocol -> present
@@ -362,17 +343,27 @@ func egressRules(name string, i int, ps peerSet, ports []compiledPort) []Rule {
 	if len(named) == 0 {
 		return out
 	}
-	// Named ports resolve on each peer endpoint; ipBlock peers and "any
-	// peer" have no container ports to resolve them with.
-	if ps.any {
-		return out // a named port to "anywhere" has no endpoint to resolve it with
+	candidates := slices.Clone(ps.endpoints)
+	switch {
+	case ps.any:
+		candidates = c.all
+	case len(ps.blocks) > 0:
+		for _, e := range c.all {
+			if slices.ContainsFunc(e.Addrs, func(a netip.Addr) bool {
+				return slices.ContainsFunc(ps.blocks, func(b netip.Prefix) bool { return b.Contains(a.Unmap()) })
+			}) {
+				candidates = append(candidates, e)
+			}
+		}
 	}
 	groups := map[Port][]*Endpoint{}
-	for _, e := range ps.endpoints {
+	for _, e := range candidates {
 		for _, np := range e.Ports {
 			if named[np.Name+"/"+np.Protocol] {
 				k := Port{Protocol: np.Protocol, Port: np.Port}
-				groups[k] = append(groups[k], e)
+				if !slices.Contains(groups[k], e) {
+					groups[k] = append(groups[k], e)
+				}
 			}
 		}
 	}
@@ -509,14 +500,14 @@ func normalize(ps []netip.Prefix) []netip.Prefix {
 
 // ipBlock returns b's CIDR without its exceptions, as prefixes.
 func ipBlock(b *networkingv1.IPBlock, field string) ([]netip.Prefix, error) {
-	cidr, err := netip.ParsePrefix(b.CIDR)
+	cidr, err := parseCIDR(b.CIDR)
 	if err != nil {
 		return nil, fmt.Errorf("%s.cidr %q: %w", field, b.CIDR, err)
 	}
 	cidr = cidr.Masked()
 	out := []netip.Prefix{cidr}
 	for i, s := range b.Except {
-		ex, err := netip.ParsePrefix(s)
+		ex, err := parseCIDR(s)
 		if err != nil {
 			return nil, fmt.Errorf("%s.except[%d] %q: %w", field, i, s, err)
 		}
@@ -531,6 +522,20 @@ func ipBlock(b *networkingv1.IPBlock, field string) ([]netip.Prefix, error) {
 		out = next
 	}
 	return out, nil
+}
+
+// parseCIDR parses an ipBlock CIDR: an IPv4 or IPv6 prefix, not an
+// IPv4-mapped IPv6 one (which the datapath, matching IPv4 packets as
+// IPv4, could never match).
+func parseCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return p, err
+	}
+	if p.Addr().Is4In6() {
+		return p, fmt.Errorf("an IPv4-mapped IPv6 prefix: write the IPv4 prefix")
+	}
+	return p, nil
 }
 
 // subtract returns p without ex, as the fewest prefixes.

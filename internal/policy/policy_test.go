@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -15,7 +16,8 @@ import (
 
 // world is the upstream e2e model: namespaces x, y, z (label ns=<name>),
 // pods a, b, c in each (label pod=<name>), every pod local, with a named
-// port "serve-80-tcp" (80/TCP) on pod a only, and address
+// port "serve-80-tcp" (80/TCP) on pod a only, a named port "web" that is
+// 80/TCP on pod a and 81/TCP on pod b (none on c), and address
 // 10.0.<ns index>.<pod index>.
 func world() Input {
 	in := Input{Network: "tenant", Namespaces: map[string]map[string]string{}}
@@ -24,8 +26,12 @@ func world() Input {
 		for j, pod := range []string{"a", "b", "c"} {
 			e := Endpoint{Namespace: ns, Name: pod, Labels: map[string]string{"pod": pod}, Local: true,
 				Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 0, byte(i + 1), byte(j + 1)})}}
-			if pod == "a" {
-				e.Ports = []NamedPort{{Name: "serve-80-tcp", Protocol: TCP, Port: 80}, {Name: "serve-81-udp", Protocol: UDP, Port: 81}}
+			switch pod {
+			case "a":
+				e.Ports = []NamedPort{{Name: "serve-80-tcp", Protocol: TCP, Port: 80}, {Name: "serve-81-udp", Protocol: UDP, Port: 81},
+					{Name: "web", Protocol: TCP, Port: 80}}
+			case "b":
+				e.Ports = []NamedPort{{Name: "web", Protocol: TCP, Port: 81}}
 			}
 			in.Endpoints = append(in.Endpoints, e)
 		}
@@ -88,12 +94,13 @@ func named(proto corev1.Protocol, name string) networkingv1.NetworkPolicyPort {
 func TestCompileMatrix(t *testing.T) {
 	ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 	egress := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-	end81 := int32(81)
+	end83 := int32(83)
 	type probe struct {
 		proto string
 		port  uint16
 	}
 	all := []probe{{TCP, 80}, {TCP, 81}, {UDP, 80}, {UDP, 81}}
+	tcp80to84 := []probe{{TCP, 80}, {TCP, 81}, {TCP, 82}, {TCP, 83}, {TCP, 84}, {UDP, 82}}
 	cases := []struct {
 		name     string
 		policies []*networkingv1.NetworkPolicy
@@ -164,14 +171,46 @@ func TestCompileMatrix(t *testing.T) {
 			return !strings.HasPrefix(from, "x/") || (strings.HasSuffix(to, "/a") && proto == UDP && port == 81)
 		},
 	}, {
-		name: "endPort range",
+		name: "endPort range 81-83, probed inside and outside",
 		policies: []*networkingv1.NetworkPolicy{np("y", "range", networkingv1.NetworkPolicySpec{
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
-				func() networkingv1.NetworkPolicyPort { p := tcp(81); p.EndPort = &end81; return p }()}}},
+				func() networkingv1.NetworkPolicyPort { p := tcp(81); p.EndPort = &end83; return p }()}}},
 		})},
-		probes: all,
+		probes: tcp80to84,
 		want: func(from, to, proto string, port uint16) bool {
-			return !strings.HasPrefix(to, "y/") || (proto == TCP && port == 81)
+			return !strings.HasPrefix(to, "y/") || (proto == TCP && port >= 81 && port <= 83)
+		},
+	}, {
+		name: "ingress named port resolving to 80 on pods a and 81 on pods b",
+		policies: []*networkingv1.NetworkPolicy{np("z", "web", networkingv1.NetworkPolicySpec{
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "web")}}},
+		})},
+		probes: tcp80to84,
+		want: func(from, to, proto string, port uint16) bool {
+			return !strings.HasPrefix(to, "z/") || to == "z/a" && proto == TCP && port == 80 || to == "z/b" && proto == TCP && port == 81
+		},
+	}, {
+		name: "egress by named port with no to resolves on every destination",
+		policies: []*networkingv1.NetworkPolicy{np("x", "web-out", networkingv1.NetworkPolicySpec{
+			PolicyTypes: egress,
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "web")}}},
+		})},
+		probes: tcp80to84,
+		want: func(from, to, proto string, port uint16) bool {
+			return !strings.HasPrefix(from, "x/") || strings.HasSuffix(to, "/a") && proto == TCP && port == 80 ||
+				strings.HasSuffix(to, "/b") && proto == TCP && port == 81
+		},
+	}, {
+		name: "egress by named port to an ipBlock resolves on the pods inside it",
+		policies: []*networkingv1.NetworkPolicy{np("x", "web-block", networkingv1.NetworkPolicySpec{
+			PolicyTypes: egress,
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.2.0/24"}}},
+				Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "web")}}},
+		})},
+		probes: tcp80to84,
+		want: func(from, to, proto string, port uint16) bool {
+			return !strings.HasPrefix(from, "x/") || to == "y/a" && proto == TCP && port == 80 || to == "y/b" && proto == TCP && port == 81
 		},
 	}, {
 		name: "ipBlock with except",
@@ -333,43 +372,90 @@ func TestCompileOtherNetworkNeverMatches(t *testing.T) {
 	}
 }
 
-func TestCompileErrors(t *testing.T) {
+// TestCompileFailsClosed: a policy with a part the compiler cannot use
+// still isolates the pods it selects in its directions, the unusable
+// rule admits nothing, its other rules and the other policies apply, and
+// the error names the policy, the field, the value and the effect.
+func TestCompileFailsClosed(t *testing.T) {
 	badProto := corev1.Protocol("ICMP")
 	port0 := intstr.FromInt32(0)
 	end := int32(70)
 	p80 := intstr.FromInt32(80)
+	fromB := networkingv1.NetworkPolicyIngressRule{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("pod", "b")}}}
+	toB := networkingv1.NetworkPolicyEgressRule{To: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("pod", "b")}}}
+	egress := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 	cases := []struct {
 		name string
 		spec networkingv1.NetworkPolicySpec
-		want string
+		want string // in the error
+		// isolated: the pods isolated (x/a, x/b, x/c: "abc") per direction;
+		// in, out: the rules x/a keeps, by name.
+		isoIn, isoOut string
+		in, out       []string
 	}{
-		{"bad cidr", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}}}}}},
-			`spec.ingress[0] peer[0].ipBlock.cidr "10.0.0.0/33"`},
+		{"bad cidr", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{
+			{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}}}}, fromB}},
+			`spec.ingress[0] peer[0].ipBlock.cidr "10.0.0.0/33": netip.ParsePrefix("10.0.0.0/33"): prefix length out of range: rule spec.ingress[0] admits nothing`,
+			"abc", "", []string{"x/bad ingress[1]"}, nil},
+		{"IPv4-mapped cidr", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{
+			{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "::ffff:10.0.0.0/104"}}}}}},
+			`spec.ingress[0] peer[0].ipBlock.cidr "::ffff:10.0.0.0/104": an IPv4-mapped IPv6 prefix`,
+			"abc", "", nil, nil},
 		{"except outside", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}}}}},
-			`spec.ingress[0] peer[0].ipBlock.except[0] "10.1.0.0/24": not inside cidr`},
-		{"bad protocol", networkingv1.NetworkPolicySpec{Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &badProto}}}}},
-			`spec.egress[0].ports[0].protocol "ICMP"`},
+			`spec.ingress[0] peer[0].ipBlock.except[0] "10.1.0.0/24": not inside cidr`, "abc", "", nil, nil},
+		{"bad protocol", networkingv1.NetworkPolicySpec{PolicyTypes: egress, Egress: []networkingv1.NetworkPolicyEgressRule{
+			toB, {Ports: []networkingv1.NetworkPolicyPort{{Protocol: &badProto}}}}},
+			`spec.egress[1].ports[0].protocol "ICMP": want TCP, UDP or SCTP: rule spec.egress[1] admits nothing`,
+			"", "abc", nil, []string{"x/bad egress[0]"}},
 		{"port 0", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &port0}}}}},
-			`spec.ingress[0].ports[0].port 0`},
+			`spec.ingress[0].ports[0].port 0`, "abc", "", nil, nil},
 		{"endPort below port", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &p80, EndPort: &end}}}}},
-			`spec.ingress[0].ports[0].endPort 70`},
+			`spec.ingress[0].ports[0].endPort 70`, "abc", "", nil, nil},
 		{"empty peer", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{}}}}},
-			`spec.ingress[0] peer[0]: one of podSelector`},
-		{"bad selector", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}}},
-			`spec.podSelector`},
-		{"bad policy type", networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{"Sideways"}},
-			`spec.policyTypes[0] "Sideways"`},
+			`spec.ingress[0] peer[0]: one of podSelector`, "abc", "", nil, nil},
+		{"bad selector selects the whole namespace", networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pod": "a"}, MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{fromB}},
+			`spec.podSelector: "Near" is not a valid label selector operator: the policy isolates every pod of namespace "x"`,
+			"abc", "", []string{"x/bad ingress[0]"}, nil},
+		{"bad policy type isolates both directions", networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{"Sideways"},
+			PodSelector: *sel("pod", "a"), Ingress: []networkingv1.NetworkPolicyIngressRule{fromB}},
+			`spec.policyTypes[0] "Sideways": want Ingress or Egress: the policy isolates its pods in both directions`,
+			"a", "a", []string{"x/bad ingress[0]"}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			in := world()
 			in.Policies = []*networkingv1.NetworkPolicy{np("x", "bad", tc.spec), np("y", "good", networkingv1.NetworkPolicySpec{})}
 			c, errs := Compile(in)
-			if len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want) || !strings.Contains(errs[0].Error(), `"x/bad"`) {
+			if len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want) || !strings.Contains(errs[0].Error(), `policy "x/bad" on network "tenant"`) {
 				t.Fatalf("errors: got %v, want one naming x/bad and %q", errs, tc.want)
 			}
-			if c.Port("x", "a") != nil {
-				t.Errorf("the bad policy was compiled for x/a")
+			if pe := (*Error)(nil); !errors.As(errs[0], &pe) || pe.Policy != "x/bad" {
+				t.Errorf("error %v is not a *Error for x/bad", errs[0])
+			}
+			for _, pod := range []string{"a", "b", "c"} {
+				p := c.Port("x", pod)
+				gotIn, gotOut := p != nil && p.Ingress.Isolated, p != nil && p.Egress.Isolated
+				if gotIn != strings.Contains(tc.isoIn, pod) || gotOut != strings.Contains(tc.isoOut, pod) {
+					t.Errorf("x/%s isolated for ingress %v, egress %v; want %v, %v", pod, gotIn, gotOut,
+						strings.Contains(tc.isoIn, pod), strings.Contains(tc.isoOut, pod))
+				}
+			}
+			if p := c.Port("x", "a"); p != nil {
+				names := func(rs []Rule) []string {
+					var out []string
+					for _, r := range rs {
+						out = append(out, r.Name)
+					}
+					return out
+				}
+				if got := names(p.Ingress.Rules); !slices.Equal(got, tc.in) {
+					t.Errorf("x/a ingress rules %q, want %q", got, tc.in)
+				}
+				if got := names(p.Egress.Rules); !slices.Equal(got, tc.out) {
+					t.Errorf("x/a egress rules %q, want %q", got, tc.out)
+				}
 			}
 			if p := c.Port("y", "a"); p == nil || !p.Ingress.Isolated {
 				t.Errorf("the good policy was not compiled: %+v", p)

@@ -363,7 +363,7 @@ func diagnoseConnection(r *Report, f *connFacts, opts ConnOptions) {
 	r.ok("network", "%s (%s): policed by %s, %d in its namespaces", f.Network, role, f.Kind, len(f.Input.Policies))
 	compiled, errs := netpolicy.Compile(f.Input)
 	for _, err := range errs {
-		r.ok("not enforced", "%v", err) // kvnet-controller reports it as an event
+		r.ok("fails closed", "%v", err) // kvnet-controller reports it as an event
 	}
 	srcAddrs, dstAddrs := addrOn(f.Src, f.Network), addrOn(f.Dst, f.Network)
 	var sa, da netip.Addr

@@ -77,6 +77,12 @@ func TestWhyConnection(t *testing.T) {
 			Annotations: map[string]string{mnpv1beta1.PolicyForAnnotation: "blue"}},
 			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "store"}},
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.1.0.0/28"}}}}}}},
+		// A CIDR the CRD accepts and the compiler cannot use: the policy
+		// fails closed, far is isolated and the rule admits nothing.
+		&mnpv1beta1.MultiNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: sec, Name: "far-broken",
+			Annotations: map[string]string{mnpv1beta1.PolicyForAnnotation: "blue"}},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "far"}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.1.0.0/33"}}}}}}},
 	)
 
 	for _, tc := range []struct {
@@ -104,9 +110,13 @@ func TestWhyConnection(t *testing.T) {
 		{"different tenants", []string{ns + "/web", other + "/web", "--port", "80"}, DifferentNetworks,
 			[]string{"different networks", ns + "_net (primary, NAD " + ns + "/net)", other + "_net (primary, NAD " + other + "/net)"}, nil},
 		{"MultiNetworkPolicy allows", []string{sec + "/near", sec + "/store", "--port", "80"}, "",
-			[]string{sec + "_blue (secondary): policed by MultiNetworkPolicy, 1 in its namespaces", "allowed by MultiNetworkPolicy " + sec + "/store-from-near ingress[0]"}, nil},
+			[]string{sec + "_blue (secondary): policed by MultiNetworkPolicy, 2 in its namespaces", "allowed by MultiNetworkPolicy " + sec + "/store-from-near ingress[0]"}, nil},
 		{"MultiNetworkPolicy refuses", []string{sec + "/far", sec + "/store", "--port", "80"}, PolicyDeniesIngress,
 			[]string{"isolated for ingress by MultiNetworkPolicy " + sec + "/store-from-near"}, nil},
+		{"a policy that cannot be compiled fails closed", []string{sec + "/near", sec + "/far", "--port", "80"}, PolicyDeniesIngress,
+			[]string{"isolated for ingress by MultiNetworkPolicy " + sec + "/far-broken",
+				`fails closed  policy "` + sec + `/far-broken" on network "` + sec + `_blue": spec.ingress[0] peer[0].ipBlock.cidr "10.1.0.0/33"`,
+				"rule spec.ingress[0] admits nothing"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := expectWhy(t, tc.code, tc.want, append([]string{"connection"}, tc.args...)...)

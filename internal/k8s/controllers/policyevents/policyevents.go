@@ -10,8 +10,10 @@
 //     or names a NAD that does not exist, is not kvnet's (type other than
 //     kvnet-cni), does not parse, is a primary network (NetworkPolicies
 //     police those) or has no subnets (no addresses to enforce on);
-//   - a policy the compiler (package policy) rejects: its error names the
-//     field and value.
+//   - a part of a policy the compiler (package policy) cannot use: its
+//     error names the field and value and what kvnet-node enforces
+//     instead (it fails closed: the selected pods stay isolated, the
+//     unusable rule admits nothing).
 //
 // Policies are re-evaluated when they change and when NADs change. The
 // event recorder deduplicates repeated events into a series. Fine
@@ -61,7 +63,8 @@ const (
 	PolicyForPrimaryNetwork = "PolicyForPrimaryNetwork"
 	// PolicyForNoSubnets: policy-for names a network without subnets.
 	PolicyForNoSubnets = "PolicyForNoSubnets"
-	// PolicyInvalid: the compiler rejects the policy.
+	// PolicyInvalid: the compiler cannot use part of the policy, which
+	// fails closed.
 	PolicyInvalid = "PolicyInvalid"
 )
 
@@ -201,7 +204,7 @@ func (r *reconciler) compile(o client.Object, network string, np *networkingv1.N
 	_, errs := policy.Compile(policy.Input{Network: network, Namespaces: map[string]map[string]string{np.Namespace: nil},
 		Policies: []*networkingv1.NetworkPolicy{np}})
 	for _, err := range errs {
-		r.warn(o, PolicyInvalid, "%v: the policy is not enforced", err)
+		r.warn(o, PolicyInvalid, "%v", err) // names the field, the value and what kvnet enforces instead
 	}
 }
 

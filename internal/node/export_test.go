@@ -1,0 +1,35 @@
+package node
+
+import (
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"kvnet.io/kvnet/internal/datapath"
+)
+
+// RefusePolicyRules makes the datapath check kvnet-node runs on a
+// network's policies (failClosed) refuse every state holding a rule
+// whose name is in the list set by the returned function, as if the
+// datapath could not program it, until the test ends. Call it before the
+// test's agents start: they read the seam while they run.
+func RefusePolicyRules(t testing.TB) (set func(names ...string)) {
+	t.Helper()
+	var refused atomic.Pointer[[]string]
+	refused.Store(&[]string{})
+	orig := validatePolicies
+	validatePolicies = func(s datapath.State) error {
+		names := *refused.Load()
+		for _, pp := range s.Policies {
+			for _, d := range []*datapath.PolicyDirection{pp.Ingress, pp.Egress} {
+				if d != nil && slices.ContainsFunc(d.Rules, func(r datapath.PolicyRule) bool { return slices.Contains(names, r.Name) }) {
+					return errors.New("refused by the test")
+				}
+			}
+		}
+		return orig(s)
+	}
+	t.Cleanup(func() { validatePolicies = orig })
+	return func(names ...string) { refused.Store(&names) }
+}
