@@ -41,10 +41,14 @@ func webPod(ns, name, node, image string) *corev1.Pod {
 					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
 					PeriodSeconds: 1,
 				},
+				// The first liveness probe waits 3 s, so that no probe
+				// asks before httpd listens: the real-cluster test
+				// requires that not one liveness probe fails.
 				LivenessProbe: &corev1.Probe{
-					ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-					PeriodSeconds:    2,
-					FailureThreshold: 3,
+					ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+					InitialDelaySeconds: 3,
+					PeriodSeconds:       2,
+					FailureThreshold:    3,
 				},
 			}},
 		},

@@ -46,10 +46,13 @@ const (
 	// nor they it.
 	ScenarioTenantIsolation = "tenant-isolation"
 	// ScenarioServiceDNS: a ClusterIP Service of the UDN's pods answers
-	// at its name (CoreDNS) from a pod of the UDN.
+	// at its name (CoreDNS) from a pod of the UDN, from each of its two
+	// backends.
 	ScenarioServiceDNS = "udn-service-by-name"
-	// ScenarioEgress: a pod of the UDN reaches an HTTP server outside the
-	// cluster.
+	// ScenarioEgress: a pod of the UDN reaches HTTP servers outside the
+	// cluster through its network's router, not through eth0: its node
+	// translated the router's transit address, where a default-network
+	// pod's connection (the control) is translated from its pod IP.
 	ScenarioEgress = "udn-egress"
 	// ScenarioSecondary: two pods on two nodes attached to a secondary
 	// Layer2 UDN reach each other on it.
@@ -122,6 +125,15 @@ type ScenarioTarget struct {
 	// EgressURL is an HTTP URL outside the cluster that a pod of a
 	// primary UDN must reach (2xx), e.g. the registry's http://<host>:5000/v2/.
 	EgressURL string
+	// EgressListen is an address of this host, outside the cluster and
+	// reachable from its pods, where the egress scenario serves the
+	// egress server (egress.go) on a free port: it answers with the
+	// client's address as it sees it and what the client's node
+	// translated to it.
+	EgressListen netip.Addr
+	// NodeNetns returns the path of a node's network namespace on this
+	// host, whose conntrack table the egress server reads (needs root).
+	NodeNetns func(node string) (string, error)
 	// PodTimeout bounds the wait for the pods to be Ready (0: 4 minutes).
 	PodTimeout time.Duration
 	// GuestImage is the lab guest's containerDisk (GUEST_IMAGE of the
@@ -136,7 +148,8 @@ type ScenarioTarget struct {
 // its admin client, the busybox image, its first two nodes and the
 // registry as the outside server.
 func (c *Cluster) ScenarioTarget() ScenarioTarget {
-	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"]}
+	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"],
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath}
 	if len(c.Nodes) >= 2 {
 		t.Nodes = c.Nodes[:2]
 	}
@@ -165,7 +178,8 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 			return ScenarioTarget{}, fmt.Errorf("env file %s: no %s", filepath.Join(dir, EnvFile), k)
 		}
 	}
-	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"]}, nil
+	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"],
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath}, nil
 }
 
 // ReadEnv reads the env file of the cluster whose state directory is
@@ -943,7 +957,8 @@ func (s *scenarios) tenantIsolation(ctx context.Context) (string, error) {
 }
 
 // serviceByName: a-1 fetches http://web.<ns>.svc.cluster.local/, the
-// ClusterIP Service of a-1 and a-2, resolved by the cluster DNS.
+// ClusterIP Service of a-1 and a-2, resolved by the cluster DNS, until
+// both backends have answered.
 func (s *scenarios) serviceByName(ctx context.Context) (string, error) {
 	ps, err := s.need(ctx, nsTenantA+"/a-1", nsTenantA+"/a-2")
 	if err != nil {
@@ -954,27 +969,94 @@ func (s *scenarios) serviceByName(ctx context.Context) (string, error) {
 		return "", err
 	}
 	url := "http://web." + nsTenantA + ".svc.cluster.local/"
-	body, err := s.reach(ctx, ps[0], url, "hello from a-")
+	seen, err := reachAll(ctx, serviceTries, func(ctx context.Context) (string, error) {
+		out, errOut, err := s.fetch(ctx, ps[0], url, reachTry)
+		if err != nil {
+			return "", fmt.Errorf("%s: httpget %s: %v: %s", ps[0], url, err, strings.TrimSpace(errOut))
+		}
+		return strings.TrimSpace(out), nil
+	}, []string{"hello from a-1", "hello from a-2"})
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("service %s/web (cluster IP %s): %w", nsTenantA, svc.Spec.ClusterIP, err)
 	}
-	return fmt.Sprintf("a-1 fetched %s (cluster IP %s): %q", url, svc.Spec.ClusterIP, body), nil
+	return fmt.Sprintf("a-1 fetched %s (cluster IP %s) from both backends: %s", url, svc.Spec.ClusterIP, seen), nil
 }
 
-// egress: a-1 fetches the URL outside the cluster.
+// serviceTries bounds the fetches reachAll makes: with two endpoints
+// drawn at random per connection, missing one in 40 fetches has a
+// chance of 2^-39.
+const serviceTries = 40
+
+// reachAll calls fetch (one connection each) until every body in want
+// has come back, at most tries times, and returns how often each came
+// (e.g. "a-1 ×3, a-2 ×2"). A failed fetch counts as a try; a body not
+// in want fails at once (a backend that is not the Service's). The
+// error names the bodies that never came.
+func reachAll(ctx context.Context, tries int, fetch func(context.Context) (string, error), want []string) (string, error) {
+	count := map[string]int{}
+	var lastErr error
+	fails := 0
+	for range tries {
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		body, err := fetch(ctx)
+		if err != nil {
+			lastErr, fails = err, fails+1
+			continue
+		}
+		known := false
+		for _, w := range want {
+			known = known || body == w
+		}
+		if !known {
+			return "", fmt.Errorf("got %q, want one of %q", body, want)
+		}
+		count[body]++
+		if len(count) == len(want) {
+			break
+		}
+	}
+	var got, missing []string
+	for _, w := range want {
+		if count[w] == 0 {
+			missing = append(missing, fmt.Sprintf("%q", w))
+		} else {
+			got = append(got, fmt.Sprintf("%q ×%d", w, count[w]))
+		}
+	}
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("no answer %s in %d tries (got %s; %d failed", strings.Join(missing, ", "), tries, strings.Join(got, ", "), fails)
+		if lastErr != nil {
+			msg += ", last: " + lastErr.Error()
+		}
+		return "", errors.New(msg + ")")
+	}
+	return strings.Join(got, ", "), nil
+}
+
+// egress: a-1 fetches the URL outside the cluster, and the egress
+// server on this host: its node must have translated the router's
+// transit address (the UDN's egress), not a-1's pod IP (eth0, Flannel's
+// egress). The control: plain-1, a default-network pod on the same node,
+// is seen leaving by its pod IP, so the check tells the two ways apart.
 func (s *scenarios) egress(ctx context.Context) (string, error) {
 	if s.t.EgressURL == "" {
 		return "", errors.New("no URL outside the cluster to fetch (ScenarioTarget.EgressURL)")
 	}
-	ps, err := s.need(ctx, nsTenantA+"/a-1")
+	if !s.t.EgressListen.IsValid() {
+		return "", errors.New("no host address to serve the egress server on (ScenarioTarget.EgressListen)")
+	}
+	ps, err := s.need(ctx, nsTenantA+"/a-1", nsPlain+"/plain-1")
 	if err != nil {
 		return "", err
 	}
+	a1, plain1 := ps[0], ps[1]
 	var body string
 	err = poll(ctx, reachTimeout, func(ctx context.Context) error {
-		out, errOut, err := s.fetch(ctx, ps[0], s.t.EgressURL, reachTry)
+		out, errOut, err := s.fetch(ctx, a1, s.t.EgressURL, reachTry)
 		if err != nil {
-			return fmt.Errorf("%s: httpget %s: %v: %s", ps[0], s.t.EgressURL, err, strings.TrimSpace(errOut))
+			return fmt.Errorf("%s: httpget %s: %v: %s", a1, s.t.EgressURL, err, strings.TrimSpace(errOut))
 		}
 		body = strings.TrimSpace(out)
 		return nil
@@ -982,7 +1064,57 @@ func (s *scenarios) egress(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("a-1 fetched %s: %q", s.t.EgressURL, body), nil
+	srv, err := startEgressServer(s.t.EgressListen, s.t.NodeNetns)
+	if err != nil {
+		return "", err
+	}
+	defer srv.Close()
+	var paths []string
+	for _, c := range []struct {
+		p    *scenarioPod
+		want string
+	}{{plain1, egressEth0}, {a1, egressUDN}} {
+		eth0, err := netip.ParseAddr(c.p.pod.Status.PodIP)
+		if err != nil {
+			return "", fmt.Errorf("pod %s: status.podIP %q: %w", c.p, c.p.pod.Status.PodIP, err)
+		}
+		seen, origin, err := s.fetchEgress(ctx, c.p, srv)
+		if err != nil {
+			return "", err
+		}
+		path, err := egressPath(origin, eth0)
+		if err == nil && path != c.want {
+			err = fmt.Errorf("left through %s (the node translated %s), want %s", path, origin, c.want)
+		}
+		if err != nil {
+			if c.p == plain1 {
+				return "", fmt.Errorf("control: %s: %w", c.p, err)
+			}
+			return "", fmt.Errorf("%s: %w", c.p, err)
+		}
+		if c.want == egressUDN {
+			if err := s.seenFromNode(ctx, c.p, seen.Addr()); err != nil {
+				return "", err
+			}
+		}
+		paths = append(paths, fmt.Sprintf("%s seen as %s, its node %s translated %s (%s)", c.p, seen, c.p.pod.Spec.NodeName, origin, path))
+	}
+	return fmt.Sprintf("a-1 fetched %s: %q; egress server %s: %s", s.t.EgressURL, body, srv.URL, strings.Join(paths, "; ")), nil
+}
+
+// seenFromNode checks that addr, where the outside saw pod p's
+// connection come from, is p's node's InternalIP.
+func (s *scenarios) seenFromNode(ctx context.Context, p *scenarioPod, addr netip.Addr) error {
+	n, err := s.t.Client.CoreV1().Nodes().Get(ctx, p.pod.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && a.Address == addr.String() {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: the outside saw %s, not its node %s's InternalIP (%v)", p, addr, n.Name, n.Status.Addresses)
 }
 
 // secondary: sec-1 and sec-2 reach each other on net1, the secondary
