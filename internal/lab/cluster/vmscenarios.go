@@ -106,6 +106,33 @@ func parseGuestLeases(console string) []guestLease {
 	return out
 }
 
+// KubeVirt's masquerade binding: virt-launcher's DHCP server gives the
+// guest this address of the binding's default vmNetworkCIDR
+// (10.0.2.0/24, gateway .1) and NATs it to the pod's address.
+var masqueradeGuest = netip.MustParsePrefix("10.0.2.2/24")
+
+// checkMasqueradeLease checks a masquerade guest's console leases: the
+// last one on the NIC with the VMI's MAC is KubeVirt's masquerade
+// address (virt-launcher's DHCP, not kvnet's). It returns that lease.
+func checkMasqueradeLease(leases []guestLease, mac string) (guestLease, error) {
+	if mac == "" {
+		return guestLease{}, errors.New("VMI interface without a MAC to find the guest's lease by")
+	}
+	var last *guestLease
+	for i := range leases {
+		if strings.EqualFold(leases[i].MAC, mac) {
+			last = &leases[i]
+		}
+	}
+	switch {
+	case last == nil:
+		return guestLease{}, fmt.Errorf("guest printed no lease for its NIC %s (leases %v)", mac, leases)
+	case last.IP != masqueradeGuest:
+		return *last, fmt.Errorf("guest's NIC %s leased %s, want KubeVirt's masquerade address %s", mac, last.IP, masqueradeGuest)
+	}
+	return *last, nil
+}
+
 // vmSpec is what vmObject builds a VirtualMachine from.
 type vmSpec struct {
 	ns, name string
@@ -379,6 +406,40 @@ func (s *vmScenarios) waitVM(ctx context.Context, v *runningVM) error {
 	return nil
 }
 
+// vmiClaimIP checks that the VMI runs (phase Running, on a node) with
+// claim, its IPAMClaim's address, on its first interface (ipAddress or
+// among ipAddresses), and returns that interface's MAC and the node.
+func vmiClaimIP(vmi *unstructured.Unstructured, claim netip.Addr) (mac, node string, err error) {
+	phase, _, _ := unstructured.NestedString(vmi.Object, "status", "phase")
+	node, _, _ = unstructured.NestedString(vmi.Object, "status", "nodeName")
+	if phase != "Running" || node == "" {
+		return "", "", fmt.Errorf("VMI %s/%s: phase %q on node %q, want Running", vmi.GetNamespace(), vmi.GetName(), phase, node)
+	}
+	ifaces, _, _ := unstructured.NestedSlice(vmi.Object, "status", "interfaces")
+	if len(ifaces) == 0 {
+		return "", "", fmt.Errorf("VMI %s/%s: no status.interfaces yet", vmi.GetNamespace(), vmi.GetName())
+	}
+	i0, _ := ifaces[0].(map[string]any)
+	var addrs []string
+	if a, ok := i0["ipAddress"].(string); ok {
+		addrs = append(addrs, a)
+	}
+	if l, ok := i0["ipAddresses"].([]any); ok {
+		for _, a := range l {
+			if a, ok := a.(string); ok {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && ip == claim {
+			mac, _ = i0["mac"].(string)
+			return mac, node, nil
+		}
+	}
+	return "", "", fmt.Errorf("VMI %s/%s: addresses %v, want its IPAMClaim's %s", vmi.GetNamespace(), vmi.GetName(), addrs, claim)
+}
+
 // vmiReady reports the VMI's Ready condition.
 func vmiReady(vmi *unstructured.Unstructured) bool {
 	conds, _, _ := unstructured.NestedSlice(vmi.Object, "status", "conditions")
@@ -490,9 +551,9 @@ func (s *vmScenarios) masquerade(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	leases := parseGuestLeases(console)
-	if len(leases) == 0 {
-		return "", fmt.Errorf("guest of %s printed no lease on its console", v)
+	lease, err := checkMasqueradeLease(parseGuestLeases(console), v.mac)
+	if err != nil {
+		return "", fmt.Errorf("VM %s: %w", v, err)
 	}
 	ps, err := s.need(ctx, nsVM+"/vc")
 	if err != nil {
@@ -505,8 +566,8 @@ func (s *vmScenarios) masquerade(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("VMI %s on %s: IP %s = IPAMClaim vm-m.default, launcher ovn-udn1 %s; guest lease %s %s (KubeVirt's DHCP behind masquerade); %s on %s fetched %q",
-		v, v.node, v.ip, claim, leases[0].Iface, leases[0].IP, ps[0], ps[0].node, body), nil
+	return fmt.Sprintf("VMI %s on %s: IP %s = IPAMClaim vm-m.default, launcher ovn-udn1 %s; guest lease %s %s %s = KubeVirt's masquerade address (its DHCP, behind NAT); %s on %s fetched %q",
+		v, v.node, v.ip, claim, lease.Iface, lease.MAC, lease.IP, ps[0], ps[0].node, body), nil
 }
 
 // tenant: another tenant's pod on the same subnet does not reach the VM.
@@ -566,6 +627,14 @@ func (s *vmScenarios) podNetwork(ctx context.Context) (string, error) {
 	if !inPodCIDRs(n, v.ip) {
 		return "", fmt.Errorf("VMI %s IP %s not in node %s's pod CIDRs %v", v, v.ip, v.node, n.Spec.PodCIDRs)
 	}
+	console, err := s.console(ctx, v.ns, v.uid, v.node)
+	if err != nil {
+		return "", err
+	}
+	lease, err := checkMasqueradeLease(parseGuestLeases(console), v.mac)
+	if err != nil {
+		return "", fmt.Errorf("VM %s: %w", v, err)
+	}
 	ps, err := s.need(ctx, nsVMPlain+"/vp")
 	if err != nil {
 		return "", err
@@ -574,7 +643,7 @@ func (s *vmScenarios) podNetwork(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("VMI %s on %s: IP %s of the default network; %s on %s fetched %q", v, v.node, v.ip, ps[0], ps[0].node, body), nil
+	return fmt.Sprintf("VMI %s on %s: IP %s of the default network; guest lease %s %s = KubeVirt's masquerade address; %s on %s fetched %q", v, v.node, v.ip, lease.MAC, lease.IP, ps[0], ps[0].node, body), nil
 }
 
 // setRunStrategy sets the VM's spec.runStrategy.

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 func TestParseGuestLeases(t *testing.T) {
@@ -72,6 +74,77 @@ func TestMaxEchoGap(t *testing.T) {
 	} {
 		if got := maxEchoGap(gaps, tc.after); got != tc.want {
 			t.Errorf("maxEchoGap(after %d) = %s, want %s", tc.after, got, tc.want)
+		}
+	}
+}
+
+// TestCheckMasqueradeLease: a masquerade guest's lease is compared with
+// KubeVirt's masquerade address, on the NIC with the VMI's MAC, the
+// latest one winning; any other address (kvnet's claim, a stale lease)
+// fails.
+func TestCheckMasqueradeLease(t *testing.T) {
+	lease := func(mac, ip string) guestLease {
+		return guestLease{Iface: "eth0", MAC: mac, IP: netip.MustParsePrefix(ip)}
+	}
+	const mac = "02:00:00:aa:bb:01"
+	for _, tc := range []struct {
+		name   string
+		leases []guestLease
+		mac    string
+		err    string
+	}{
+		{"masquerade", []guestLease{lease(mac, "10.0.2.2/24")}, mac, ""},
+		{"MAC case", []guestLease{lease("02:00:00:AA:BB:01", "10.0.2.2/24")}, mac, ""},
+		{"the claim's address", []guestLease{lease(mac, "10.0.0.4/24")}, mac, "leased 10.0.0.4/24, want KubeVirt's masquerade address 10.0.2.2/24"},
+		{"wrong prefix", []guestLease{lease(mac, "10.0.2.2/16")}, mac, "leased 10.0.2.2/16"},
+		{"latest wins", []guestLease{lease(mac, "10.0.2.2/24"), lease(mac, "10.0.2.9/24")}, mac, "leased 10.0.2.9/24"},
+		{"another NIC", []guestLease{lease("02:00:00:aa:bb:02", "10.0.2.2/24")}, mac, "no lease for its NIC"},
+		{"none", nil, mac, "no lease"},
+		{"no MAC", []guestLease{lease(mac, "10.0.2.2/24")}, "", "without a MAC"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkMasqueradeLease(tc.leases, tc.mac)
+			switch {
+			case tc.err == "" && err != nil:
+				t.Errorf("unexpected error %v", err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("error %v, want one containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// TestVMIClaimIP: the benchmark's "Running with its IPAMClaim's address"
+// needs phase Running and the claim's address on the first interface;
+// any other address does not count.
+func TestVMIClaimIP(t *testing.T) {
+	claim := netip.MustParseAddr("10.0.0.4")
+	vmi := func(phase, node string, iface map[string]any) *unstructured.Unstructured {
+		status := map[string]any{"phase": phase, "nodeName": node}
+		if iface != nil {
+			status["interfaces"] = []any{iface}
+		}
+		return &unstructured.Unstructured{Object: map[string]any{
+			"metadata": map[string]any{"name": "vm-0", "namespace": "bench-vm-0"},
+			"status":   status,
+		}}
+	}
+	mac, node, err := vmiClaimIP(vmi("Running", "node-2", map[string]any{"ipAddress": "10.0.0.4", "mac": "02:00:00:00:00:01"}), claim)
+	if err != nil || mac != "02:00:00:00:00:01" || node != "node-2" {
+		t.Errorf("Running with the claim's address: %q %q %v", mac, node, err)
+	}
+	if _, _, err := vmiClaimIP(vmi("Running", "node-2", map[string]any{"ipAddress": "10.244.2.7", "ipAddresses": []any{"10.244.2.7", "10.0.0.4"}}), claim); err != nil {
+		t.Errorf("the claim's address among ipAddresses: %v", err)
+	}
+	for name, v := range map[string]*unstructured.Unstructured{
+		"another address": vmi("Running", "node-2", map[string]any{"ipAddress": "10.0.0.5"}),
+		"no address":      vmi("Running", "node-2", map[string]any{"mac": "02:00:00:00:00:01"}),
+		"scheduled":       vmi("Scheduled", "node-2", map[string]any{"ipAddress": "10.0.0.4"}),
+		"no interfaces":   vmi("Running", "node-2", nil),
+		"no node":         vmi("Running", "", map[string]any{"ipAddress": "10.0.0.4"}),
+	} {
+		if _, _, err := vmiClaimIP(v, claim); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }
