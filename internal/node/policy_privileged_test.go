@@ -7,6 +7,9 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -27,9 +30,10 @@ import (
 
 // The upstream NetworkPolicy e2e model on a CUDN: namespaces x, y, z
 // (label ns=x/y/z), pods a, b, c in each (label pod=a/b/c), each serving
-// TCP and UDP on ports 80 and 81 (named serve-<port>-<protocol>), on two
-// nodes. Every case checks the full 9x9 matrix on the four ports against
-// what the test computes itself.
+// TCP and UDP on ports 80, 81 and 82 (named serve-<port>-<protocol>), on
+// two nodes. Each pod also has a TCP container port named "web", whose
+// number differs from pod to pod (npWeb). Every case checks the full 9x9
+// matrix on the six ports against what the test computes itself.
 
 var (
 	npNamespaces = []string{"x", "y", "z"}
@@ -37,8 +41,20 @@ var (
 	npProbes     = []struct {
 		proto string
 		port  int
-	}{{"TCP", 80}, {"TCP", 81}, {"UDP", 80}, {"UDP", 81}}
+	}{{"TCP", 80}, {"TCP", 81}, {"TCP", 82}, {"UDP", 80}, {"UDP", 81}, {"UDP", 82}}
+	// npWeb is the number of each model pod's TCP container port named
+	// "web": one name, a different number on different pods, and none
+	// on z/c (a pod without the port is not reached through it).
+	npWeb = map[string]int{
+		"x/a": 80, "x/b": 81, "x/c": 82,
+		"y/a": 81, "y/b": 82, "y/c": 80,
+		"z/a": 82, "z/b": 80,
+	}
 )
+
+// npEchoPort is where the model pods echo, for long connections; no
+// matrix case probes it.
+const npEchoPort = 90
 
 // npPod is one pod of the model.
 type npPod struct {
@@ -65,20 +81,27 @@ func (w *npWorld) pod(ns, name string) *npPod {
 	panic("no pod " + ns + "/" + name)
 }
 
-// serveModelPorts runs p's servers: TCP and UDP 80 and 81 answering its
-// model name, and an echo server on TCP 82 for long connections.
+// serveModelPorts runs p's servers: TCP and UDP 80, 81 and 82 answering
+// its model name, and an echo server on TCP npEchoPort for long
+// connections.
 func serveModelPorts(t *testing.T, p *pod, name string) {
-	for _, port := range []int{80, 81} {
+	for _, port := range []int{80, 81, 82} {
 		nstest.ServeLine(t, p.netns, fmt.Sprintf(":%d", port), func(net.Conn) string { return name })
 		nstest.ServeUDPLine(t, p.netns, fmt.Sprintf(":%d", port), func(net.Addr) string { return name })
 	}
-	nstest.Serve(nstest.Listen(t, p.netns, ":82"), func(conn net.Conn) { _, _ = io.Copy(conn, conn) })
+	nstest.Serve(nstest.Listen(t, p.netns, fmt.Sprintf(":%d", npEchoPort)), func(conn net.Conn) { _, _ = io.Copy(conn, conn) })
 }
 
-func modelPorts(pod *corev1.Pod) {
+// modelPorts declares the container ports of model pod name (x/a): the
+// probed ports by their serve-<port>-<protocol> names, and "web".
+func modelPorts(pod *corev1.Pod, name string) {
+	ports := &pod.Spec.Containers[0].Ports
 	for _, pr := range npProbes {
-		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{
+		*ports = append(*ports, corev1.ContainerPort{
 			Name: fmt.Sprintf("serve-%d-%s", pr.port, strings.ToLower(pr.proto)), ContainerPort: int32(pr.port), Protocol: corev1.Protocol(pr.proto)})
+	}
+	if web, ok := npWeb[name]; ok {
+		*ports = append(*ports, corev1.ContainerPort{Name: "web", ContainerPort: int32(web), Protocol: corev1.ProtocolTCP})
 	}
 }
 
@@ -101,16 +124,13 @@ func newNPWorld(t *testing.T, l *lab, prefix, subnet string) *npWorld {
 	})
 	i := 0
 	for _, ns := range npNamespaces {
-		var nad nadv1.NetworkAttachmentDefinition
-		testenv.Eventually(t, waitTimeout, "NAD of "+w.k8s[ns], func() error {
-			return c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s[ns], Name: prefix}, &nad)
-		})
+		nad := w.nad(t, ns, prefix)
 		for _, name := range npPods {
 			node := []string{"n1", "n2"}[i%2]
 			i++
-			p := l.runPod(&nad, prefix+"-"+ns+name, node, func(pod *corev1.Pod) {
+			p := l.runPod(nad, prefix+"-"+ns+name, node, func(pod *corev1.Pod) {
 				pod.Labels["pod"] = name
-				modelPorts(pod)
+				modelPorts(pod, ns+"/"+name)
 			})
 			mp := &npPod{ns: ns, pod: name, p: p}
 			serveModelPorts(t, p, mp.String())
@@ -118,6 +138,16 @@ func newNPWorld(t *testing.T, l *lab, prefix, subnet string) *npWorld {
 		}
 	}
 	return w
+}
+
+// nad waits for the CUDN's NAD in model namespace ns.
+func (w *npWorld) nad(t *testing.T, ns, name string) *nadv1.NetworkAttachmentDefinition {
+	t.Helper()
+	var nad nadv1.NetworkAttachmentDefinition
+	testenv.Eventually(t, waitTimeout, "NAD of "+w.k8s[ns], func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s[ns], Name: name}, &nad)
+	})
+	return &nad
 }
 
 // probe reports whether from reaches to at proto/port (to's server
@@ -192,12 +222,29 @@ func (w *npWorld) matrix(want expectFunc) error {
 	return nil
 }
 
+// npCheckTimeout bounds each wait for the matrix to be as expected:
+// generous, since the agents apply plans on a loaded machine.
+const npCheckTimeout = 90 * time.Second
+
 // check waits (the agents apply the policies) for the matrix to be want.
+// A matrix that never is fails the test and lets it go on to the next
+// case, which waits for its own matrix: one run reports every case that
+// fails.
 func (w *npWorld) check(t *testing.T, what string, want expectFunc) {
 	t.Helper()
 	start := time.Now()
-	testenv.Eventually(t, waitTimeout, what, func() error { return w.matrix(want) })
-	t.Logf("%s: matrix as expected after %s", what, time.Since(start).Round(10*time.Millisecond))
+	for {
+		err := w.matrix(want)
+		if err == nil {
+			t.Logf("%s: matrix as expected after %s", what, time.Since(start).Round(10*time.Millisecond))
+			return
+		}
+		if time.Since(start) > npCheckTimeout {
+			t.Errorf("%s: not as expected after %s: %v", what, npCheckTimeout, err)
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // a polling interval, as testenv.Eventually's
+	}
 }
 
 func (w *npWorld) policy(t *testing.T, ns, name string, spec networkingv1.NetworkPolicySpec) *networkingv1.NetworkPolicy {
@@ -209,7 +256,9 @@ func (w *npWorld) policy(t *testing.T, ns, name string, spec networkingv1.Networ
 
 // echoConn opens a TCP connection from the namespace nsPath to an echo
 // server at addr, closed when the test ends, and returns a round trip of
-// one line over it (an error once the connection is cut).
+// one line over it (an error once the connection is cut: the round trip
+// then times out, its packets dropped). The bound is generous, so that a
+// connection still allowed answers under load.
 func echoConn(t *testing.T, nsPath, addr string) func() error {
 	t.Helper()
 	conn, err := nstest.Dial(nsPath, addr, 2*time.Second)
@@ -219,7 +268,7 @@ func echoConn(t *testing.T, nsPath, addr string) func() error {
 	t.Cleanup(func() { conn.Close() })
 	r := bufio.NewReader(conn)
 	return func() error {
-		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := fmt.Fprintln(conn, "ping"); err != nil {
 			return err
 		}
@@ -286,12 +335,16 @@ var (
 )
 
 // TestAgentNetworkPolicyMatrix: kvnet-node enforces NetworkPolicies on a
-// CUDN's pods, on the upstream e2e model, case by case: default deny
-// ingress and egress, allow from a namespace, from a pod of another
-// namespace of the CUDN (both selectors), named ports, endPort, ipBlock
-// with except, policies adding up, an update that cuts an established
-// connection and a delete; another tenant's pods (same namespace labels,
-// same subnet, own UDN) are never affected.
+// CUDN's pods, on the upstream e2e model, case by case, each on the full
+// matrix: default deny ingress and egress (under which a VM still gets
+// its DHCP lease), allow from a namespace, from a pod of another
+// namespace of the CUDN (both selectors), a named port whose number
+// differs from pod to pod (ingress, resolved on each destination), an
+// endPort range probed inside and outside, ipBlock with except, policies
+// adding up, an update that cuts an established connection and keeps one
+// it still allows, egress by named port with no "to" (resolved on every
+// destination pod), and a delete; another tenant's pods (same namespace
+// labels, same subnet, own UDN) are never affected.
 func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	l := newLab(t, "n1", "n2")
 	w := newNPWorld(t, l, "npm", "10.60.0.0/24")
@@ -326,6 +379,18 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 
 	all := func(*npPod, *npPod, string, int) bool { return true }
 	w.check(t, "no policy", all)
+	// A VM-like pod in x, outside the matrix: it reaches y/a and y/a
+	// reaches it (the control of its refusals under deny below).
+	vm := w.vm(t, "npm")
+	ya := w.pod("y", "a")
+	testenv.Eventually(t, waitTimeout, "x/vm and y/a reach each other before any policy", func() error {
+		for _, pr := range [][2]*npPod{{vm, ya}, {ya, vm}} {
+			if !probe(pr[0], pr[1], "TCP", 80) {
+				return fmt.Errorf("%s does not reach %s on TCP 80", pr[0], pr[1])
+			}
+		}
+		return nil
+	})
 
 	deny := w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
 	w.check(t, "default deny ingress in x", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" })
@@ -335,10 +400,10 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 
 	denyOut := w.policy(t, "x", "deny-egress", networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly})
 	w.check(t, "default deny egress in x", func(from, to *npPod, _ string, _ int) bool { return from.ns != "x" })
-	// Under deny in both directions, a VM in x still gets its lease
-	// from kvnet-node's DHCP server.
+	// Under deny in both directions, the VM in x is refused both ways
+	// and still gets its lease from kvnet-node's DHCP server.
 	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
-	dhcpUnderDeny(t, l, w)
+	dhcpUnderDeny(t, l, vm, ya)
 	deletePolicies(t, denyOut, deny)
 
 	deny = w.policy(t, "x", "deny-ingress", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly})
@@ -356,21 +421,29 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	w.check(t, "deny in x, x/a from z/b", func(from, to *npPod, _ string, _ int) bool {
 		return to.ns != "x" || to.String() == "x/a" && from.String() == "z/b"
 	})
-	deletePolicies(t, fromZB)
+	deletePolicies(t, fromZB, deny)
 
-	named := w.policy(t, "x", "udp-81", networkingv1.NetworkPolicySpec{
+	// Named ports, resolved on the destination pod: "web" is 80, 81 or
+	// 82 depending on the pod (z/c has none: nothing reaches it through
+	// the rule), serve-81-udp is UDP 81 everywhere.
+	webX := w.policy(t, "x", "web-in", networkingv1.NetworkPolicySpec{
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
-			npPort("UDP", intstr.FromString("serve-81-udp"), 0)}}}})
-	w.check(t, "deny in x, named port serve-81-udp", func(from, to *npPod, proto string, port int) bool {
-		return to.ns != "x" || proto == "UDP" && port == 81
+			npPort("TCP", intstr.FromString("web"), 0), npPort("UDP", intstr.FromString("serve-81-udp"), 0)}}}})
+	webZ := w.policy(t, "z", "web-in", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+			npPort("TCP", intstr.FromString("web"), 0)}}}})
+	w.check(t, "x and z: ingress on named port web (each pod's own number), x also serve-81-udp", func(from, to *npPod, proto string, port int) bool {
+		return to.ns == "y" || proto == "TCP" && port == npWeb[to.String()] || to.ns == "x" && proto == "UDP" && port == 81
 	})
-	deletePolicies(t, named, deny)
+	deletePolicies(t, webX, webZ)
 
-	rangeY := w.policy(t, "y", "tcp-81-85", networkingv1.NetworkPolicySpec{
+	// endPort: TCP 81-82 and UDP 80-81, probed inside (both ends) and
+	// outside (TCP 80 below, UDP 82 above).
+	rangeY := w.policy(t, "y", "tcp-81-82-udp-80-81", networkingv1.NetworkPolicySpec{
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
-			npPort("TCP", intstr.FromInt32(81), 85)}}}})
-	w.check(t, "y: TCP 81-85 only", func(from, to *npPod, proto string, port int) bool {
-		return to.ns != "y" || proto == "TCP" && port == 81
+			npPort("TCP", intstr.FromInt32(81), 82), npPort("UDP", intstr.FromInt32(80), 81)}}}})
+	w.check(t, "y: TCP 81-82 and UDP 80-81 only", func(from, to *npPod, proto string, port int) bool {
+		return to.ns != "y" || proto == "TCP" && port >= 81 && port <= 82 || proto == "UDP" && port >= 80 && port <= 81
 	})
 	deletePolicies(t, rangeY)
 
@@ -394,51 +467,132 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	})
 	deletePolicies(t, add1, add2)
 
-	// Update and delete: x admits namespace y, then z instead; y/a's
-	// established connection to x/a is cut by the update.
+	// Update: x admits namespaces y and z, then z alone. y/a's
+	// established connection to x/a is cut by the update; z/a's, still
+	// allowed, goes on (the control: the cut is the policy's, not a
+	// broken connection or datapath).
 	upd := w.policy(t, "x", "from-ns", networkingv1.NetworkPolicySpec{
-		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "y")}}}}})
-	w.check(t, "x from y", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "y" })
-	roundTrip := echoConn(t, w.pod("y", "a").p.netns, net.JoinHostPort(xa, "82"))
-	if err := roundTrip(); err != nil {
-		t.Fatalf("y/a's connection to x/a: %v", err)
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{NamespaceSelector: labels("ns", "y")}, {NamespaceSelector: labels("ns", "z")}}}}})
+	w.check(t, "x from y and z", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns != "x" })
+	echo := net.JoinHostPort(xa, fmt.Sprint(npEchoPort))
+	cutTrip := echoConn(t, ya.p.netns, echo)
+	keptTrip := echoConn(t, w.pod("z", "a").p.netns, echo)
+	for what, trip := range map[string]func() error{"y/a": cutTrip, "z/a": keptTrip} {
+		if err := trip(); err != nil {
+			t.Fatalf("%s's connection to x/a: %v", what, err)
+		}
 	}
-	upd.Spec.Ingress[0].From[0].NamespaceSelector = labels("ns", "z")
+	upd.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("ns", "z")}}
 	if err := c.Update(context.Background(), upd); err != nil {
 		t.Fatal(err)
 	}
 	w.check(t, "x from z (updated)", func(from, to *npPod, _ string, _ int) bool { return to.ns != "x" || from.ns == "z" })
-	waitRefused(t, l, w.pod("y", "a").p, 82, w.pod("x", "a").p)
-	if err := roundTrip(); err == nil {
+	waitRefused(t, l, ya.p, npEchoPort, w.pod("x", "a").p)
+	if err := keptTrip(); err != nil {
+		t.Errorf("z/a's established connection to x/a, still allowed, broke with the update: %v", err)
+	}
+	if err := cutTrip(); err == nil {
 		t.Error("y/a's established connection to x/a survived the update that no longer allows it")
 	}
+	if err := keptTrip(); err != nil {
+		t.Errorf("z/a's established connection to x/a, still allowed, broke after the cut: %v", err)
+	}
 	deletePolicies(t, upd)
+	w.check(t, "update deleted", all)
+
+	// Egress by named port with no "to": x's pods reach every pod of the
+	// network on its own "web" number (z/c, without one, on nothing).
+	webOut := w.policy(t, "x", "web-out", networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly,
+		Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{
+			npPort("TCP", intstr.FromString("web"), 0)}}}})
+	w.check(t, "x: egress on named port web to every pod", func(from, to *npPod, proto string, port int) bool {
+		return from.ns != "x" || proto == "TCP" && port == npWeb[to.String()]
+	})
+	deletePolicies(t, webOut)
 	w.check(t, "all policies deleted", all)
 	otherReaches()
 }
 
-// dhcpUnderDeny runs a VM-like pod in x (isolated both ways by the
-// policies in place) without addresses, and waits for udhcpc to get its
-// lease.
-func dhcpUnderDeny(t *testing.T, l *lab, w *npWorld) {
+// vm runs a VM-like pod in model namespace x on n1, outside the matrix
+// (label pod=vm), serving the model's ports as x/vm.
+func (w *npWorld) vm(t *testing.T, nadName string) *npPod {
 	t.Helper()
-	var nad nadv1.NetworkAttachmentDefinition
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: w.k8s["x"], Name: "npm"}, &nad); err != nil {
-		t.Fatal(err)
-	}
-	vm := l.runPod(&nad, "npm-xvm", "n1", func(p *corev1.Pod) { p.Labels["pod"] = "vm" })
-	testenv.Eventually(t, waitTimeout, "vm's port isolated both ways", func() error {
-		for _, pp := range l.agent("n1").LastPlan().State.Policies {
-			if pp.Ingress != nil && pp.Egress != nil && len(pp.Ingress.Policies) > 0 {
+	p := w.l.runPod(w.nad(t, "x", nadName), w.k8s["x"]+"-vm", "n1", func(p *corev1.Pod) { p.Labels["pod"] = "vm" })
+	vm := &npPod{ns: "x", pod: "vm", p: p}
+	serveModelPorts(t, p, vm.String())
+	return vm
+}
+
+// leaseRE is what busybox udhcpc prints on a lease.
+var leaseRE = regexp.MustCompile(`lease of (\S+) obtained`)
+
+// dhcpUnderDeny: once the plan isolating vm's own port both ways is
+// applied on its node, vm and peer are refused both ways (they reached
+// each other before: the caller's control); vm, without addresses,
+// then gets a lease of its address from kvnet-node's DHCP server, and
+// is still refused both ways after.
+func dhcpUnderDeny(t *testing.T, l *lab, vm, peer *npPod) {
+	t.Helper()
+	hostIf := vm.p.hostIf(t, l)
+	testenv.Eventually(t, waitTimeout, vm.String()+"'s port isolated both ways in the applied plan", func() error {
+		for _, pp := range l.agent(vm.p.node).LastApplied().State.Policies {
+			if pp.Port == hostIf {
+				if pp.Ingress == nil || pp.Egress == nil {
+					return fmt.Errorf("port %s: ingress isolated %v, egress isolated %v", hostIf, pp.Ingress != nil, pp.Egress != nil)
+				}
 				return nil
 			}
 		}
-		return fmt.Errorf("policies %+v", l.agent("n1").LastPlan().State.Policies)
+		return fmt.Errorf("no policy applied on port %s", hostIf)
 	})
-	if err := nstest.Exec(vm.netns, "ip", "addr", "flush", "dev", "ovn-udn1"); err != nil {
+	refusedBothWays := func(when string) {
+		t.Helper()
+		for _, pr := range [][2]*npPod{{vm, peer}, {peer, vm}} {
+			for range 2 {
+				if probe(pr[0], pr[1], "TCP", 80) {
+					t.Errorf("%s: %s reached %s on TCP 80 under deny", when, pr[0], pr[1])
+					break
+				}
+			}
+		}
+	}
+	refusedBothWays("before the lease")
+	if err := nstest.Exec(vm.p.netns, "ip", "addr", "flush", "dev", vm.p.ifName); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, waitTimeout, "DHCP lease under deny-all", func() error {
-		return nstest.Exec(vm.netns, "busybox", "udhcpc", "-i", "ovn-udn1", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true")
+	want := vm.p.ip()
+	poll(t, waitTimeout, "DHCP lease under deny-all", func() error {
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(vm.p.netns), "busybox", "udhcpc",
+			"-i", vm.p.ifName, "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("udhcpc: %v: %s", err, out)
+		}
+		if m := leaseRE.FindSubmatch(out); m == nil || string(m[1]) != want {
+			return fmt.Errorf("udhcpc: no lease of %s: %s", want, out)
+		}
+		return nil
 	})
+	if err := nstest.Exec(vm.p.netns, "ip", "addr", "add", vm.p.a.IPAddresses[0], "dev", vm.p.ifName); err != nil {
+		t.Fatal(err)
+	}
+	refusedBothWays("after the lease")
+}
+
+// poll is testenv.Eventually failing the test without stopping it, so
+// that the cases after run.
+func poll(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: %v", what, err)
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // a polling interval, as testenv.Eventually's
+	}
 }

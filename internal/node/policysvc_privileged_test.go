@@ -21,9 +21,10 @@ import (
 // translates to and the clients themselves: an ingress policy admitting
 // clients by label admits them through the cluster IP from either node
 // and refuses the others; an egress policy allowing a client only the
-// endpoints by label lets it reach them through the cluster IP; an update
-// that no longer admits a client cuts its open connection through the
-// cluster IP.
+// endpoints by label lets it reach them through the cluster IP and
+// refuses it another Service (and that Service's endpoint directly),
+// which it reached before; an update that no longer admits a client cuts
+// its open connection through the cluster IP.
 func TestAgentNetworkPolicyService(t *testing.T) {
 	l := newLab(t, "n1", "n2")
 	const ns = "nps"
@@ -39,6 +40,19 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 		nstest.Serve(nstest.Listen(t, p.netns, ":82"), func(conn net.Conn) { _, _ = io.Copy(conn, conn) })
 		running(t, p)
 	}
+	// other is the endpoint of another Service, which the clients'
+	// egress policy below does not allow.
+	serveToken(t, other)
+	running(t, other)
+	otherSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"role": "other"}, Ports: []corev1.ServicePort{
+			{Name: "token", Port: 80, TargetPort: intstr.FromInt32(tokenPort)},
+		}},
+	}
+	testenv.Create(t, c, otherSvc)
+	otherVIP := net.JoinHostPort(otherSvc.Spec.ClusterIP, "80")
+	otherDirect := net.JoinHostPort(other.ip(), fmt.Sprint(tokenPort))
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{
@@ -62,16 +76,30 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 			return nil
 		}
 	}
-	refused := func(from *pod) error {
+	refusedAt := func(from *pod, addr string) error {
 		for range 4 {
-			if token, err := tokenAt(from, vip); err == nil {
-				return fmt.Errorf("%s reached the Service: answered by %s", from.name, token)
+			if token, err := tokenAt(from, addr); err == nil {
+				return fmt.Errorf("%s reached %s: answered by %s", from.name, addr, token)
 			}
 		}
 		return nil
 	}
+	refused := func(from *pod) error { return refusedAt(from, vip) }
+	reaches := func(from *pod, addr, want string) func() error {
+		return func() error {
+			token, err := tokenAt(from, addr)
+			if err == nil && token != want {
+				err = fmt.Errorf("answered by %s, want %s", token, want)
+			}
+			return err
+		}
+	}
 	for _, p := range []*pod{near, far, other} {
 		testenv.Eventually(t, waitTimeout, p.name+" reaches both endpoints before any policy", reachesBoth(p))
+	}
+	for _, p := range []*pod{near, far} {
+		testenv.Eventually(t, waitTimeout, p.name+" reaches the other Service before any policy", reaches(p, otherVIP, other.name))
+		testenv.Eventually(t, waitTimeout, p.name+" reaches other directly before any policy", reaches(p, otherDirect, other.name))
 	}
 
 	// The endpoints admit clients only.
@@ -87,24 +115,27 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 		testenv.Eventually(t, waitTimeout, p.name+" reaches both endpoints through the cluster IP under the ingress policy", reachesBoth(p))
 	}
 
-	// near may only open connections to the endpoints: the cluster IP
-	// translates to them.
-	egress := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "near-to-web"},
+	// The clients may only open connections to the endpoints: the
+	// cluster IP translates to them; the other Service's does not.
+	egress := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "clients-to-web"},
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: *labels("role", "client"),
 			PolicyTypes: egressOnly,
 			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: labels("app", "web")}}}},
 		}}
 	testenv.Create(t, c, egress)
-	testenv.Eventually(t, waitTimeout, "near's egress isolated", func() error {
-		for _, pp := range l.agent("n1").LastPlan().State.Policies {
-			if pp.Egress != nil && len(pp.Egress.Policies) > 0 {
-				return nil
-			}
+	for _, p := range []*pod{near, far} {
+		waitEgressApplied(t, l, p)
+	}
+	for _, p := range []*pod{near, far} {
+		testenv.Eventually(t, waitTimeout, p.name+" reaches both endpoints through the cluster IP under its egress policy", reachesBoth(p))
+		if err := refusedAt(p, otherVIP); err != nil {
+			t.Errorf("under its egress policy: %v", err)
 		}
-		return fmt.Errorf("no egress policy planned on n1")
-	})
-	testenv.Eventually(t, waitTimeout, "near reaches both endpoints through the cluster IP under its egress policy", reachesBoth(near))
+		if err := refusedAt(p, otherDirect); err != nil {
+			t.Errorf("under its egress policy: %v", err)
+		}
+	}
 	if err := refused(other); err != nil {
 		t.Error(err)
 	}
@@ -127,4 +158,19 @@ func TestAgentNetworkPolicyService(t *testing.T) {
 	if err := refused(far); err != nil {
 		t.Error(err)
 	}
+}
+
+// waitEgressApplied waits until p's node has applied, without error, a
+// plan isolating p's port for egress.
+func waitEgressApplied(t *testing.T, l *lab, p *pod) {
+	t.Helper()
+	hostIf := p.hostIf(t, l)
+	testenv.Eventually(t, waitTimeout, p.name+"'s egress isolated in the applied plan", func() error {
+		for _, pp := range l.agent(p.node).LastApplied().State.Policies {
+			if pp.Port == hostIf && pp.Egress != nil && len(pp.Egress.Policies) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no egress policy applied on %s's port %s", p.node, hostIf)
+	})
 }
