@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a commit subject is longer than 72 characters (CONTRIBUTING:
-# "Commit subjects: area: imperative summary, under 72 characters").
+# "Commit subjects: area: imperative summary, at most 72 characters").
 # Commits up to and including $KVNET_SUBJECTS_SINCE (default: the last
 # commit before this check was added) are history and are not checked.
 # Run from the repository to check (make verify runs it).

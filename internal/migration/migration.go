@@ -62,6 +62,8 @@ type Migration struct {
 	State                State
 	// FailureReason says why a Failed migration failed ("" if unknown).
 	FailureReason string
+	// UID is the VirtualMachineInstanceMigration's ("" if not reported).
+	UID string
 }
 
 // Of returns vmi's migration, or nil if its status reports none.
@@ -74,7 +76,7 @@ func Of(vmi *kubevirtv1.VirtualMachineInstance) *Migration {
 		VMI:        types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name},
 		SourceNode: ms.SourceNode, TargetNode: ms.TargetNode,
 		SourcePod: ms.SourcePod, TargetPod: ms.TargetPod,
-		FailureReason: ms.FailureReason,
+		FailureReason: ms.FailureReason, UID: ms.MigrationUID,
 	}
 	switch {
 	case ms.Failed:

@@ -29,10 +29,10 @@ func TestOf(t *testing.T) {
 		{kubevirtv1.VirtualMachineInstanceMigrationState{SourceNode: "n1", TargetNode: "n2", StartTimestamp: &start, Completed: true, Failed: true, FailureReason: "x"}, Failed, false},
 	} {
 		ms := tc.ms
-		ms.SourcePod, ms.TargetPod = "src", "dst"
+		ms.SourcePod, ms.TargetPod, ms.MigrationUID = "src", "dst", "uid-1"
 		m := Of(vmi(&ms))
 		if m == nil || m.State != tc.state || m.InProgress() != tc.inProgress || m.VMI.String() != "ns/vm" ||
-			m.SourceNode != ms.SourceNode || m.TargetNode != ms.TargetNode || m.FailureReason != ms.FailureReason {
+			m.SourceNode != ms.SourceNode || m.TargetNode != ms.TargetNode || m.FailureReason != ms.FailureReason || m.UID != "uid-1" {
 			t.Errorf("%+v: got %+v (in progress %v), want state %s, in progress %v", ms, m, m.InProgress(), tc.state, tc.inProgress)
 			continue
 		}

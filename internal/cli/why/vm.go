@@ -13,6 +13,7 @@ import (
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/vmclaims"
 )
@@ -293,40 +294,41 @@ func chooseLauncher(vmi *kubevirtv1.VirtualMachineInstance, pods []corev1.Pod) *
 	return live[0]
 }
 
-// checkMigration fails a VMI whose last live migration failed.
+// checkMigration fails a VMI whose last live migration failed. It reads
+// the VMI's migration as kvnet-node does (migration.Of).
 func checkMigration(r *Report, f *vmFacts) bool {
 	vmi := f.VMI
-	ms := vmi.Status.MigrationState
+	m := migration.Of(vmi)
 	fix := fmt.Sprintf("see kubectl -n %s get vmim and describe the failed one, and the target pod's events; kvnet why pod <target pod> checks the target's network; then start a new VirtualMachineInstanceMigration", vmi.Namespace)
-	if ms != nil && ms.Failed {
-		reason := orDefault(ms.FailureReason, "no failure reason recorded")
+	if m != nil && m.State == migration.Failed {
+		reason := orDefault(m.FailureReason, "no failure reason recorded")
 		return r.fail("migration", "failed", MigrationFailed, fix,
 			"the last live migration of VMI %s (from node %s to node %s, target pod %s) failed: %s. The VM keeps running on node %s",
-			vmi.Name, orDefault(ms.SourceNode, "?"), orDefault(ms.TargetNode, "?"), orDefault(ms.TargetPod, "?"), reason, orDefault(vmi.Status.NodeName, "?"))
+			vmi.Name, orDefault(m.SourceNode, "?"), orDefault(m.TargetNode, "?"), orDefault(m.TargetPod, "?"), reason, orDefault(vmi.Status.NodeName, "?"))
 	}
 	var newest *kubevirtv1.VirtualMachineInstanceMigration
 	for i := range f.Migrations {
-		m := &f.Migrations[i]
-		if m.Spec.VMIName != vmi.Name {
+		vmim := &f.Migrations[i]
+		if vmim.Spec.VMIName != vmi.Name {
 			continue
 		}
-		if newest == nil || m.CreationTimestamp.After(newest.CreationTimestamp.Time) {
-			newest = m
+		if newest == nil || vmim.CreationTimestamp.After(newest.CreationTimestamp.Time) {
+			newest = vmim
 		}
 	}
 	if newest != nil && newest.Status.Phase == migrationFailed {
 		reason := ""
-		if ms != nil && ms.MigrationUID == string(newest.UID) && ms.FailureReason != "" {
-			reason = ": " + ms.FailureReason
+		if m != nil && m.UID == string(newest.UID) && m.FailureReason != "" {
+			reason = ": " + m.FailureReason
 		}
 		return r.fail("migration", "VirtualMachineInstanceMigration "+newest.Name+": Failed", MigrationFailed, fix,
 			"VirtualMachineInstanceMigration %s/%s of VMI %s is Failed%s. The VM keeps running on node %s", newest.Namespace, newest.Name, vmi.Name, reason, orDefault(vmi.Status.NodeName, "?"))
 	}
 	switch {
-	case ms != nil && ms.Completed:
-		r.ok("migration", "last one completed (node %s to %s)", orDefault(ms.SourceNode, "?"), orDefault(ms.TargetNode, "?"))
-	case ms != nil && ms.TargetPod != "":
-		r.ok("migration", "in progress to node %s (target pod %s)", orDefault(ms.TargetNode, "?"), ms.TargetPod)
+	case m != nil && m.State == migration.Succeeded:
+		r.ok("migration", "last one completed (node %s to %s)", orDefault(m.SourceNode, "?"), orDefault(m.TargetNode, "?"))
+	case m != nil && m.TargetPod != "":
+		r.ok("migration", "in progress to node %s (target pod %s)", orDefault(m.TargetNode, "?"), m.TargetPod)
 	}
 	return false
 }
