@@ -171,12 +171,12 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	lost := map[string][]lostDel{} // by node
 	nLost := 0
 	for ip, node := range leases {
-		if !leaseHeld(t, c, node, ip) {
-			continue
-		}
-		l, err := heldLease(c, node, ip)
+		l, held, err := heldLease(c, node, ip)
 		if err != nil {
 			t.Error(err)
+			continue
+		}
+		if !held {
 			continue
 		}
 		lost[node] = append(lost[node], l)
@@ -215,29 +215,35 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 }
 
-// heldLease reads the host-local lease of ip on node, still held after
-// its pod went, and returns it as a lost DEL: kvnet-cni's kept record of
-// the container is still there, so kvnet-cni's DEL never ran for it. A
-// lease whose record is gone is kvnet-cni's DEL that ran without
-// releasing it: an error.
-func heldLease(c *Cluster, node, ip string) (lostDel, error) {
-	files, _ := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/networks", "*", ip))
-	if len(files) != 1 {
-		return lostDel{}, fmt.Errorf("node %s: lease files of %s: %v", node, ip, files)
+// heldLease reads the host-local lease of ip on node after its pod went:
+// none (held false), or a lost DEL, kvnet-cni's kept record of the
+// container being still there (its DEL never ran for it). A lease whose
+// record is gone is kvnet-cni's DEL that ran without releasing it: an
+// error.
+func heldLease(c *Cluster, node, ip string) (l lostDel, held bool, err error) {
+	files, err := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/networks", "*", ip))
+	if err != nil || len(files) == 0 {
+		return lostDel{}, false, err
+	}
+	if len(files) > 1 {
+		return lostDel{}, true, fmt.Errorf("node %s: several leases of %s: %v", node, ip, files)
 	}
 	b, err := os.ReadFile(files[0])
+	if os.IsNotExist(err) {
+		return lostDel{}, false, nil // released meanwhile
+	}
 	if err != nil {
-		return lostDel{}, err
+		return lostDel{}, true, err
 	}
 	id, err := leaseContainer(string(b))
 	if err != nil {
-		return lostDel{}, fmt.Errorf("node %s: %s: %w", node, files[0], err)
+		return lostDel{}, true, fmt.Errorf("node %s: %s: %w", node, files[0], err)
 	}
-	l := lostDel{node: node, ip: ip, container: id}
+	l = lostDel{node: node, ip: ip, container: id}
 	if !keptRecord(c, node, id) {
-		return l, fmt.Errorf("node %s: lease of %s (container %s) held after its pod went, though kvnet-cni forgot the container (its DEL ran and did not release eth0's address)", node, ip, id)
+		return l, true, fmt.Errorf("node %s: lease of %s (container %s) held after its pod went, though kvnet-cni forgot the container (its DEL ran and did not release eth0's address)", node, ip, id)
 	}
-	return l, nil
+	return l, true, nil
 }
 
 // keptRecord reports whether kvnet-cni on node still keeps the default
