@@ -578,3 +578,66 @@ func renderTables(tables []nftTable) string {
 	}
 	return sb.String()
 }
+
+// ctStateNew matches packets whose connection conntrack has just made
+// (not confirmed yet).
+func (b *ruleBuilder) ctStateNew() *ruleBuilder {
+	mask := binary.NativeEndian.AppendUint32(nil, expr.CtStateBitNEW)
+	return b.add("ct state new",
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
+}
+
+// ctMarkMasked matches connections whose mark, under mask, is value.
+func (b *ruleBuilder) ctMarkMasked(mask, value uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark & 0x%08x == 0x%08x", mask, value),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, mask), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, value)})
+}
+
+// setCtMark sets the packet's connection's mark.
+func (b *ruleBuilder) setCtMark(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark set 0x%08x", mark),
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, mark)},
+		&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: 1})
+}
+
+// TCP header flags (RFC 9293).
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+// tcpMidStream matches TCP segments that open nothing: ACK set, SYN, FIN
+// and RST clear (a connection's data and acknowledgements).
+func (b *ruleBuilder) tcpMidStream() *ruleBuilder {
+	b.l4proto(unix.IPPROTO_TCP)
+	return b.add("tcp flags & (fin | syn | rst | ack) == ack",
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{tcpFIN | tcpSYN | tcpRST | tcpACK}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{tcpACK}})
+}
+
+// thSport matches the transport source port in from..to (after l4proto).
+func (b *ruleBuilder) thSport(from, to uint16) *ruleBuilder {
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
+	if from == to {
+		return b.add(fmt.Sprintf("th sport %d", from), load,
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, from)})
+	}
+	return b.add(fmt.Sprintf("th sport %d-%d", from, to), load,
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binary.BigEndian.AppendUint16(nil, from),
+			ToData: binary.BigEndian.AppendUint16(nil, to)})
+}
+
+// ctMarkIs matches connections marked mark, rendered in hex.
+func (b *ruleBuilder) ctMarkIs(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark 0x%08x", mark),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, mark)})
+}

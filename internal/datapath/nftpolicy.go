@@ -69,7 +69,7 @@ func policyRules(s State) policyTables {
 
 	zoned := map[int]bool{} // network ID -> zone rule made
 	sets := map[string]*nftSet{}
-	dispatch := []nftRule{newRule().ctEstRel(false).accept("policy: replies and established connections")}
+	dispatch := policyHead()
 	var chains []nftChain
 	for _, pp := range pols {
 		p := ports[pp.Port]
@@ -104,7 +104,14 @@ func policyRules(s State) policyTables {
 				}
 				dispatch = append(dispatch, b.jump(chain, fmt.Sprintf("port %s: %s policy of %s", p.HostIfName, what, a)))
 			}
-			chains = append(chains, nftChain{name: chain, rules: directionRules("port "+p.HostIfName, n.Name, what, dir.egress, dir.d, fams, sets)})
+			other := pp.Ingress
+			if !dir.egress {
+				other = pp.Egress
+			}
+			rules := directionRules("port "+p.HostIfName, n.Name, what, dir.egress, dir.d, fams, sets)
+			// Before the drop: mid-stream TCP the port may have opened.
+			rules = slices.Insert(rules, len(rules)-1, midStreamRules("port "+p.HostIfName, n.Name, what, dir.egress, other, fams, sets)...)
+			chains = append(chains, nftChain{name: chain, rules: rules})
 		}
 	}
 	ids := make([]int, 0, len(zoned))
@@ -123,7 +130,7 @@ func policyRules(s State) policyTables {
 		}
 	}
 	// Service connections pass the bridge: their routers check them.
-	dispatch = slices.Insert(dispatch, 1, pass...)
+	dispatch = slices.Insert(dispatch, len(policyHead()), pass...)
 	pt.forward = []nftRule{newRule().iifname(bridgePrefix+"*").jump(policyChain, "bridged tenant frames: network policies")}
 	pt.chains = append([]nftChain{{name: policyChain, rules: dispatch}}, chains...)
 	for _, st := range sets {
@@ -159,18 +166,7 @@ func directionRules(who, network, what string, egress bool, d *PolicyDirection, 
 			continue
 		}
 		for _, v6 := range fams {
-			name := policySetName(network, r.Name, v6)
-			if sets[name] == nil {
-				st := &nftSet{name: name, keyType: addrType(v6), comment: cutComment(r.Name)}
-				for _, p := range r.Peers {
-					if a := p.Addr(); a.Is6() == v6 && p.IsSingleIP() {
-						st.elems = append(st.elems, a)
-					}
-				}
-				slices.SortFunc(st.elems, netip.Addr.Compare)
-				st.elems = slices.Compact(st.elems)
-				sets[name] = st
-			}
+			name := peerSet(network, r, v6, sets)
 			rules = append(rules, portMatches(r.Ports, func() *ruleBuilder {
 				return newRule().nfproto(v6).addrLookup(v6, !egress, name)
 			}, comment)...)
@@ -185,6 +181,24 @@ func directionRules(who, network, what string, egress bool, d *PolicyDirection, 
 		}
 	}
 	return append(rules, newRule().counter().drop(fmt.Sprintf("%s: %s refused by policy %s", who, what, policyNames(d))))
+}
+
+// peerSet returns the name of the set of rule r's single-address peers of
+// one family on network, and adds it to sets the first time.
+func peerSet(network string, r PolicyRule, v6 bool, sets map[string]*nftSet) string {
+	name := policySetName(network, r.Name, v6)
+	if sets[name] == nil {
+		st := &nftSet{name: name, keyType: addrType(v6), comment: cutComment(r.Name)}
+		for _, p := range r.Peers {
+			if a := p.Addr(); a.Is6() == v6 && p.IsSingleIP() {
+				st.elems = append(st.elems, a)
+			}
+		}
+		slices.SortFunc(st.elems, netip.Addr.Compare)
+		st.elems = slices.Compact(st.elems)
+		sets[name] = st
+	}
+	return name
 }
 
 // portMatches returns one rule per port range (from start), returning.

@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"fmt"
-	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -19,12 +18,18 @@ import (
 
 // enablePolicyHooks makes the bridge pass IPv4 and IPv6 frames through
 // the node namespace's inet hooks (br_netfilter), where policies are
-// enforced with connection tracking.
+// enforced with connection tracking, and makes conntrack pick up TCP
+// connections mid-stream (nf_conntrack_tcp_loose, the kernel's default),
+// which a live-migrated VM's connections need on the target node
+// (policymigrate.go).
 func (d *Datapath) enablePolicyHooks() error {
 	for _, k := range []string{"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables"} {
 		if err := nl.SetSysctl(d.nsPath, k, "1"); err != nil {
 			return fmt.Errorf("network policies need br_netfilter: %w", err)
 		}
+	}
+	if err := nl.SetSysctl(d.nsPath, "net/netfilter/nf_conntrack_tcp_loose", "1"); err != nil {
+		return fmt.Errorf("network policies need conntrack: %w", err)
 	}
 	return nil
 }
@@ -37,10 +42,12 @@ func policyKey(s State) []PortPolicy {
 	return pols
 }
 
-// cutDenied deletes, when the policies or their ports changed since the
+// cutDenied cuts, when the policies or their ports changed since the
 // last Apply, the tracked connections of networks with policies that the
 // policies no longer allow: established connections are cut as soon as a
-// policy stops allowing them, and the rest survive.
+// policy stops allowing them, and the rest survive. A cut TCP connection
+// stays tracked, marked cut, so that the policy chain drops it rather
+// than pick it up mid-stream (policymigrate.go); others are deleted.
 func (d *Datapath) cutDenied(s State) error {
 	key := struct {
 		pols  []PortPolicy
@@ -62,6 +69,9 @@ func (d *Datapath) cutDenied(s State) error {
 	if len(zones) > 0 {
 		f := ctPolicyFilter{zones: zones}
 		for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+			if err := d.tombstone(fam, f); err != nil {
+				return fmt.Errorf("cut connections policies no longer allow: %w", err)
+			}
 			if _, err := d.h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f); err != nil {
 				return fmt.Errorf("cut connections policies no longer allow: %w", err)
 			}
@@ -72,18 +82,11 @@ func (d *Datapath) cutDenied(s State) error {
 }
 
 // ctPolicyFilter matches tracked connections of networks with policies
-// that the policies do not allow.
+// to delete (ctPolicyFilter.action): those the policies do not allow,
+// but TCP ones, which are marked cut instead (tombstone), and cut ones
+// the policies allow again.
 type ctPolicyFilter struct{ zones map[uint16]*policyVerdicts }
 
 func (f ctPolicyFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	v := f.zones[flow.Zone]
-	if v == nil {
-		return false
-	}
-	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP)
-	dst, ok2 := netip.AddrFromSlice(flow.Forward.DstIP)
-	if !ok1 || !ok2 {
-		return false
-	}
-	return !v.allows(src.Unmap(), dst.Unmap(), flow.Forward.Protocol, flow.Forward.DstPort)
+	return f.action(flow) == ctDelete
 }
