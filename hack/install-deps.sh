@@ -2,8 +2,9 @@
 # Installs the system packages kvnet's tests and lab use, when missing:
 # iproute2 and nftables for the datapath, busybox for its udhcpc DHCP client
 # and the applets tests use (ping, nslookup, wget: no iputils-ping needed),
-# util-linux for nsenter and setpriv, dhcpcd-base for dhcpcd (the DHCPv6
-# client the DHCPv6 server is tested with),
+# util-linux for nsenter and setpriv, dhcpcd-base for dhcpcd and
+# isc-dhcp-client for ISC dhclient (the two DHCPv6 clients the DHCPv6
+# server is tested with),
 # qemu-system-x86 for the lab's QEMU guests (internal/lab/guest; their image
 # is built from Debian packages by hack/guest/build.sh), syslinux,
 # syslinux-common, mtools, dosfstools and fdisk for the guest's bootable
@@ -72,6 +73,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v busybox >/dev/null || need+=(busybox)
 command -v dhcpcd >/dev/null || need+=(dhcpcd-base)
+command -v dhclient >/dev/null || need+=(isc-dhcp-client)
 command -v make >/dev/null || need+=(make)
 # util-linux: nsenter (tests enter pod namespaces with it) and setpriv (the
 # control plane starts etcd and kube-apiserver under a parent-death signal).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv6"
@@ -30,6 +31,7 @@ var (
 	errOtherServer6   = errors.New("message for another server")
 	errNamesServer    = errors.New("message to all servers names one")
 	errNoIPv6Lease    = errors.New("mac has no ipv6 lease on this server")
+	errConfirmNoAddrs = errors.New("confirm without addresses")
 	errShortFrame     = errors.New("frame too short")
 	errNotIPv6UDP     = errors.New("not ipv6 udp")
 	errBadUDPLength   = errors.New("udp length does not match the ipv6 payload")
@@ -111,20 +113,31 @@ func serverDUID(mac net.HardwareAddr) dhcpv6.DUID {
 // gets none. Like the DHCPv4 server, it allocates nothing and answers only
 // MACs leases knows, always with their lease's IPv6 address:
 //
-//   - Solicit: Advertise (Reply with Rapid Commit when asked for);
+//   - Solicit: Advertise with Preference 255, so that the client requests
+//     at once instead of collecting Advertises for a second (RFC 8415
+//     §18.2.1); Reply with Rapid Commit when asked for;
 //   - Request, Renew (for this server's DUID), Rebind: Reply binding the
 //     lease's address to the first IA_NA; an address the client holds
 //     that is not the lease's is returned with zero lifetimes, so a guest
 //     whose claim changed drops it;
 //   - Confirm: Reply Success when every address is the lease's, else
-//     NotOnLink;
-//   - Release, Decline: Reply Success (the address stays the guest's);
+//     NotOnLink (stricter than "on the link", so that a guest whose
+//     claim changed starts over); a Confirm without addresses gets no
+//     reply (RFC 8415 §18.3.3);
+//   - Release: Reply Success (the address stays the guest's);
+//   - Decline of the lease's address: Reply Success, and dec withholds
+//     that address from that client for dec's hold time, during which a
+//     Solicit gets an Advertise with NoAddrsAvail only and a Request
+//     NoAddrsAvail in its IA_NA (RFC 8415 §18.3.1, §18.3.2), so that a
+//     client whose duplicate address detection failed is not handed the
+//     same address again at once, in a loop; an IA declining anything
+//     else gets NoBinding (§18.3.8);
 //   - Information-request: Reply with DNS servers and search list.
 //
 // Every other message type, a message naming another server, and unknown
 // MACs get no answer, so that servers of several nodes can share a
-// segment.
-func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv6.DUID) (*dhcpv6.Message, error) {
+// segment. dec may be nil: no address is withheld.
+func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv6.DUID, dec *declines) (*dhcpv6.Message, error) {
 	t := req.MessageType
 	cid := req.Options.ClientID()
 	reqSID := req.Options.ServerID()
@@ -155,6 +168,19 @@ func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv
 	if t != dhcpv6.MessageTypeInformationRequest && !lease.IP6.Is6() {
 		return nil, fmt.Errorf("mac %s: %w", mac, errNoIPv6Lease)
 	}
+	if t == dhcpv6.MessageTypeConfirm && !hasAddresses(req) {
+		return nil, fmt.Errorf("%s: %w", t, errConfirmNoAddrs)
+	}
+	withheld := dec.held(mac, lease.IP6)
+	if t == dhcpv6.MessageTypeSolicit && withheld {
+		// RFC 8415 §18.3.1: no address for any IA: an Advertise with
+		// only the status, the server's and the client's identifiers.
+		resp := &dhcpv6.Message{MessageType: dhcpv6.MessageTypeAdvertise, TransactionID: req.TransactionID}
+		resp.AddOption(dhcpv6.OptClientID(cid))
+		resp.AddOption(dhcpv6.OptServerID(sid))
+		resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNoAddrsAvail, StatusMessage: declinedMessage(lease.IP6)})
+		return resp, nil
+	}
 
 	resp := &dhcpv6.Message{MessageType: dhcpv6.MessageTypeReply, TransactionID: req.TransactionID}
 	rapid := t == dhcpv6.MessageTypeSolicit && req.GetOneOption(dhcpv6.OptionRapidCommit) != nil
@@ -168,10 +194,25 @@ func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv
 	if rapid {
 		resp.AddOption(&dhcpv6.OptionGeneric{OptionCode: dhcpv6.OptionRapidCommit})
 	}
+	if resp.MessageType == dhcpv6.MessageTypeAdvertise {
+		resp.AddOption(dhcpv6.OptPreference(255))
+	}
 
 	switch t {
-	case dhcpv6.MessageTypeRelease, dhcpv6.MessageTypeDecline:
+	case dhcpv6.MessageTypeRelease:
 		resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusSuccess, StatusMessage: "the address stays allocated to this client"})
+		return resp, nil
+	case dhcpv6.MessageTypeDecline:
+		resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusSuccess, StatusMessage: "declined"})
+		for _, ia := range req.Options.IANA() {
+			if iaHolds(ia, lease.IP6) {
+				dec.add(mac, lease.IP6)
+				continue
+			}
+			out := &dhcpv6.OptIANA{IaId: ia.IaId}
+			out.Options.Add(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNoBinding, StatusMessage: fmt.Sprintf("the address of this client is %s", lease.IP6)})
+			resp.AddOption(out)
+		}
 		return resp, nil
 	case dhcpv6.MessageTypeConfirm:
 		status := &dhcpv6.OptStatusCode{StatusCode: iana.StatusSuccess, StatusMessage: "on link"}
@@ -184,7 +225,7 @@ func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv
 		}
 		resp.AddOption(status)
 	case dhcpv6.MessageTypeSolicit, dhcpv6.MessageTypeRequest, dhcpv6.MessageTypeRenew, dhcpv6.MessageTypeRebind:
-		addIANAs(resp, req, lease)
+		addIANAs(resp, req, lease, withheld)
 	}
 	if err := addConfig6(resp, lease); err != nil {
 		return nil, err
@@ -195,7 +236,9 @@ func answer6(req *dhcpv6.Message, mac net.HardwareAddr, leases Leases, sid dhcpv
 // addIANAs answers each IA_NA of req: the first gets the lease's address,
 // the others NoAddrsAvail (a guest has one address per network). A
 // Solicit without IA_NA gets NoAddrsAvail: only addresses are served.
-func addIANAs(resp, req *dhcpv6.Message, lease Lease) {
+// withheld (the client declined the lease's address) gives the first
+// NoAddrsAvail too.
+func addIANAs(resp, req *dhcpv6.Message, lease Lease, withheld bool) {
 	life := lifetimeOrDefault(lease.LeaseTime)
 	ianas := req.Options.IANA()
 	if len(ianas) == 0 {
@@ -209,10 +252,14 @@ func addIANAs(resp, req *dhcpv6.Message, lease Lease) {
 			resp.AddOption(out)
 			continue
 		}
-		out.T1, out.T2 = life/2, life*4/5
-		out.Options.Add(&dhcpv6.OptIAAddress{IPv6Addr: net.IP(lease.IP6.AsSlice()), PreferredLifetime: life, ValidLifetime: life})
+		if withheld {
+			out.Options.Add(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNoAddrsAvail, StatusMessage: declinedMessage(lease.IP6)})
+		} else {
+			out.T1, out.T2 = life/2, life*4/5
+			out.Options.Add(&dhcpv6.OptIAAddress{IPv6Addr: net.IP(lease.IP6.AsSlice()), PreferredLifetime: life, ValidLifetime: life})
+		}
 		for _, a := range ia.Options.Addresses() {
-			if ip, ok := netip.AddrFromSlice(a.IPv6Addr); ok && ip.Unmap() != lease.IP6 {
+			if ip, ok := netip.AddrFromSlice(a.IPv6Addr); ok && (withheld || ip.Unmap() != lease.IP6) {
 				// RFC 8415 §18.3.4: an address the client may no
 				// longer use goes back with zero lifetimes.
 				out.Options.Add(&dhcpv6.OptIAAddress{IPv6Addr: a.IPv6Addr, PreferredLifetime: 0, ValidLifetime: 0})
@@ -220,6 +267,31 @@ func addIANAs(resp, req *dhcpv6.Message, lease Lease) {
 		}
 		resp.AddOption(out)
 	}
+}
+
+// hasAddresses reports whether an IA_NA of req holds an address.
+func hasAddresses(req *dhcpv6.Message) bool {
+	for _, ia := range req.Options.IANA() {
+		if len(ia.Options.Addresses()) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// iaHolds reports whether ia holds address a.
+func iaHolds(ia *dhcpv6.OptIANA, a netip.Addr) bool {
+	for _, ad := range ia.Options.Addresses() {
+		if ip, ok := netip.AddrFromSlice(ad.IPv6Addr); ok && ip.Unmap() == a {
+			return true
+		}
+	}
+	return false
+}
+
+// declinedMessage is the status message of a withheld address.
+func declinedMessage(a netip.Addr) string {
+	return fmt.Sprintf("this client declined %s, its only address: another node on the link holds it", a)
 }
 
 // addConfig6 adds the lease's IPv6 DNS servers (option 23) and search list
@@ -247,7 +319,7 @@ func addConfig6(resp *dhcpv6.Message, lease Lease) error {
 // respond6 is the server's handling of one frame without the socket: it
 // decodes the frame and the message and answers as answer6 does. f is set
 // when the frame was a DHCPv6 message to the server port.
-func respond6(b []byte, leases Leases, sid dhcpv6.DUID) (f frame6, req, resp *dhcpv6.Message, err error) {
+func respond6(b []byte, leases Leases, sid dhcpv6.DUID, dec *declines) (f frame6, req, resp *dhcpv6.Message, err error) {
 	f, err = decodeFrame6(b)
 	if err != nil {
 		return frame6{}, nil, nil, err
@@ -256,7 +328,7 @@ func respond6(b []byte, leases Leases, sid dhcpv6.DUID) (f frame6, req, resp *dh
 	if err != nil {
 		return f, nil, nil, fmt.Errorf("decode dhcpv6 message from %s: %w", f.mac, err)
 	}
-	resp, err = answer6(req, f.mac, leases, sid)
+	resp, err = answer6(req, f.mac, leases, sid, dec)
 	return f, req, resp, err
 }
 
@@ -266,4 +338,65 @@ func lifetimeOrDefault(d time.Duration) time.Duration {
 		return DefaultLeaseTime
 	}
 	return d
+}
+
+// DefaultDeclineHold is how long a Server6 withholds an address its client
+// declined (Config6.DeclineHold). The client declined it because duplicate
+// address detection found another node holding it: offering it again at
+// once would only repeat the failure, in a loop, so the client is offered
+// nothing (and keeps soliciting, backing off) until the hold ends, when
+// the conflict may have been resolved; a new Decline then holds it again.
+const DefaultDeclineHold = 10 * time.Minute
+
+// declines remembers, per client MAC, the address it declined and until
+// when it is withheld. A nil *declines withholds nothing. It is safe for
+// concurrent use.
+type declines struct {
+	hold   time.Duration
+	now    func() time.Time
+	report func(mac net.HardwareAddr, addr netip.Addr) // when a hold starts; may be nil
+
+	mu    sync.Mutex
+	byMAC map[string]declined // guarded by mu
+}
+
+type declined struct {
+	addr  netip.Addr
+	until time.Time
+}
+
+func newDeclines(hold time.Duration, now func() time.Time, report func(net.HardwareAddr, netip.Addr)) *declines {
+	return &declines{hold: hold, now: now, report: report, byMAC: map[string]declined{}}
+}
+
+// add withholds addr from mac for the hold time and reports it, unless it
+// is withheld already (a retransmitted Decline is reported once).
+func (d *declines) add(mac net.HardwareAddr, addr netip.Addr) {
+	if d == nil {
+		return
+	}
+	now := d.now()
+	d.mu.Lock()
+	for k, v := range d.byMAC {
+		if !now.Before(v.until) {
+			delete(d.byMAC, k)
+		}
+	}
+	cur, ok := d.byMAC[mac.String()]
+	d.byMAC[mac.String()] = declined{addr: addr, until: now.Add(d.hold)}
+	d.mu.Unlock()
+	if (!ok || cur.addr != addr) && d.report != nil {
+		d.report(mac, addr)
+	}
+}
+
+// held reports whether addr is withheld from mac.
+func (d *declines) held(mac net.HardwareAddr, addr netip.Addr) bool {
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.byMAC[mac.String()]
+	return ok && v.addr == addr && d.now().Before(v.until)
 }

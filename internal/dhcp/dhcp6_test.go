@@ -114,6 +114,7 @@ func TestAnswer6(t *testing.T) {
 			addrs: map[netip.Addr]time.Duration{}},
 		{name: "confirm of another address", req: clientMsg(t, dhcpv6.MessageTypeConfirm, nil, old), want: dhcpv6.MessageTypeReply,
 			addrs: map[netip.Addr]time.Duration{}, status: iana.StatusNotOnLink},
+		{name: "confirm without addresses", req: clientMsg(t, dhcpv6.MessageTypeConfirm, nil), wantErr: errConfirmNoAddrs},
 		{name: "release", req: clientMsg(t, dhcpv6.MessageTypeRelease, sid, lease6.IP6), want: dhcpv6.MessageTypeReply,
 			addrs: map[netip.Addr]time.Duration{}},
 		{name: "information request", req: clientMsg(t, dhcpv6.MessageTypeInformationRequest, nil), want: dhcpv6.MessageTypeReply,
@@ -126,7 +127,7 @@ func TestAnswer6(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mac := cmpOr(tc.mac, guestMAC6)
-			resp, err := answer6(tc.req, mac, leases6(), sid)
+			resp, err := answer6(tc.req, mac, leases6(), sid, nil)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) || resp != nil {
 					t.Fatalf("answer6 = %v, %v; want no reply and %v", resp, err, tc.wantErr)
@@ -155,6 +156,10 @@ func TestAnswer6(t *testing.T) {
 			if st != tc.status {
 				t.Errorf("status %v, want %v", st, tc.status)
 			}
+			// RFC 8415 §18.2.1: 255 makes the client request at once.
+			if pref := resp.GetOneOption(dhcpv6.OptionPreference); (resp.MessageType == dhcpv6.MessageTypeAdvertise) != (pref != nil) || (pref != nil && resp.Options.Preference() != 255) {
+				t.Errorf("%s with preference option %v, want 255 in an Advertise only", resp.MessageType, pref)
+			}
 			if tc.req.MessageType == dhcpv6.MessageTypeRelease {
 				return // a Reply to Release carries no configuration
 			}
@@ -169,10 +174,108 @@ func TestAnswer6(t *testing.T) {
 	}
 }
 
+// TestAnswer6Decline: a client that declines its address (its duplicate
+// address detection failed) is not offered it again while the hold lasts,
+// so it does not loop Solicit, Request, Decline; the conflict is reported
+// once; the hold ends, and concerns that client and that address only.
+func TestAnswer6Decline(t *testing.T) {
+	sid := serverDUID(gwMAC6)
+	now := time.Unix(1000, 0)
+	type report struct {
+		mac  string
+		addr netip.Addr
+	}
+	var reports []report
+	dec := newDeclines(time.Minute, func() time.Time { return now }, func(mac net.HardwareAddr, a netip.Addr) {
+		reports = append(reports, report{mac.String(), a})
+	})
+	otherMAC := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 6}
+	leases := leases6()
+	leases.Set(otherMAC, Lease{IP6: netip.MustParseAddr("2001:db8::6")})
+	ask := func(req *dhcpv6.Message, mac net.HardwareAddr) *dhcpv6.Message {
+		t.Helper()
+		resp, err := answer6(req, mac, leases, sid, dec)
+		if err != nil {
+			t.Fatalf("answer6 %s: %v", req.MessageType, err)
+		}
+		return resp
+	}
+	status := func(resp *dhcpv6.Message) iana.StatusCode {
+		if s := resp.Options.Status(); s != nil {
+			return s.StatusCode
+		}
+		return iana.StatusSuccess
+	}
+	offered := func(resp *dhcpv6.Message) bool {
+		for _, life := range iaAddrs(resp) {
+			if life != 0 {
+				return true
+			}
+		}
+		return false
+	}
+
+	decline := clientMsg(t, dhcpv6.MessageTypeDecline, sid, lease6.IP6)
+	resp := ask(decline, guestMAC6)
+	if resp.MessageType != dhcpv6.MessageTypeReply || status(resp) != iana.StatusSuccess || len(resp.Options.IANA()) != 0 {
+		t.Fatalf("reply to Decline: %s, want a Reply with status Success and no IA", resp.Summary())
+	}
+	ask(decline, guestMAC6) // retransmitted
+	if want := []report{{guestMAC6.String(), lease6.IP6}}; !slices.Equal(reports, want) {
+		t.Errorf("reports %v, want %v: the conflict reported once", reports, want)
+	}
+
+	rapid := clientMsg(t, dhcpv6.MessageTypeSolicit, nil)
+	rapid.AddOption(&dhcpv6.OptionGeneric{OptionCode: dhcpv6.OptionRapidCommit})
+	for _, req := range []*dhcpv6.Message{clientMsg(t, dhcpv6.MessageTypeSolicit, nil), rapid} {
+		resp := ask(req, guestMAC6)
+		if resp.MessageType != dhcpv6.MessageTypeAdvertise || status(resp) != iana.StatusNoAddrsAvail || len(resp.Options.IANA()) != 0 || resp.GetOneOption(dhcpv6.OptionRapidCommit) != nil {
+			t.Errorf("Solicit after the Decline: %s, want an Advertise with NoAddrsAvail only", resp.Summary())
+		}
+	}
+	for _, req := range []*dhcpv6.Message{
+		clientMsg(t, dhcpv6.MessageTypeRequest, sid, lease6.IP6),
+		clientMsg(t, dhcpv6.MessageTypeRenew, sid, lease6.IP6),
+		clientMsg(t, dhcpv6.MessageTypeRebind, nil, lease6.IP6),
+	} {
+		resp := ask(req, guestMAC6)
+		ias := resp.Options.IANA()
+		if offered(resp) || len(ias) != 1 || ias[0].Options.Status() == nil || ias[0].Options.Status().StatusCode != iana.StatusNoAddrsAvail {
+			t.Errorf("%s after the Decline: %s, want its IA_NA with NoAddrsAvail and no address to use", req.MessageType, resp.Summary())
+		}
+	}
+	if !offered(ask(clientMsg(t, dhcpv6.MessageTypeSolicit, nil), otherMAC)) {
+		t.Error("another client is not offered its own address")
+	}
+
+	// A Decline of an address the client does not have: NoBinding.
+	resp = ask(clientMsg(t, dhcpv6.MessageTypeDecline, sid, netip.MustParseAddr("2001:db8::99")), otherMAC)
+	if ias := resp.Options.IANA(); len(ias) != 1 || ias[0].Options.Status() == nil || ias[0].Options.Status().StatusCode != iana.StatusNoBinding {
+		t.Errorf("Decline of an address not the client's: %s, want its IA with NoBinding", resp.Summary())
+	}
+	if len(reports) != 1 {
+		t.Errorf("reports %v: a Decline of no binding reported", reports)
+	}
+
+	// The claim changed: the new address is offered at once.
+	moved := lease6
+	moved.IP6 = netip.MustParseAddr("2001:db8::77")
+	leases.Set(guestMAC6, moved)
+	if got := iaAddrs(ask(clientMsg(t, dhcpv6.MessageTypeSolicit, nil), guestMAC6)); got[moved.IP6] == 0 {
+		t.Errorf("after the claim changed: offered %v, want %s", got, moved.IP6)
+	}
+	// The hold ends: the declined address is offered again.
+	leases.Set(guestMAC6, lease6)
+	now = now.Add(time.Minute)
+	if got := iaAddrs(ask(clientMsg(t, dhcpv6.MessageTypeSolicit, nil), guestMAC6)); got[lease6.IP6] == 0 {
+		t.Errorf("after the hold: offered %v, want %s again", got, lease6.IP6)
+	}
+}
+
 func TestAnswer6NoIPv6Lease(t *testing.T) {
 	l := NewStaticLeases()
 	l.Set(guestMAC6, Lease{IP: netip.MustParsePrefix("10.0.0.5/24")})
-	if resp, err := answer6(clientMsg(t, dhcpv6.MessageTypeSolicit, nil), guestMAC6, l, serverDUID(gwMAC6)); !errors.Is(err, errNoIPv6Lease) {
+	if resp, err := answer6(clientMsg(t, dhcpv6.MessageTypeSolicit, nil), guestMAC6, l, serverDUID(gwMAC6), nil); !errors.Is(err, errNoIPv6Lease) {
 		t.Fatalf("answer6 = %v, %v; want no reply for an IPv4-only lease", resp, err)
 	}
 }
@@ -180,7 +283,7 @@ func TestAnswer6NoIPv6Lease(t *testing.T) {
 func TestRespond6Frame(t *testing.T) {
 	sid := serverDUID(gwMAC6)
 	req := clientMsg(t, dhcpv6.MessageTypeSolicit, nil)
-	f, _, resp, err := respond6(frameOf(guestMAC6, guestLL, req.ToBytes()), leases6(), sid)
+	f, _, resp, err := respond6(frameOf(guestMAC6, guestLL, req.ToBytes()), leases6(), sid, nil)
 	if err != nil {
 		t.Fatalf("respond6: %v", err)
 	}
@@ -200,7 +303,7 @@ func TestRespond6Frame(t *testing.T) {
 		"payload past frame":  func(b []byte) []byte { b[ethHeaderLen+4] = 0xff; return b },
 		"udp length mismatch": func(b []byte) []byte { b[ethHeaderLen+ipv6HeaderLen+5]++; return b },
 	} {
-		if _, _, resp, err := respond6(mutate(slices.Clone(good)), leases6(), sid); err == nil || resp != nil {
+		if _, _, resp, err := respond6(mutate(slices.Clone(good)), leases6(), sid, nil); err == nil || resp != nil {
 			t.Errorf("%s: respond6 = %v, %v; want an error", name, resp, err)
 		}
 	}
@@ -214,6 +317,8 @@ func FuzzRespond6(f *testing.F) {
 		clientMsg(t, dhcpv6.MessageTypeRequest, sid, lease6.IP6),
 		clientMsg(t, dhcpv6.MessageTypeRenew, sid, netip.MustParseAddr("2001:db8::1")),
 		clientMsg(t, dhcpv6.MessageTypeConfirm, nil, lease6.IP6),
+		clientMsg(t, dhcpv6.MessageTypeConfirm, nil),
+		clientMsg(t, dhcpv6.MessageTypeDecline, sid, lease6.IP6),
 		clientMsg(t, dhcpv6.MessageTypeInformationRequest, nil),
 	} {
 		f.Add(frameOf(guestMAC6, guestLL, m.ToBytes()))
@@ -222,7 +327,9 @@ func FuzzRespond6(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, ethHeaderLen+ipv6HeaderLen+udpHeaderLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, req, resp, err := respond6(b, leases6(), sid)
+		// Declines are withheld for the rest of this input's run.
+		dec := newDeclines(time.Hour, time.Now, nil)
+		_, req, resp, err := respond6(b, leases6(), sid, dec)
 		if resp == nil {
 			if err == nil {
 				t.Fatal("no reply and no reason")
@@ -242,6 +349,10 @@ func FuzzRespond6(f *testing.F) {
 			if life != 0 && a != lease6.IP6 {
 				t.Fatalf("reply hands out %s, lease is %s", a, lease6.IP6)
 			}
+		}
+		// A Confirm without addresses gets no reply (RFC 8415 §18.3.3).
+		if req.MessageType == dhcpv6.MessageTypeConfirm && !hasAddresses(req) {
+			t.Fatalf("reply %s to a Confirm without addresses", resp.Summary())
 		}
 		back, err := dhcpv6.MessageFromBytes(resp.ToBytes())
 		if err != nil || back.MessageType != resp.MessageType {

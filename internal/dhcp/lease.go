@@ -121,6 +121,22 @@ func (l *StaticLeases) Lookup(mac net.HardwareAddr) (Lease, bool) {
 	return lease, ok
 }
 
+// Range calls fn with each MAC and its lease until fn returns false.
+// fn must not call Set or Delete.
+func (l *StaticLeases) Range(fn func(mac net.HardwareAddr, lease Lease) bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for k, v := range l.byMAC {
+		mac, err := net.ParseMAC(k)
+		if err != nil {
+			continue
+		}
+		if !fn(mac, v) {
+			return
+		}
+	}
+}
+
 // DefaultDNS reads the nameserver lines of a resolv.conf file, for callers
 // that give guests "the node's DNS". Comment lines (# or ;), trailing
 // comments and lines whose address does not parse are skipped, as the

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,9 +44,18 @@ type Config6 struct {
 	// DefaultRouter advertises the gateway as default router (primary
 	// networks); otherwise the router lifetime is 0.
 	DefaultRouter bool
-	// RAInterval is the interval of unsolicited router advertisements;
-	// 0 means DefaultRAInterval.
+	// RAInterval is the longest interval between unsolicited router
+	// advertisements (RFC 4861's MaxRtrAdvInterval; each interval is
+	// random between a third of it and it); 0 means DefaultRAInterval.
 	RAInterval time.Duration
+	// DeclineHold is how long an address a client declined is withheld
+	// from it; 0 means DefaultDeclineHold.
+	DeclineHold time.Duration
+	// OnDecline, if set, is called when a client declines its lease's
+	// address (its duplicate address detection found another node
+	// holding it), once per hold: the caller reports the conflict. It
+	// must not block.
+	OnDecline func(mac net.HardwareAddr, addr netip.Addr)
 	// Log receives one debug (V(1)) line per message. The zero value
 	// discards.
 	Log logr.Logger
@@ -51,8 +63,12 @@ type Config6 struct {
 
 // Server6 serves IPv6 to the guests of one network on one node: router
 // advertisements (answering router solicitations, and unsolicited ones
-// periodically) and stateful DHCPv6. Like Server, it answers only the MACs
-// its Leases knows.
+// periodically, all multicast and paced by raPacer) and stateful DHCPv6.
+// Like Server, it answers only the MACs its Leases knows.
+//
+// The advertisements carry the IPv6 DNS servers and search domains every
+// lease shares (RDNSS and DNSSL, RFC 8106) when Leases can list them
+// (StaticLeases can): an advertisement goes to every guest on the link.
 //
 // DHCPv6 clients send from link-local addresses, which need not be derived
 // from their MAC, so the server reads client messages from a packet socket
@@ -61,8 +77,18 @@ type Config6 struct {
 type Server6 struct {
 	cfg     Config6
 	ifIndex int
+	mac     net.HardwareAddr
 	duid    dhcpv6.DUID
-	ra      []byte // the advertisement, encoded
+	dec     *declines
+
+	// solicits wakes the advertiser: a valid router solicitation came.
+	solicits chan struct{}
+	// now and raDelay are the advertiser's clock and its random delay of
+	// solicited advertisements (seams for tests).
+	now     func() time.Time
+	raDelay func() time.Duration
+	// raSent counts multicast advertisements sent (tests).
+	raSent atomic.Int64
 
 	pkt  *os.File       // AF_PACKET, the client messages
 	udp  net.PacketConn // UDP [::]:547 on the interface, the replies
@@ -108,7 +134,15 @@ func New6(cfg Config6) (*Server6, error) {
 	if cfg.RAInterval < 4*time.Second || cfg.RAInterval > 1800*time.Second {
 		return nil, fmt.Errorf("dhcpv6 config: ra interval %s: out of range 4s-1800s", cfg.RAInterval)
 	}
-	s := &Server6{cfg: cfg, closed: make(chan struct{})}
+	if cfg.DeclineHold == 0 {
+		cfg.DeclineHold = DefaultDeclineHold
+	}
+	if cfg.DeclineHold < 0 {
+		return nil, fmt.Errorf("dhcpv6 config: decline hold %s: negative", cfg.DeclineHold)
+	}
+	s := &Server6{cfg: cfg, closed: make(chan struct{}), solicits: make(chan struct{}, 1),
+		now: time.Now, raDelay: func() time.Duration { return rand.N(maxRADelay) }}
+	s.dec = newDeclines(cfg.DeclineHold, s.now, cfg.OnDecline)
 	open := func(ns.NetNS) error {
 		ifc, err := net.InterfaceByName(cfg.Interface)
 		if err != nil {
@@ -118,12 +152,11 @@ func New6(cfg Config6) (*Server6, error) {
 			return fmt.Errorf("interface %q: mac %q: not ethernet", cfg.Interface, ifc.HardwareAddr)
 		}
 		s.ifIndex = ifc.Index
+		s.mac = ifc.HardwareAddr
 		s.duid = serverDUID(ifc.HardwareAddr)
-		ra, err := advertisement(cfg.Prefixes, ifc.HardwareAddr, cfg.MTU, cfg.DefaultRouter).marshal()
-		if err != nil {
+		if _, err := s.advertisement().marshal(); err != nil {
 			return fmt.Errorf("router advertisement: %w", err)
 		}
-		s.ra = ra
 		if err := s.openUDP(ifc); err != nil {
 			return err
 		}
@@ -310,7 +343,7 @@ func (s *Server6) serveDHCP() error {
 
 func (s *Server6) handleDHCP(b []byte) {
 	log := s.cfg.Log
-	f, req, resp, err := respond6(b, s.cfg.Leases, s.duid)
+	f, req, resp, err := respond6(b, s.cfg.Leases, s.duid, s.dec)
 	if req == nil {
 		log.V(1).Info("dropping malformed DHCPv6 packet", "len", len(b), "error", err.Error())
 		return
@@ -360,26 +393,43 @@ func (s *Server6) serveRS() error {
 			s.cfg.Log.V(1).Info("dropping invalid router solicitation", "src", fmt.Sprint(src), "error", err.Error())
 			continue
 		}
-		s.cfg.Log.V(1).Info("answering router solicitation", "src", fmt.Sprint(src), "mac", mac.String())
-		s.sendRA()
+		s.cfg.Log.V(1).Info("router solicitation", "src", fmt.Sprint(src), "mac", mac.String())
+		select {
+		case s.solicits <- struct{}{}:
+		default: // the advertiser has one to handle already
+		}
 	}
 }
 
-// advertise sends unsolicited advertisements: at once, then at doubling
-// intervals up to RAInterval, then every RAInterval.
+// advertise multicasts the advertisements when raPacer says: unsolicited
+// ones, and those answering solicitations, never closer than
+// minDelayBetweenRAs, however many solicitations come.
 func (s *Server6) advertise() error {
-	next := time.Second
+	p := newRAPacer(s.now(), s.cfg.RAInterval)
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
-		s.sendRA()
-		t := time.NewTimer(next)
 		select {
 		case <-s.closed:
-			t.Stop()
 			return nil
+		case <-s.solicits:
+			p.solicit(s.now(), s.raDelay())
 		case <-t.C:
+			if now := s.now(); !now.Before(p.next) {
+				s.sendRA()
+				p.sent(now, rand.Float64())
+			}
 		}
-		next = min(next*2, s.cfg.RAInterval)
+		t.Reset(p.next.Sub(s.now()))
 	}
+}
+
+// advertisement is the server's advertisement as of now: the DNS servers
+// and search domains its leases share may change.
+func (s *Server6) advertisement() *routerAdvert {
+	dns, search := sharedDNS(s.cfg.Leases)
+	return advertisement(raContent{prefixes: s.cfg.Prefixes, mac: s.mac, mtu: s.cfg.MTU, defaultRouter: s.cfg.DefaultRouter,
+		dns: dns, search: search, dnsLifetime: 3 * s.cfg.RAInterval})
 }
 
 // sendRA multicasts the advertisement to all nodes. Every guest on the
@@ -387,13 +437,55 @@ func (s *Server6) advertise() error {
 // nothing extra. A failure (the interface's link-local address still
 // tentative, say) is logged; the next one is never far.
 func (s *Server6) sendRA() {
+	ra, err := s.advertisement().marshal()
+	if err != nil {
+		// The leases' DNS servers or search domains do not fit:
+		// advertise without them.
+		s.cfg.Log.Error(err, "router advertisement with the leases' DNS: sending it without")
+		ra, err = advertisement(raContent{prefixes: s.cfg.Prefixes, mac: s.mac, mtu: s.cfg.MTU, defaultRouter: s.cfg.DefaultRouter}).marshal()
+		if err != nil {
+			s.cfg.Log.Error(err, "router advertisement")
+			return
+		}
+	}
 	dst := &net.IPAddr{IP: allNodes.AsSlice(), Zone: s.cfg.Interface}
 	cm := &ipv6.ControlMessage{HopLimit: 255, IfIndex: s.ifIndex}
-	if _, err := s.nd.WriteTo(s.ra, cm, dst); err != nil {
+	if _, err := s.nd.WriteTo(ra, cm, dst); err != nil {
 		select {
 		case <-s.closed:
 		default:
 			s.cfg.Log.V(1).Info("sending router advertisement failed", "error", err.Error())
 		}
+		return
 	}
+	s.raSent.Add(1)
+}
+
+// sharedDNS returns the IPv6 DNS servers and the search domains every
+// lease of leases has, in the order of one of them; none when leases
+// cannot be listed or has no lease.
+func sharedDNS(leases Leases) (dns []netip.Addr, search []string) {
+	r, ok := leases.(interface {
+		Range(func(net.HardwareAddr, Lease) bool)
+	})
+	if !ok {
+		return nil, nil
+	}
+	first := true
+	r.Range(func(_ net.HardwareAddr, l Lease) bool {
+		var v6 []netip.Addr
+		for _, a := range l.DNS {
+			if a.Is6() && !a.Is4In6() {
+				v6 = append(v6, a)
+			}
+		}
+		if first {
+			dns, search, first = v6, slices.Clone(l.Search), false
+			return true
+		}
+		dns = slices.DeleteFunc(dns, func(a netip.Addr) bool { return !slices.Contains(v6, a) })
+		search = slices.DeleteFunc(search, func(d string) bool { return !slices.Contains(l.Search, d) })
+		return len(dns) > 0 || len(search) > 0
+	})
+	return dns, search
 }
