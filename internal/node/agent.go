@@ -251,6 +251,7 @@ func (a *Agent) Start(ctx context.Context) error {
 
 	logger := log.FromContext(ctx).WithName("kvnet-node").WithValues("node", a.cfg.NodeName)
 	ctx = log.IntoContext(ctx, logger)
+	a.dhcp.report = newDeclineReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node"), a.cfg.NodeName)
 	a.writeStatus(ctx, false, nil, nil)
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()

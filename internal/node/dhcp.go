@@ -23,6 +23,7 @@ import (
 type dhcpServers struct {
 	node    datapath.NodeConfig
 	running map[int]*dhcpServer // network ID -> server
+	report  declineReporter     // a guest's DHCPv6 Decline; nil: logged
 }
 
 type dhcpServer struct {
@@ -72,7 +73,7 @@ func (d *dhcpServers) sync(ctx context.Context, want []DHCPNetwork) {
 				err = startDHCPv4(sctx, s, w, nsPath, logger)
 			}
 			if err == nil && len(w.Prefixes6) > 0 {
-				err = startDHCPv6(sctx, s, w, nsPath, logger)
+				err = startDHCPv6(sctx, s, w, nsPath, d.report, logger)
 			}
 			if err != nil {
 				// Both or neither: the next sync retries.

@@ -1,14 +1,21 @@
 package node
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/portalias"
@@ -138,5 +145,70 @@ func TestDesiredDHCPv6Secondary(t *testing.T) {
 	}
 	if want := map[string]bool{"a_udn": true, "a_dual": true, "a_v4": false, "a_ln": false}; fmt.Sprint(routers) != fmt.Sprint(want) {
 		t.Errorf("networks with a router %v, want %v", routers, want)
+	}
+}
+
+// recordedEvent is one event of eventLog.
+type recordedEvent struct {
+	regarding, related string // kind namespace/name
+	typ, reason, note  string
+}
+
+// eventLog is an events.EventRecorder that keeps what it is given.
+type eventLog chan recordedEvent
+
+func (l eventLog) Eventf(regarding, related runtime.Object, typ, reason, _, note string, args ...any) {
+	name := func(o runtime.Object) string {
+		if o == nil {
+			return ""
+		}
+		m := o.(metav1.Object)
+		return fmt.Sprintf("%T %s/%s", o, m.GetNamespace(), m.GetName())
+	}
+	l <- recordedEvent{name(regarding), name(related), typ, reason, fmt.Sprintf(note, args...)}
+}
+
+// TestDeclineReporter: a guest's Decline becomes a Warning event on its
+// VMI, related to its IPAMClaim, when its pod is a virt-launcher pod;
+// on the pod otherwise; and on nothing when no local pod has the MAC.
+func TestDeclineReporter(t *testing.T) {
+	scheme, err := newScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcher := pod("a", "virt-launcher-vm1-x", "n1", "", "", time.Hour)
+	launcher.Annotations[kubevirtv1.DomainAnnotation] = "vm1"
+	launcher.Annotations[podnetworks.Annotation] = `{"a/udn":{"ip_addresses":["2001:db8::5/64"],"mac_address":"0a:58:0a:01:01:05","role":"primary","network":"a_udn","ipam_claim":"vm1.udn"}}`
+	plain := pod("b", "web", "n1", "", "", time.Hour)
+	plain.Annotations[podnetworks.Annotation] = `{"b/udn":{"ip_addresses":["2001:db9::7/64"],"mac_address":"0a:58:0a:01:01:07","role":"primary","network":"b_udn"}}`
+	elsewhere := pod("b", "far", "n2", "", "", time.Hour)
+	elsewhere.Annotations[podnetworks.Annotation] = `{"b/udn":{"ip_addresses":["2001:db9::8/64"],"mac_address":"0a:58:0a:01:01:08","role":"primary","network":"b_udn"}}`
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "vm1"}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(&launcher, &plain, &elsewhere, vmi).Build()
+	events := make(eventLog, 10)
+	report := newDeclineReporter(context.Background(), c, events, "n1")
+	mac := func(s string) net.HardwareAddr { m, _ := net.ParseMAC(s); return m }
+
+	report("a_udn", mac("0a:58:0a:01:01:05"), netip.MustParseAddr("2001:db8::5"))
+	e := <-events
+	if e.regarding != "*v1.VirtualMachineInstance a/vm1" || e.related != "*v1alpha1.IPAMClaim a/vm1.udn" || e.typ != corev1.EventTypeWarning || e.reason != EventDHCPv6AddressDeclined || !strings.Contains(e.note, "2001:db8::5") {
+		t.Errorf("event %+v: want a Warning %s on VMI a/vm1 related to IPAMClaim a/vm1.udn naming 2001:db8::5", e, EventDHCPv6AddressDeclined)
+	}
+	report("b_udn", mac("0a:58:0a:01:01:07"), netip.MustParseAddr("2001:db9::7"))
+	if e := <-events; e.regarding != "*v1.Pod b/web" || e.related != "" {
+		t.Errorf("event %+v: want one on pod b/web", e)
+	}
+	// Not this node's pod, and not the pod's network: no event (the
+	// reporter logs it); a later report still gets through.
+	report("b_udn", mac("0a:58:0a:01:01:08"), netip.MustParseAddr("2001:db9::8"))
+	report("a_udn", mac("0a:58:0a:01:01:07"), netip.MustParseAddr("2001:db9::7"))
+	report("b_udn", mac("0a:58:0a:01:01:07"), netip.MustParseAddr("2001:db9::7"))
+	if e := <-events; e.regarding != "*v1.Pod b/web" {
+		t.Errorf("event %+v: want only the one on pod b/web", e)
+	}
+	select {
+	case e := <-events:
+		t.Errorf("unexpected event %+v", e)
+	default:
 	}
 }
