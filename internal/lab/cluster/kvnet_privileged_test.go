@@ -18,10 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"kvnet.io/kvnet/internal/lab/controlplane"
-	"kvnet.io/kvnet/internal/manifests"
 	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -391,28 +388,4 @@ func testKvnetGone(ctx context.Context, t *testing.T, c *Cluster) {
 		}
 		return nil
 	})
-}
-
-// applyFiles server-side applies the objects in YAML files.
-func applyFiles(ctx context.Context, c *Cluster, paths ...string) error {
-	cl, err := client.New(c.CP.Config, client.Options{})
-	if err != nil {
-		return err
-	}
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		objs, err := manifests.Decode(b)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		for _, o := range objs {
-			if err := controlplane.Apply(ctx, cl, o); err != nil {
-				return fmt.Errorf("%s: apply %s %s: %w", p, o.GetKind(), o.GetName(), err)
-			}
-		}
-	}
-	return nil
 }

@@ -37,7 +37,7 @@ func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
 			p.Name, defaults, eth0, p.Annotations["k8s.v1.cni.cncf.io/network-status"])
 	}
 	for _, mf := range p.ManagedFields {
-		if mf.FieldsV1 == nil || !strings.Contains(string(mf.FieldsV1.Raw), `"f:k8s.v1.cni.cncf.io/network-status"`) {
+		if mf.FieldsV1 == nil || !strings.Contains(string(mf.FieldsV1.GetRawBytes()), `"f:k8s.v1.cni.cncf.io/network-status"`) {
 			continue
 		}
 		if mf.Subresource != "status" {
