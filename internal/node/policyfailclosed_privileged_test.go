@@ -18,7 +18,6 @@ import (
 	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/datapath"
-	"kvnet.io/kvnet/internal/k8s/controllers/policyevents"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -116,7 +115,7 @@ func TestAgentPolicyFailsClosed(t *testing.T) {
 			t.Errorf("under a policy that cannot be compiled: %v", err)
 		}
 	}
-	waitPolicyEvent(t, broken, policyevents.PolicyInvalid, `spec.ingress[0] peer[0].ipBlock.cidr "10.0.0.0/33"`, "rule spec.ingress[0] admits nothing")
+	waitPolicyEvent(t, broken, "PolicyInvalid", `spec.ingress[0] peer[0].ipBlock.cidr "10.0.0.0/33"`, "rule spec.ingress[0] admits nothing")
 
 	// A rule the datapath refuses: db's policy isolates db; web's, a
 	// good one now, keeps admitting client-a.
@@ -165,7 +164,8 @@ func slicesContainsAddr(ips []netip.Prefix, ip string) bool {
 }
 
 // waitPolicyEvent waits for a Warning event with reason on o (source
-// kvnet-controller, which the fixture runs) whose note has every want.
+// kvnet-controller, which the fixture runs; the reason is a string, as
+// the node tests link no controller code) whose note has every want.
 func waitPolicyEvent(t *testing.T, o client.Object, reason string, want ...string) {
 	t.Helper()
 	testenv.Eventually(t, waitTimeout, "event "+reason+" on "+o.GetName(), func() error {
