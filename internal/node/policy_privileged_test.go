@@ -470,7 +470,9 @@ func TestAgentNetworkPolicyMatrix(t *testing.T) {
 	// Update: x admits namespaces y and z, then z alone. y/a's
 	// established connection to x/a is cut by the update; z/a's, still
 	// allowed, goes on (the control: the cut is the policy's, not a
-	// broken connection or datapath).
+	// broken connection or datapath). A datapath cutting every tracked
+	// connection of the network passes this control too: conntrack picks
+	// z/a's next packet up as a new connection, which the policy allows.
 	upd := w.policy(t, "x", "from-ns", networkingv1.NetworkPolicySpec{
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
 			{NamespaceSelector: labels("ns", "y")}, {NamespaceSelector: labels("ns", "z")}}}}})
