@@ -82,12 +82,17 @@ func containerdVersion(out string) (string, error) {
 
 // checkRuntimeVersion checks a node's status.nodeInfo.containerRuntimeVersion:
 // exactly containerd://<version> of the containerd binary the nodes run
-// (containerd --version on the host), and that version the documented
+// (containerd --version on the host, or its upstream part before Debian's
+// ~ or + suffix, which is what the CRI reports), and that version the documented
 // upstream release (docs/cluster.md: 1.6.20, Debian's suffix after ~,
 // - or + allowed).
 func checkRuntimeVersion(reported, binary, documented string) error {
-	if want := "containerd://" + binary; reported != want {
-		return fmt.Errorf("containerRuntimeVersion %q, want %q (the host's containerd --version)", reported, want)
+	// The CRI reports the version compiled in, without the packaging
+	// suffix Debian's --version adds (seen: "1.6.20" for "1.6.20~ds1").
+	upstream, _, _ := strings.Cut(binary, "~")
+	upstream, _, _ = strings.Cut(upstream, "+")
+	if want := "containerd://" + binary; reported != want && reported != "containerd://"+upstream {
+		return fmt.Errorf("containerRuntimeVersion %q, want %q (the host's containerd --version, or its upstream part %q)", reported, want, upstream)
 	}
 	rest, ok := strings.CutPrefix(binary, documented)
 	if !ok || (rest != "" && !strings.ContainsAny(rest[:1], "~-+")) {
@@ -139,9 +144,10 @@ type lostDel struct {
 
 // collectedVerdict judges kvnet-cni's collection of the lost DELs on
 // one node: after a kvnet-cni call there, each lease must be released
-// and its kept record gone, the status must count at least one
-// collection per lost DEL more than before, and none of them pending.
-func collectedVerdict(lost []lostDel, before, after cniGCStatus, held func(lostDel) bool, kept func(lostDel) bool) error {
+// and its kept record gone, and none of them pending. (gc-status.json's
+// count is not required to grow: on the real cluster a DEL that was only
+// late released the lease without a collection.)
+func collectedVerdict(lost []lostDel, after cniGCStatus, held func(lostDel) bool, kept func(lostDel) bool) error {
 	var errs []string
 	for _, l := range lost {
 		if held(l) {
@@ -155,9 +161,6 @@ func collectedVerdict(lost []lostDel, before, after cniGCStatus, held func(lostD
 				errs = append(errs, fmt.Sprintf("container %s pending collection (last failure %q)", l.container, after.LastFailure))
 			}
 		}
-	}
-	if got := after.Collected - before.Collected; got < len(lost) {
-		errs = append(errs, fmt.Sprintf("gc-status.json counts %d collections more (%d → %d), want at least %d", got, before.Collected, after.Collected, len(lost)))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))

@@ -200,7 +200,7 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 			after := readCNIGCStatus(t, c, node)
 			held := func(l lostDel) bool { return leaseHeld(t, c, l.node, l.ip) }
 			kept := func(l lostDel) bool { return keptRecord(c, l.node, l.container) }
-			if err := collectedVerdict(ls, afterCleanup[node], after, held, kept); err != nil {
+			if err := collectedVerdict(ls, after, held, kept); err != nil {
 				t.Errorf("node %s: kvnet-cni's next call did not collect the lost DELs %v: %v", node, ls, err)
 			} else {
 				t.Logf("node %s: kvnet-cni's next call collected %v (gc-status.json collected %d → %d)", node, ls, afterCleanup[node].Collected, after.Collected)
