@@ -1,13 +1,11 @@
 package nstest
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -49,10 +47,11 @@ exit 0
 const dhclientConf = `request dhcp6.name-servers, dhcp6.domain-search;
 `
 
-// DHClient is an ISC dhclient started by DHClient6.
+// DHClient is an ISC dhclient started by DHClient6. Its Event returns
+// ip, prefixlen, dns, search, serverid, route (the default route then, ""
+// without one) and global (the interface's global addresses).
 type DHClient struct {
-	out string // where the events are recorded
-	log string // its output
+	hookClient // Event, Happened, Log
 }
 
 // DHClient6 runs ISC dhclient -6 (Debian's isc-dhcp-client: stateful
@@ -80,7 +79,7 @@ func DHClient6(tb testing.TB, nsPath, iface string) *DHClient {
 		time.Sleep(50 * time.Millisecond)
 	}
 	dir := tb.TempDir()
-	d := &DHClient{out: filepath.Join(dir, "events"), log: filepath.Join(dir, "dhclient.log")}
+	d := &DHClient{hookClient{name: "dhclient", out: filepath.Join(dir, "events"), log: filepath.Join(dir, "dhclient.log")}}
 	script := filepath.Join(dir, "event.sh")
 	conf := filepath.Join(dir, "dhclient.conf")
 	if err := os.Mkdir(d.out, 0o755); err != nil {
@@ -94,64 +93,6 @@ func DHClient6(tb testing.TB, nsPath, iface string) *DHClient {
 	}
 	cmd := exec.Command("nsenter", "-n"+nsPath, "-F", "dhclient", "-6", "-d", "-v", "-D", "LL",
 		"-cf", conf, "-lf", filepath.Join(dir, "leases"), "-pf", filepath.Join(dir, "pid"), "-sf", script, iface)
-	logFile, err := os.Create(d.log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start dhclient: %v", err)
-	}
-	tb.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
+	d.start(tb, cmd)
 	return d
-}
-
-// Event waits up to timeout for dhclient's first event of reason (BOUND6,
-// RENEW6, ...) and returns its variables: ip, prefixlen, dns, search,
-// serverid, route (the default route then, "" without one) and global
-// (the interface's global addresses). It fails the test, with dhclient's
-// output, if none comes.
-func (d *DHClient) Event(tb testing.TB, reason string, timeout time.Duration) map[string]string {
-	tb.Helper()
-	path := filepath.Join(d.out, reason)
-	deadline := time.Now().Add(timeout)
-	for !d.Happened(reason) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("dhclient: no %s after %s; its output:\n%s", reason, timeout, d.Log())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), "=")
-		env[k] = strings.TrimSpace(v)
-	}
-	tb.Logf("dhclient event %s: %v", reason, env)
-	return env
-}
-
-// Happened reports whether dhclient has had an event of reason.
-func (d *DHClient) Happened(reason string) bool {
-	_, err := os.Stat(filepath.Join(d.out, reason))
-	return err == nil
-}
-
-// Log returns dhclient's output so far.
-func (d *DHClient) Log() string {
-	b, err := os.ReadFile(d.log)
-	if err != nil {
-		return err.Error()
-	}
-	return string(b)
 }

@@ -1,15 +1,11 @@
 package nstest
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // dhcpcdScript records each DHCPv6 event of dhcpcd as a file named after
@@ -43,10 +39,11 @@ duid ll
 option dhcp6_name_servers, dhcp6_domain_search
 `
 
-// DHCPCD is a dhcpcd client started by DHCPCD6.
+// DHCPCD is a dhcpcd client started by DHCPCD6. Its Event returns ip,
+// dns, search, serverid, route (the default route, "" without one) and
+// global (the interface's global addresses).
 type DHCPCD struct {
-	out string // where the events are recorded
-	log string // its output
+	hookClient // Event, Happened, Log
 }
 
 // DHCPCD6 runs dhcpcd, IPv6 only (router solicitation, then stateful
@@ -60,7 +57,7 @@ func DHCPCD6(tb testing.TB, nsPath, iface string) *DHCPCD {
 		tb.Fatalf("dhcpcd not found (hack/install-deps.sh installs it): %v", err)
 	}
 	dir := tb.TempDir()
-	d := &DHCPCD{out: filepath.Join(dir, "events"), log: filepath.Join(dir, "dhcpcd.log")}
+	d := &DHCPCD{hookClient{name: "dhcpcd", out: filepath.Join(dir, "events"), log: filepath.Join(dir, "dhcpcd.log")}}
 	script := filepath.Join(dir, "event.sh")
 	conf := filepath.Join(dir, "dhcpcd.conf")
 	if err := os.Mkdir(d.out, 0o755); err != nil {
@@ -79,67 +76,6 @@ func DHCPCD6(tb testing.TB, nsPath, iface string) *DHCPCD {
 	}
 	sh := fmt.Sprintf("mount -t tmpfs kvdhcp /run/dhcpcd && mount -t tmpfs kvdhcp /var/lib/dhcpcd && exec dhcpcd -B -d -f %s %s", conf, iface)
 	cmd := exec.Command("nsenter", "-n"+nsPath, "-F", "unshare", "-m", "--propagation", "private", "sh", "-c", sh)
-	// A file, not a pipe: dhcpcd's privilege-separated helpers inherit
-	// its stdio, and Wait would wait for them to close a pipe.
-	logFile, err := os.Create(d.log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// A process group of its own, so that the helpers, which outlive a
-	// SIGTERM, can be killed with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start dhcpcd: %v", err)
-	}
-	tb.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
+	d.start(tb, cmd)
 	return d
-}
-
-// Event waits up to timeout for dhcpcd's first event of reason (BOUND6,
-// RENEW6, ...) and returns its variables: ip, dns, search, serverid, route
-// (the default route, "" without one) and global (the interface's global
-// addresses). It fails the test, with dhcpcd's output, if none comes.
-func (d *DHCPCD) Event(tb testing.TB, reason string, timeout time.Duration) map[string]string {
-	tb.Helper()
-	path := filepath.Join(d.out, reason)
-	deadline := time.Now().Add(timeout)
-	for !d.Happened(reason) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("dhcpcd: no %s after %s; its output:\n%s", reason, timeout, d.Log())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), "=")
-		env[k] = strings.TrimSpace(v)
-	}
-	tb.Logf("dhcpcd event %s: %v", reason, env)
-	return env
-}
-
-// Happened reports whether dhcpcd has had an event of reason.
-func (d *DHCPCD) Happened(reason string) bool {
-	_, err := os.Stat(filepath.Join(d.out, reason))
-	return err == nil
-}
-
-// Log returns dhcpcd's output so far.
-func (d *DHCPCD) Log() string {
-	b, err := os.ReadFile(d.log)
-	if err != nil {
-		return err.Error()
-	}
-	return string(b)
 }
