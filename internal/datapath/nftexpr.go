@@ -624,13 +624,17 @@ func (b *ruleBuilder) tcpMidStream() *ruleBuilder {
 }
 
 // thSport matches the transport source port in from..to (after l4proto).
-func (b *ruleBuilder) thSport(from, to uint16) *ruleBuilder {
-	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
+func (b *ruleBuilder) thSport(from, to uint16) *ruleBuilder { return b.thPort("sport", 0, from, to) }
+
+// thPort matches the transport port at offset (0: source, 2:
+// destination; nft's name for it: sport, dport) in from..to.
+func (b *ruleBuilder) thPort(name string, offset uint32, from, to uint16) *ruleBuilder {
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: offset, Len: 2}
 	if from == to {
-		return b.add(fmt.Sprintf("th sport %d", from), load,
+		return b.add(fmt.Sprintf("th %s %d", name, from), load,
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, from)})
 	}
-	return b.add(fmt.Sprintf("th sport %d-%d", from, to), load,
+	return b.add(fmt.Sprintf("th %s %d-%d", name, from, to), load,
 		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binary.BigEndian.AppendUint16(nil, from),
 			ToData: binary.BigEndian.AppendUint16(nil, to)})
 }

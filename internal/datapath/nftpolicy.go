@@ -268,16 +268,7 @@ func (b *ruleBuilder) addrLookup(v6, src bool, name string) *ruleBuilder {
 
 // thDport matches the transport destination port in from..to (after
 // l4proto).
-func (b *ruleBuilder) thDport(from, to uint16) *ruleBuilder {
-	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
-	if from == to {
-		return b.add(fmt.Sprintf("th dport %d", from), load,
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, from)})
-	}
-	return b.add(fmt.Sprintf("th dport %d-%d", from, to), load,
-		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binary.BigEndian.AppendUint16(nil, from),
-			ToData: binary.BigEndian.AppendUint16(nil, to)})
-}
+func (b *ruleBuilder) thDport(from, to uint16) *ruleBuilder { return b.thPort("dport", 2, from, to) }
 
 // ctZoneSet puts the packet's connection in conntrack zone id.
 func (b *ruleBuilder) ctZoneSet(id uint16) *ruleBuilder {

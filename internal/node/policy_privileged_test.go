@@ -566,7 +566,7 @@ func dhcpUnderDeny(t *testing.T, l *lab, vm, peer *npPod) {
 		t.Fatal(err)
 	}
 	want := vm.p.ip()
-	poll(t, waitTimeout, "DHCP lease under deny-all", func() error {
+	testenv.EventuallyOrError(t, waitTimeout, "DHCP lease under deny-all", func() error {
 		out, err := exec.Command("ip", "netns", "exec", filepath.Base(vm.p.netns), "busybox", "udhcpc",
 			"-i", vm.p.ifName, "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true").CombinedOutput()
 		if err != nil {
@@ -581,22 +581,4 @@ func dhcpUnderDeny(t *testing.T, l *lab, vm, peer *npPod) {
 		t.Fatal(err)
 	}
 	refusedBothWays("after the lease")
-}
-
-// poll is testenv.Eventually failing the test without stopping it, so
-// that the cases after run.
-func poll(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%s: %v", what, err)
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // a polling interval, as testenv.Eventually's
-	}
 }

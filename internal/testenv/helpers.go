@@ -22,14 +22,31 @@ import (
 // measure speed.
 func Eventually(t testing.TB, timeout time.Duration, what string, f func() error) {
 	t.Helper()
+	if err := until(timeout, f); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// EventuallyOrError is Eventually that fails the test without stopping
+// it (so that the checks after it run too) and reports whether f came
+// right.
+func EventuallyOrError(t testing.TB, timeout time.Duration, what string, f func() error) bool {
+	t.Helper()
+	if err := until(timeout, f); err != nil {
+		t.Errorf("%s: %v", what, err)
+		return false
+	}
+	return true
+}
+
+// until calls f every 50 ms until it returns nil, or returns its last
+// error after timeout.
+func until(timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
