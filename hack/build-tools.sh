@@ -8,9 +8,20 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${KVNET_BIN_DIR:-$root/.cache/bin}
 mkdir -p "$bin"
 
-stamp_of() { sha256sum "$root/hack/tools/$1/go.mod" "$root/hack/tools/$1/go.sum" | sha256sum | cut -c1-16; }
+# The Kubernetes binaries report their version (the API server's /version,
+# which kvnet check reads) from these variables, which make sets in a
+# release build; without them kube-apiserver says v0.0.0-master.
+k8s_version=$(awk '($1 == "require" && $2 == "k8s.io/kubernetes") || $1 == "k8s.io/kubernetes" { print ($1 == "require" ? $3 : $2); exit }' "$root/hack/tools/k8s/go.mod")
+minor=${k8s_version#v1.}
+minor=${minor%%.*}
+k8s_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
 
-build() { # build <module dir> <stamp name> <-o target> <packages...>
+stamp_of() { { cat "$root/hack/tools/$1/go.mod" "$root/hack/tools/$1/go.sum"; echo "$LDFLAGS"; } | sha256sum | cut -c1-16; }
+
+build() { # [LDFLAGS=...] build <module dir> <stamp name> <-o target> <packages...>
   local dir=$1 name=$2 out=$3; shift 3
   local want; want=$(stamp_of "$dir")
   if [ -f "$bin/.$name.stamp" ] && [ "$(cat "$bin/.$name.stamp")" = "$want" ]; then
@@ -18,10 +29,10 @@ build() { # build <module dir> <stamp name> <-o target> <packages...>
     return
   fi
   echo "build-tools: building $name (first run takes several minutes)"
-  (cd "$root/hack/tools/$dir" && go build -trimpath -o "$out" "$@")
+  (cd "$root/hack/tools/$dir" && go build -trimpath -ldflags="$LDFLAGS" -o "$out" "$@")
   echo "$want" > "$bin/.$name.stamp"
 }
 
-build etcd etcd "$bin/etcd" go.etcd.io/etcd/server/v3
-build k8s kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+LDFLAGS="" build etcd etcd "$bin/etcd" go.etcd.io/etcd/server/v3
+LDFLAGS=$k8s_ldflags build k8s kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
 echo "build-tools: binaries in $bin"

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -48,6 +49,10 @@ type CheckOptions struct {
 	// Prerequisites only: skip the checks of kvnet itself (before
 	// installing).
 	Prerequisites bool
+	// KubernetesVersion is the API server's version (its /version
+	// gitVersion, e.g. v1.36.3), for the KubeVirt version check; empty
+	// skips that check.
+	KubernetesVersion string
 }
 
 var (
@@ -100,6 +105,11 @@ func Check(ctx context.Context, c client.Client, o CheckOptions) ([]Finding, err
 			return nil, err
 		}
 		out = append(out, f)
+		v, err := checkKubeVirtVersion(ctx, c, o.KubernetesVersion)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v...)
 	}
 	if o.Prerequisites {
 		f, err := checkDefaultNetworkSubnets(ctx, c, nil)
@@ -210,6 +220,71 @@ func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
 		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s: l2bridge has no migration: {} (VMs using it cannot migrate)", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
 	}
 	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers l2bridge (managedTap, migration)", kv.GetNamespace(), kv.GetName())}, nil
+}
+
+// KubeVirtVersionCheck is the What of the finding on the versions of
+// KubeVirt and Kubernetes.
+const KubeVirtVersionCheck = "KubeVirt version"
+
+// checkKubeVirtVersion warns about the KubeVirt and Kubernetes versions
+// known not to work together (KubeVirtVersionProblem), reading the
+// version virt-operator reports in the first KubeVirt CR's status. No
+// finding when either version is unknown.
+func checkKubeVirtVersion(ctx context.Context, c client.Client, kubernetes string) ([]Finding, error) {
+	if kubernetes == "" {
+		return nil, nil
+	}
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(kubevirtGVK)
+	if err := c.List(ctx, l); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list KubeVirt: %w", err)
+	}
+	if len(l.Items) == 0 {
+		return nil, nil
+	}
+	kv := l.Items[0]
+	kubevirt, _, _ := unstructured.NestedString(kv.Object, "status", "observedKubeVirtVersion")
+	if kubevirt == "" {
+		return nil, nil
+	}
+	on := fmt.Sprintf("KubeVirt %s/%s is %s on Kubernetes %s", kv.GetNamespace(), kv.GetName(), kubevirt, kubernetes)
+	problem, fix := KubeVirtVersionProblem(kubevirt, kubernetes)
+	if problem == "" {
+		return []Finding{{Status: OK, What: KubeVirtVersionCheck, Detail: on}}, nil
+	}
+	return []Finding{{Status: Warning, What: KubeVirtVersionCheck, Detail: on + ": " + problem, Fix: fix}}, nil
+}
+
+// KubeVirtVersionProblem says what goes wrong with KubeVirt version
+// kubevirt on Kubernetes version kubernetes (both as their /version
+// reports them, e.g. v1.7.0 and v1.36.3), and the fix; "" when kvnet
+// knows of no problem (or cannot parse a version).
+//
+// KubeVirt before v1.8.4 on Kubernetes 1.36 or later: virt-handler
+// writes a containerDisk's CRC32 to the VMI's
+// status.volumeStatus[].containerDiskVolume.checksum, a uint32 its CRD
+// declares as format int32, and Kubernetes 1.36 validates numeric
+// formats of CRD fields, so every status update of a VMI whose disk's
+// CRC32 is >= 2^31 is rejected and the VMI stays Scheduled
+// (kubevirt/kubevirt#17858; fixed by #17469 in v1.8.4 and v1.9).
+func KubeVirtVersionProblem(kubevirt, kubernetes string) (problem, fix string) {
+	kv, err := version.ParseGeneric(kubevirt)
+	if err != nil {
+		return "", ""
+	}
+	k8s, err := version.ParseGeneric(kubernetes)
+	if err != nil {
+		return "", ""
+	}
+	if k8s.AtLeast(version.MajorMinor(1, 36)) && !kv.AtLeast(version.MustParseGeneric("1.8.4")) {
+		return "VMs whose containerDisk has a CRC32 >= 2^31 hang in Scheduled: the API server rejects virt-handler's " +
+				"status.volumeStatus[].containerDiskVolume.checksum, a uint32 this KubeVirt declares as int32 (kubevirt/kubevirt#17858)",
+			"upgrade KubeVirt to v1.8.4 or later (kubevirt/kubevirt#17469), or run it on Kubernetes 1.35 or older"
+	}
+	return "", ""
 }
 
 // DefaultNetworkCIDRsFlag is kvnet-node's flag naming the default

@@ -103,3 +103,32 @@ func TestCheckDefaultNetworkSubnets(t *testing.T) {
 		check(installed, tc.status, tc.detail)
 	}
 }
+
+// TestKubeVirtVersionProblem: the known-bad pair is KubeVirt before
+// v1.8.4 on Kubernetes 1.36 or later, however the versions are spelt.
+func TestKubeVirtVersionProblem(t *testing.T) {
+	for _, tc := range []struct {
+		kubevirt, kubernetes string
+		bad                  bool
+	}{
+		{"v1.7.0", "v1.36.3", true},
+		{"v1.8.3", "v1.36.0", true},
+		{"v1.6.2", "v1.37.2+k3s1", true},
+		{"v1.7.0", "v1.36.0-alpha.1", true},
+		{"v1.8.4", "v1.36.3", false},
+		{"v1.9.0", "v1.36.3", false},
+		{"v1.9.0-rc.0", "v1.36.3", false},
+		{"v1.7.0", "v1.35.2", false},
+		{"v1.8.3", "v1.34.1", false},
+		{"", "v1.36.3", false},
+		{"v1.7.0", "not a version", false},
+	} {
+		problem, fix := install.KubeVirtVersionProblem(tc.kubevirt, tc.kubernetes)
+		if got := problem != ""; got != tc.bad {
+			t.Errorf("KubeVirt %q on Kubernetes %q: problem %q, want bad=%v", tc.kubevirt, tc.kubernetes, problem, tc.bad)
+		}
+		if tc.bad && (!strings.Contains(problem, "#17858") || !strings.Contains(fix, "v1.8.4")) {
+			t.Errorf("KubeVirt %q on Kubernetes %q: %q / %q, want the issue and the fix named", tc.kubevirt, tc.kubernetes, problem, fix)
+		}
+	}
+}

@@ -18,6 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
@@ -29,11 +31,12 @@ import (
 var (
 	c client.Client
 	w client.WithWatch // for the certificate manager
+	cfg *rest.Config
 )
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.MainAPI(m, testenv.Options{NoControllerManager: true}, func(e *testenv.Env) error {
-		c = e.Client
+		c, cfg = e.Client, e.Config
 		var err error
 		w, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Client.Scheme()})
 		return err
@@ -267,6 +270,41 @@ func TestApplyCheckDelete(t *testing.T) {
 	}
 	if f := findings(t, install.CheckOptions{Prerequisites: true})["KubeVirt l2bridge binding"]; f.Status != install.OK {
 		t.Errorf("binding finding with l2bridge: %v", f)
+	}
+
+	// The versions: KubeVirt v1.7.0 on this API server (Kubernetes 1.36,
+	// whose strict CRD formats it breaks) is flagged with the fix; v1.8.4
+	// is not; without the server's version there is no finding.
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := dc.ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubevirtVersion := func(v string) install.Finding {
+		t.Helper()
+		if err := c.Get(ctx, client.ObjectKeyFromObject(kv), kv); err != nil {
+			t.Fatal(err)
+		}
+		if err := unstructured.SetNestedField(kv.Object, v, "status", "observedKubeVirtVersion"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Status().Update(ctx, kv); err != nil {
+			t.Fatal(err)
+		}
+		return findings(t, install.CheckOptions{Prerequisites: true, KubernetesVersion: info.GitVersion})[install.KubeVirtVersionCheck]
+	}
+	if f := kubevirtVersion("v1.7.0"); f.Status != install.Warning || !strings.Contains(f.Detail, "v1.7.0 on Kubernetes "+info.GitVersion) ||
+		!strings.Contains(f.Detail, "kubevirt/kubevirt#17858") || !strings.Contains(f.Fix, "v1.8.4") {
+		t.Errorf("KubeVirt v1.7.0 on Kubernetes %s: %v, want a warning naming the issue and the fix", info.GitVersion, f)
+	}
+	if f := kubevirtVersion("v1.8.4"); f.Status != install.OK || !strings.Contains(f.Detail, "v1.8.4 on Kubernetes "+info.GitVersion) {
+		t.Errorf("KubeVirt v1.8.4 on Kubernetes %s: %v, want ok", info.GitVersion, f)
+	}
+	if f, ok := findings(t, install.CheckOptions{Prerequisites: true})[install.KubeVirtVersionCheck]; ok {
+		t.Errorf("version finding without the server's version: %v", f)
 	}
 
 	// A network left: uninstall refuses, names it and deletes nothing

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/cli/kubeflags"
@@ -140,6 +141,19 @@ func NewCheckCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cfg, err := o.conn.RESTConfig()
+			if err != nil {
+				return err
+			}
+			dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			info, err := dc.ServerVersion()
+			if err != nil {
+				return fmt.Errorf("read the API server's version: %w", err)
+			}
+			checkOpts.KubernetesVersion = info.GitVersion
 			fs, err := install.Check(cmd.Context(), c, checkOpts)
 			if err != nil {
 				return err
