@@ -57,7 +57,7 @@ lint: ## Run golangci-lint with the import boundaries (installs the pinned versi
 # The system packages and the guest image serve only the privileged tests
 # (cluster-deps: the real-cluster e2e's containerd, runc, ...): as any other
 # user make test runs the unit tests without them.
-PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps)
+PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps kubevirt-deps)
 
 .PHONY: test
 test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab, QEMU and real-cluster tests)
@@ -86,8 +86,12 @@ export KVNET_CACHE ?= /var/cache/kvnet
 cluster-deps: ## Install the Debian packages the real cluster needs (containerd, runc, ...), when missing
 	hack/install-deps.sh --cluster
 
+.PHONY: kubevirt-deps
+kubevirt-deps: ## Install the Debian packages KubeVirt's images are built with (gcc, libvirt-dev, debootstrap, ...), when missing
+	hack/install-deps.sh --kubevirt
+
 .PHONY: cluster-up
-cluster-up: cluster-deps tools build ## Build (cached) and start the real cluster in the background: $(CLUSTER_DIR)/kubeconfig, $(CLUSTER_DIR)/env (root)
+cluster-up: cluster-deps $(if $(filter true,$(CLUSTER_KUBEVIRT)),kubevirt-deps) tools build ## Build (cached) and start the real cluster in the background: $(CLUSTER_DIR)/kubeconfig, $(CLUSTER_DIR)/env (root)
 	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --default-network $(CLUSTER_NETWORK) --multus $(CLUSTER_MULTUS) --kubevirt=$(CLUSTER_KUBEVIRT) --bin-dir "$$(hack/build-cluster-tools.sh)"
 
 .PHONY: cluster-down
@@ -110,7 +114,7 @@ cluster-bench: cluster-deps tools ## Run the real-cluster benchmarks (root; docs
 	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 60m -run '^$$' -bench BenchmarkCluster -benchtime 1x ./internal/lab/cluster/
 
 .PHONY: kubevirt-images-test
-kubevirt-images-test: ## Build KubeVirt v1.7 and its images, and the guest containerDisk, and test them (root; the first run takes long, cached after; docs/kubevirt-images.md)
+kubevirt-images-test: ## Build KubeVirt and its images, and the guest containerDisk, and test them (root; the first run takes long, cached after; docs/kubevirt-images.md)
 	hack/install-deps.sh --kubevirt
 	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags kubevirt -count=1 -timeout 150m -v -run TestRealImages ./internal/lab/kvimages/
 

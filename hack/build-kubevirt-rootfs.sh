@@ -10,7 +10,7 @@
 #   locales removed.
 #
 # Suite: trixie (Debian 13: libvirt 11.3, QEMU 10.0), not bookworm
-# (libvirt 9.0, QEMU 7.2), because KubeVirt v1.7 expects a libvirt of its
+# (libvirt 9.0, QEMU 7.2), because KubeVirt v1.8 expects a libvirt of its
 # own generation (its images carry libvirt 11); virt-launcher is linked
 # against bookworm's libvirt-dev 9.0 and runs on trixie's newer libvirt0
 # and glibc (both keep their old symbols). Neither suite ships libvirt's

@@ -9,7 +9,8 @@
 #   "console=ttyS0 quiet panic=-1" (no kvnet.name=: the guest takes its
 #   name from its first DHCP lease's hostname, see hack/guest/README.md).
 #
-# Made without mounting anything: sfdisk writes the table, mkfs.fat the
+# One sector after the partition pads the disk's CRC32 to >= 2^31 (see
+# below). Made without mounting anything: sfdisk writes the table, mkfs.fat the
 # file system at its offset, mtools copies the files in, syslinux --offset
 # installs the boot loader (packages: hack/install-deps.sh --kubevirt).
 #
@@ -83,6 +84,27 @@ syslinux --offset 1048576 --install "$disk"
 # The MBR's boot code (its first 440 bytes), which chains to the active
 # partition's boot sector.
 dd if="$mbr" of="$disk" bs=440 count=1 conv=notrunc status=none
+
+# The disk's CRC32 is made >= 2^31 on purpose. virt-handler reports a
+# containerDisk's CRC32 (IEEE, of the whole file) in the VMI's
+# status.volumeStatus[].containerDiskVolume.checksum, a uint32 that
+# KubeVirt before v1.8.4 declares as format int32, and Kubernetes 1.36
+# validates that format: a VMI whose disk's CRC32 is >= 2^31 is rejected
+# and hangs in Scheduled (kubevirt/kubevirt#17858). So that this can never
+# depend on the bytes of a kernel again, one 512-byte sector appended
+# after the partition's end (nothing reads it) carries a counter, raised
+# until the CRC32 is >= 2^31 (each try succeeds one time in two).
+# gzip's trailer holds the input's CRC32 (IEEE, little-endian).
+crc32() { gzip -1 -c "$1" | tail -c8 | od -An -tu4 -N4 | tr -d ' '; }
+size=$(stat -c %s "$disk")
+for n in $(seq 0 63); do
+  truncate -s "$size" "$disk"
+  { printf 'kvnet-crc32-pad %08d\n' "$n"; head -c 487 /dev/zero; } >>"$disk"
+  crc=$(crc32 "$disk")
+  [ "$crc" -lt 2147483648 ] || break
+done
+[ "$crc" -ge 2147483648 ] || die "no pad of 64 gave a CRC32 >= 2^31"
+log "CRC32 $crc (>= 2^31 on purpose, pad $n)"
 
 rm -f "$out/disk.stamp"
 mv "$disk" "$out/disk.img"

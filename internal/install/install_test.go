@@ -29,8 +29,8 @@ import (
 )
 
 var (
-	c client.Client
-	w client.WithWatch // for the certificate manager
+	c   client.Client
+	w   client.WithWatch // for the certificate manager
 	cfg *rest.Config
 )
 

@@ -16,7 +16,7 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-// TestClusterKubeVirt installs KubeVirt v1.7.0 on the real cluster as a
+// TestClusterKubeVirt installs KubeVirt v1.8.4 on the real cluster as a
 // user does (its images built by the repository and pushed to the
 // cluster's registry, virt-operator from its release manifest, a KubeVirt
 // CR with useEmulation and the l2bridge binding): Up returns once the CR

@@ -148,3 +148,41 @@ func TestVMIClaimIP(t *testing.T) {
 		}
 	}
 }
+
+// TestContainerDiskChecksum: the checksum is read as virt-handler writes
+// it, a JSON number up to 2^32-1, from the first containerDisk volume.
+func TestContainerDiskChecksum(t *testing.T) {
+	for _, tc := range []struct {
+		status string
+		want   int64
+	}{
+		{`{"volumeStatus":[{"name":"cloudinit"},{"name":"disk","containerDiskVolume":{"checksum":3727964686}}]}`, 3727964686},
+		{`{"volumeStatus":[{"name":"disk","containerDiskVolume":{"checksum":12}}]}`, 12},
+		{`{"volumeStatus":[{"name":"disk"}]}`, 0},
+		{`{}`, 0},
+	} {
+		vmi := &unstructured.Unstructured{}
+		if err := vmi.UnmarshalJSON([]byte(`{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","status":` + tc.status + `}`)); err != nil {
+			t.Fatal(err)
+		}
+		if got := containerDiskChecksum(vmi); got != tc.want {
+			t.Errorf("status %s: checksum %d, want %d", tc.status, got, tc.want)
+		}
+	}
+}
+
+// TestRollTarget: kvnet-node rolls to its tag with "-rolled", and back.
+func TestRollTarget(t *testing.T) {
+	for _, tc := range []struct{ from, want string }{
+		{"10.89.0.1:5000/kvnet/kvnet-node:dev", "10.89.0.1:5000/kvnet/kvnet-node:dev-rolled"},
+		{"10.89.0.1:5000/kvnet/kvnet-node:dev-rolled", "10.89.0.1:5000/kvnet/kvnet-node:dev"},
+	} {
+		got, err := rollTarget(tc.from)
+		if err != nil || got != tc.want {
+			t.Errorf("rollTarget(%q) = %q, %v; want %q", tc.from, got, err, tc.want)
+		}
+	}
+	if _, err := rollTarget("not a reference!"); err == nil {
+		t.Error("rollTarget of a bad reference: no error")
+	}
+}

@@ -23,7 +23,7 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-// TestRealImages builds the real inputs (KubeVirt v1.7.0 from its module,
+// TestRealImages builds the real inputs (KubeVirt v1.8.4 from its module,
 // the Debian root file system, the guest disk; cached after the first
 // run, which takes long), pushes every image to a registry started in the
 // test, pulls virt-launcher and virt-handler back, unpacks them and runs
