@@ -1,14 +1,12 @@
 package install_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,24 +61,6 @@ var runs atomic.Int32
 
 func uniqueNS(base string) string { return fmt.Sprintf("%s-%d", base, runs.Add(1)) }
 
-// syncBuffer is a log written by Uninstall's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // daemonPod creates a pod of DaemonSet ds on node, as the DaemonSet
 // controller does; with ready, the kubelet reports it Ready.
 func daemonPod(t *testing.T, ds *appsv1.DaemonSet, node string, ready bool, status func(*corev1.PodStatus)) *corev1.Pod {
@@ -108,7 +88,7 @@ func daemonPod(t *testing.T, ds *appsv1.DaemonSet, node string, ready bool, stat
 }
 
 // runUninstall starts Uninstall of objs and returns its result's channel.
-func runUninstall(objs []*unstructured.Unstructured, timeout time.Duration, log *syncBuffer) <-chan error {
+func runUninstall(objs []*unstructured.Unstructured, timeout time.Duration, log *testenv.Buffer) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		done <- install.Uninstall(context.Background(), c, objs, install.UninstallOptions{NodeCleanupTimeout: timeout, Poll: 50 * time.Millisecond}, log)
@@ -120,7 +100,7 @@ func runUninstall(objs []*unstructured.Unstructured, timeout time.Duration, log 
 // no cleanup runs while its pods do, and deletes the pods (the garbage
 // collector's and the kubelet's part). It returns the cleanup DaemonSet
 // once created.
-func stopNodePods(t *testing.T, ns string, pods []*corev1.Pod, log *syncBuffer) *appsv1.DaemonSet {
+func stopNodePods(t *testing.T, ns string, pods []*corev1.Pod, log *testenv.Buffer) *appsv1.DaemonSet {
 	t.Helper()
 	ctx := context.Background()
 	testenv.Eventually(t, 30*time.Second, "kvnet-node DaemonSet deleted", func() error {
@@ -182,7 +162,7 @@ func installedNode(t *testing.T, prefix string) (string, []*unstructured.Unstruc
 func TestUninstallCleansNodes(t *testing.T) {
 	ctx := context.Background()
 	ns, objs, node := installedNode(t, "kvnet-uninstall-a")
-	var log syncBuffer
+	var log testenv.Buffer
 	running := []*corev1.Pod{daemonPod(t, node, "node-a", true, nil), daemonPod(t, node, "node-b", true, nil)}
 
 	done := runUninstall(objs, 30*time.Second, &log)
@@ -235,7 +215,7 @@ func TestUninstallCleansNodes(t *testing.T) {
 func TestUninstallNodeCleanupTimeout(t *testing.T) {
 	ctx := context.Background()
 	ns, objs, node := installedNode(t, "kvnet-uninstall-b")
-	var log syncBuffer
+	var log testenv.Buffer
 	running := []*corev1.Pod{daemonPod(t, node, "node-a", true, nil), daemonPod(t, node, "node-b", true, nil), daemonPod(t, node, "node-c", true, nil)}
 
 	done := runUninstall(objs, 10*time.Second, &log)

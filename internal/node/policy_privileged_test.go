@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -532,10 +533,16 @@ var leaseRE = regexp.MustCompile(`lease of (\S+) obtained`)
 // dhcpUnderDeny: once the plan isolating vm's own port both ways is
 // applied on its node, vm and peer are refused both ways (they reached
 // each other before: the caller's control); vm, without addresses,
-// then gets a lease of its address from kvnet-node's DHCP server, and
-// is still refused both ways after. (Removing the DHCP accept rules of
-// the isolated port's chains did not make it fail: the lease still came,
-// so this has not yet been seen failing with DHCP under the deny rule.)
+// then gets a lease of its address from kvnet-node's DHCP server
+// (DISCOVER and REQUEST from 0.0.0.0, broadcast), configures it and
+// renews it (a unicast REQUEST from its address to the server, as a
+// client does at T1, answered without the client starting over), and
+// is still refused both ways after. Removing the isolated ports' DHCPv4
+// accept rules did not make the lease or the renewal fail here (the
+// server's answers, broadcast, leave conntrack entries the renewal
+// may ride on: not established); the datapath's TestPolicyEnforcement
+// is where those rules are seen failing (a client's datagram to the
+// router's port 67 from an isolated port, dropped without them).
 func dhcpUnderDeny(t *testing.T, l *lab, vm, peer *npPod) {
 	t.Helper()
 	hostIf := vm.p.hostIf(t, l)
@@ -566,19 +573,56 @@ func dhcpUnderDeny(t *testing.T, l *lab, vm, peer *npPod) {
 		t.Fatal(err)
 	}
 	want := vm.p.ip()
-	testenv.EventuallyOrError(t, waitTimeout, "DHCP lease under deny-all", func() error {
-		out, err := exec.Command("ip", "netns", "exec", filepath.Base(vm.p.netns), "busybox", "udhcpc",
-			"-i", vm.p.ifName, "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", "/bin/true").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("udhcpc: %v: %s", err, out)
+	// udhcpc stays in the foreground after its lease (no -q); its script
+	// configures nothing, the test adds the address, then SIGUSR1 makes
+	// it renew.
+	var out testenv.Buffer
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(vm.p.netns), "busybox", "udhcpc",
+		"-i", vm.p.ifName, "-f", "-t", "10", "-T", "2", "-A", "1", "-s", "/bin/true")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	leases := func() (n int, err error) {
+		for _, m := range leaseRE.FindAllStringSubmatch(out.String(), -1) {
+			if m[1] != want {
+				return n, fmt.Errorf("udhcpc leased %s, want %s:\n%s", m[1], want, out.String())
+			}
+			n++
 		}
-		if m := leaseRE.FindSubmatch(out); m == nil || string(m[1]) != want {
-			return fmt.Errorf("udhcpc: no lease of %s: %s", want, out)
+		return n, nil
+	}
+	testenv.Eventually(t, waitTimeout, "DHCP lease under deny-all", func() error {
+		n, err := leases()
+		if err == nil && n == 0 {
+			err = fmt.Errorf("no lease yet:\n%s", out.String())
 		}
-		return nil
+		return err
 	})
 	if err := nstest.Exec(vm.p.netns, "ip", "addr", "add", vm.p.a.IPAddresses[0], "dev", vm.p.ifName); err != nil {
 		t.Fatal(err)
+	}
+	mark := len(out.String())
+	if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitTimeout, "DHCP renewal (unicast, from "+want+") under deny-all", func() error {
+		n, err := leases()
+		if err == nil && n < 2 {
+			err = fmt.Errorf("%d leases, want the renewal's too:\n%s", n, out.String())
+		}
+		return err
+	})
+	// Answered as a renewal: busybox udhcpc, its unicast renewal not
+	// answered, starts over from a broadcast DISCOVER (from 0.0.0.0,
+	// which no port chain judges) and would get the lease that way.
+	if after := out.String()[mark:]; !strings.Contains(after, "sending renew to server") ||
+		strings.Contains(after, "sending discover") || strings.Contains(after, "sending select") {
+		t.Errorf("udhcpc's renewal was not answered by unicast:\n%s", after)
 	}
 	refusedBothWays("after the lease")
 }

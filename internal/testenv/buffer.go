@@ -1,0 +1,26 @@
+package testenv
+
+import (
+	"bytes"
+	"sync"
+)
+
+// Buffer is a bytes.Buffer that a process or goroutine writes while the
+// test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
