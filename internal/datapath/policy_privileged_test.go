@@ -114,6 +114,23 @@ func checkMatrix(t *testing.T, pods map[string]*pod, step string, want ...string
 	}
 	pairs = append(pairs, [2]string{"b1", "b2"}, [2]string{"b2", "b1"})
 	got := probeMatrix(pods, pairs)
+	// On a loaded machine an allowed connection may time out: a pair
+	// want allows is probed again, up to three times, before it counts as
+	// refused (a connection made is decisive; a refusal is not retried).
+	for try := 0; try < 3; try++ {
+		var again [][2]string
+		for _, pr := range pairs {
+			if k := pr[0] + ">" + pr[1]; slices.Contains(want, k) && !got[k] {
+				again = append(again, pr)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		for k, v := range probeMatrix(pods, again) {
+			got[k] = v
+		}
+	}
 	var sb strings.Builder
 	bad := false
 	fmt.Fprintf(&sb, "%s: want/got (. connects, X does not)\n", step)
