@@ -59,7 +59,9 @@ if [ "$(id -u)" = 0 ]; then
 		cat "$kv_prebuild_log"
 	fi
 	rm -f "$kv_prebuild_log"
-	"$GO" test "$@" "${kubevirt_e2e[@]}" || rc=1
+	# Its own timeout (the last -timeout wins): a cluster, KubeVirt, the VM
+	# scenarios, a rollback and an upgrade of kvnet under TCG guests.
+	"$GO" test "$@" -timeout 60m "${kubevirt_e2e[@]}" || rc=1
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).

@@ -193,26 +193,85 @@ func pushKvnetImages(ctx context.Context, repoRoot, registry, work string, log i
 	}
 	refs := map[string]string{}
 	for _, r := range results {
-		lp, err := layout.FromPath(r.Layout)
-		if err != nil {
-			return nil, err
-		}
-		top, err := lp.ImageIndex()
-		if err != nil {
-			return nil, err
-		}
-		idx, err := top.ImageIndex(r.Index)
-		if err != nil {
-			return nil, fmt.Errorf("image %s: index %s in %s: %w", r.Image.Name, r.Index, r.Layout, err)
-		}
-		tag, err := name.NewTag(r.Ref, name.Insecure)
-		if err != nil {
-			return nil, err
-		}
-		if err := remote.WriteIndex(tag, idx, remote.WithContext(ctx)); err != nil {
-			return nil, fmt.Errorf("push %s: %w", r.Ref, err)
+		if err := pushLayoutIndex(ctx, r.Layout, r.Index, r.Ref); err != nil {
+			return nil, fmt.Errorf("image %s: %w", r.Image.Name, err)
 		}
 		refs[r.Image.Name] = r.Ref
+	}
+	return refs, nil
+}
+
+// pushLayoutIndex pushes the image index with digest index from the OCI
+// image layout dir to ref.
+func pushLayoutIndex(ctx context.Context, dir string, index v1.Hash, ref string) error {
+	lp, err := layout.FromPath(dir)
+	if err != nil {
+		return err
+	}
+	top, err := lp.ImageIndex()
+	if err != nil {
+		return err
+	}
+	idx, err := top.ImageIndex(index)
+	if err != nil {
+		return fmt.Errorf("index %s in %s: %w", index, dir, err)
+	}
+	tag, err := name.NewTag(ref, name.Insecure)
+	if err != nil {
+		return err
+	}
+	if err := remote.WriteIndex(tag, idx, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}
+
+// PushLayouts pushes every image `make images` (hack/images) wrote to
+// out, one OCI image layout per image whose index.json names its
+// multi-platform index by tag, to <registry>/<image>:tag, and returns
+// image → reference. It pushes the images of another checkout of the
+// repository (an earlier release) as they were built there.
+func PushLayouts(ctx context.Context, out, registry, tag string) (map[string]string, error) {
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]string{}
+	for _, e := range entries {
+		dir := filepath.Join(out, e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		lp, err := layout.FromPath(dir)
+		if err != nil {
+			continue // not a layout (the binaries' directory)
+		}
+		ii, err := lp.ImageIndex()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", dir, err)
+		}
+		top, err := ii.IndexManifest()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", dir, err)
+		}
+		found := false
+		for _, m := range top.Manifests {
+			if m.Annotations["org.opencontainers.image.ref.name"] != tag {
+				continue
+			}
+			ref := registry + "/" + e.Name() + ":" + tag
+			if err := pushLayoutIndex(ctx, dir, m.Digest, ref); err != nil {
+				return nil, err
+			}
+			refs[e.Name()] = ref
+			found = true
+		}
+		if !found {
+			return nil, fmt.Errorf("%s: no index tagged %q", dir, tag)
+		}
+	}
+	if len(refs) == 0 {
+		return nil, fmt.Errorf("no image layouts in %s", out)
 	}
 	return refs, nil
 }

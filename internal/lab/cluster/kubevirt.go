@@ -36,7 +36,7 @@ const KubeVirtNamespace = "kubevirt"
 var kubeVirtGVR = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "kubevirts"}
 
 // kubeVirtCR is the cluster's KubeVirt CR: QEMU under TCG (these machines
-// have no usable KVM), and the l2bridge binding that VMs on a primary
+// have no usable KVM), evictionStrategy LiveMigrate, and the l2bridge binding that VMs on a primary
 // user-defined network use (as kvnet check asks for it).
 func kubeVirtCR() *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
@@ -46,6 +46,9 @@ func kubeVirtCR() *unstructured.Unstructured {
 			"imagePullPolicy": "IfNotPresent",
 			"configuration": map[string]any{
 				"developerConfiguration": map[string]any{"useEmulation": true},
+				// A drained node's VMs live-migrate away, as OpenShift
+				// Virtualization configures it.
+				"evictionStrategy": "LiveMigrate",
 				"network": map[string]any{"binding": map[string]any{
 					"l2bridge": map[string]any{"domainAttachmentType": "managedTap", "migration": map[string]any{}},
 				}},

@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,30 +25,38 @@ import (
 // virt-controller are available, and the env file names the guest's
 // containerDisk. With kvnet installed the VM scenarios (RunVMScenarios)
 // pass, but the l2bridge one, which is Blocked exactly when this
-// machine's kernel cannot make dummy links.
+// machine's kernel cannot make dummy links; then, with their VMs running,
+// kvnet is rolled back to an earlier release and upgraded again
+// (upgradeWithVMs).
 func TestClusterKubeVirt(t *testing.T) {
 	testenv.NeedsRoot(t)
 	binDir := buildTools(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
 	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true, Log: testLog{t},
 		WaitForLock: true})
-	ds, err := c.Client.AppsV1().DaemonSets(KubeVirtNamespace).Get(ctx, "virt-handler", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ds.Status.NumberReady != int32(len(c.Nodes)) {
-		t.Errorf("virt-handler ready on %d nodes, want %d", ds.Status.NumberReady, len(c.Nodes))
-	}
-	for _, name := range []string{"virt-api", "virt-controller", "virt-operator"} {
-		d, err := c.Client.AppsV1().Deployments(KubeVirtNamespace).Get(ctx, name, metav1.GetOptions{})
+	// Deployed says every component rolled out once; under load a
+	// replica may be restarting a moment later (a slow probe), so each
+	// is waited for.
+	testenv.Eventually(t, 5*time.Minute, "virt-handler ready on every node, virt-api, virt-controller and virt-operator available", func() error {
+		ds, err := c.Client.AppsV1().DaemonSets(KubeVirtNamespace).Get(ctx, "virt-handler", metav1.GetOptions{})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if !deploymentAvailable(d) {
-			t.Errorf("Deployment %s not available: %+v", name, d.Status)
+		if ds.Status.NumberReady != int32(len(c.Nodes)) {
+			return fmt.Errorf("virt-handler ready on %d nodes, want %d", ds.Status.NumberReady, len(c.Nodes))
 		}
-	}
+		for _, name := range []string{"virt-api", "virt-controller", "virt-operator"} {
+			d, err := c.Client.AppsV1().Deployments(KubeVirtNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !deploymentAvailable(d) {
+				return fmt.Errorf("Deployment %s not available: %+v", name, d.Status)
+			}
+		}
+		return nil
+	})
 	env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile))
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +87,10 @@ func TestClusterKubeVirt(t *testing.T) {
 			t.Errorf("%s", r)
 		}
 	}
+	if t.Failed() {
+		return
+	}
+	upgradeWithVMs(ctx, t, c, kvnetCLI(t, c))
 }
 
 // kernelHasDummy reports whether this machine's kernel makes dummy links

@@ -57,6 +57,15 @@ const (
 	// to a pod of the UDN: every line of both comes back in order, and
 	// the VM keeps its IP, MAC and claim, the pod its address.
 	ScenarioVMKvnetNodeRoll = "vm-kvnet-node-roll"
+	// ScenarioVMDrain: the node running vm-m and two more VMs of the
+	// persistent primary UDN, each with a TCP echo stream from the
+	// client's node, is drained (cordon, then the Eviction API on its
+	// launcher pods, as kubectl drain); KubeVirt live-migrates every VM
+	// off it (evictionStrategy LiveMigrate): each keeps its IP, MAC and
+	// claim, every stream goes on in order, and each switch-over is read
+	// from the logs (at the guest's first frame on the target, or a
+	// finding).
+	ScenarioVMDrain = "vm-node-drain"
 	// ScenarioVML2Bridge: a VM with the l2bridge binding (KubeVirt's
 	// managedTap) on the primary UDN gets its IPAMClaim's address from
 	// kvnet-node's DHCP. KubeVirt's managedTap and bridge bindings put a
@@ -69,7 +78,7 @@ const (
 // reports them.
 var VMScenarios = []string{
 	ScenarioVMMasquerade, ScenarioVMTenant, ScenarioVMService, ScenarioVMPodNetwork,
-	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMKvnetNodeRoll, ScenarioVML2Bridge,
+	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
 }
 
 // VMScenarioLabel marks the namespaces the VM scenarios create;
@@ -77,7 +86,7 @@ var VMScenarios = []string{
 const VMScenarioLabel = "lab.kvnet.io/vm-scenarios"
 
 const (
-	nsVM      = "scn-vm"       // primary Layer2 UDN "net" (persistent): VMs vm-m and vm-l2, pods vc and echo
+	nsVM      = "scn-vm"       // primary Layer2 UDN "net" (persistent): VMs vm-m, vm-d1, vm-d2 and vm-l2, pods vc, echo*
 	nsVMB     = "scn-vm-b"     // another tenant's primary Layer2 UDN on the same subnet: pod vb
 	nsVMPlain = "scn-vm-plain" // the cluster default network: VM vm-p, pod vp
 )
@@ -263,6 +272,7 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	run(ScenarioVMStopStart, s.stopStart)
 	run(ScenarioVMMigration, s.migration)
 	run(ScenarioVMKvnetNodeRoll, s.kvnetNodeRoll)
+	run(ScenarioVMDrain, s.drain)
 	run(ScenarioVML2Bridge, s.l2bridge)
 	return results, nil
 }
