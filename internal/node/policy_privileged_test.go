@@ -187,7 +187,9 @@ func (w *npWorld) matrix(want expectFunc, reached map[npCell]bool) error {
 			for k, pr := range npProbes {
 				cell := npCell{i, j, k}
 				if reached[cell] {
+					mu.Lock()
 					got[cell] = true
+					mu.Unlock()
 					continue
 				}
 				wg.Go(func() {
