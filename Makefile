@@ -57,7 +57,7 @@ lint: ## Run golangci-lint with the import boundaries (installs the pinned versi
 # The system packages and the guest image serve only the privileged tests
 # (cluster-deps: the real-cluster e2e's containerd, runc, ...): as any other
 # user make test runs the unit tests without them.
-PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps kubevirt-deps)
+PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps)
 
 .PHONY: test
 test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab, QEMU and real-cluster tests)
@@ -112,6 +112,11 @@ cluster-test: cluster-deps tools ## Run only the real-cluster test (root; builds
 cluster-bench: cluster-deps tools ## Run the real-cluster benchmarks (root; docs/cluster.md, "Benchmarks")
 	hack/build-cluster-tools.sh >/dev/null
 	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 60m -run '^$$' -bench BenchmarkCluster -benchtime 1x ./internal/lab/cluster/
+
+.PHONY: kubevirt-test
+kubevirt-test: cluster-deps kubevirt-deps tools ## Run the real-KubeVirt e2e (root): KubeVirt v1.8.4 built (cached) and installed on the real cluster, the VM scenarios, a drain, a rollback and upgrade of kvnet
+	hack/build-cluster-tools.sh >/dev/null
+	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster,kubevirt -count=1 -timeout 60m -v -run '^TestClusterKubeVirt$$' ./internal/lab/cluster/
 
 .PHONY: kubevirt-images-test
 kubevirt-images-test: ## Build KubeVirt and its images, and the guest containerDisk, and test them (root; the first run takes long, cached after; docs/kubevirt-images.md)

@@ -8,19 +8,14 @@
 # As root it then runs the real-cluster e2e (internal/lab/cluster, build
 # tag "cluster", docs/cluster.md): three nodes with real kubelets,
 # containerd, Flannel, Multus (thick, then thin) and CoreDNS, kvnet
-# installed from its images, the pod scenarios; then the real-KubeVirt
-# e2e (tags "cluster,kubevirt"): KubeVirt built from its module and
-# installed by virt-operator on such a cluster, the VM scenarios. Their
-# first run on a machine builds kubelet & co. and KubeVirt
-# (hack/build-cluster-tools.sh, hack/build-kubevirt.sh and its root file
-# system and guest disk, cached outside the clone after: in the
-# background, below); they run after the rest, alone, because each starts
-# a whole cluster on the machine's two cores.
+# installed from its images, the pod scenarios. Its first run on a machine
+# builds kubelet & co. (hack/build-cluster-tools.sh, cached outside the
+# clone after: in the background, below); it runs after the rest, alone,
+# because it starts a whole cluster on the machine's two cores.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 cluster_e2e=(-tags cluster -run '^TestCluster' ./internal/lab/cluster/)
-kubevirt_e2e=(-tags cluster,kubevirt -run '^TestClusterKubeVirt$' ./internal/lab/cluster/)
 
 if [ "$(id -u)" = 0 ]; then
 	# The cluster's binaries build in the background at the lowest CPU
@@ -32,12 +27,6 @@ if [ "$(id -u)" = 0 ]; then
 	prebuild_log=$(mktemp)
 	nice -n 19 hack/build-cluster-tools.sh >/dev/null 2>"$prebuild_log" &
 	prebuild=$!
-	# KubeVirt's binaries, the root file system of its images (downloads
-	# from the Debian archive) and the guest's disk, the same way; the
-	# KubeVirt e2e finds them built or waits on their locks.
-	kv_prebuild_log=$(mktemp)
-	nice -n 19 bash -c 'hack/build-kubevirt-rootfs.sh && hack/build-kubevirt.sh && hack/guest/build-disk.sh' >/dev/null 2>"$kv_prebuild_log" &
-	kv_prebuild=$!
 fi
 "$GO" test "$@" ./...
 rc=$?
@@ -52,22 +41,11 @@ if [ "$(id -u)" = 0 ]; then
 	fi
 	rm -f "$prebuild_log"
 	"$GO" test "$@" "${cluster_e2e[@]}" || rc=1
-	if wait "$kv_prebuild"; then
-		grep -E '^(build-kubevirt|guest-disk|build-kubevirt-rootfs): (built|CRC32)' "$kv_prebuild_log"
-	else
-		echo "kvnet: KubeVirt's builds failed in the background (the KubeVirt e2e runs them again):"
-		cat "$kv_prebuild_log"
-	fi
-	rm -f "$kv_prebuild_log"
-	# Its own timeout (the last -timeout wins): a cluster, KubeVirt, the VM
-	# scenarios, a rollback and an upgrade of kvnet under TCG guests.
-	"$GO" test "$@" -timeout 60m "${kubevirt_e2e[@]}" || rc=1
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
 	pkgs=$(grep -rlE --include='*_test.go' --exclude-dir=.cache 'NeedsRoot\(|NeedsFixture\(|needRoot\(|requirePrivileged\(' . | xargs -n1 dirname | sort -u | sed 's#^\./##' | tr '\n' ' ')
 	echo "kvnet: privileged tests NOT RUN (need root; CI runs them as root) in: ${pkgs% }"
 	echo "kvnet: the real-cluster e2e NOT RUN (needs root; CI runs it as root): go test ${cluster_e2e[*]}"
-	echo "kvnet: the real-KubeVirt e2e NOT RUN (needs root; CI runs it as root): go test ${kubevirt_e2e[*]}"
 fi
 exit $rc
