@@ -298,6 +298,55 @@ func (p *Pool) Transfer(from, to string, mac net.HardwareAddr) bool {
 	return true
 }
 
+// CheckExplicit says why a VM may not ask for mac: not MAC-48, or the
+// MAC KubeVirt gives the masquerade bridge.
+func CheckExplicit(mac net.HardwareAddr) error {
+	if len(mac) != macLen {
+		return fmt.Errorf("%w: MAC %q: want a 6-byte MAC, got %d bytes", ErrInvalid, mac.String(), len(mac))
+	}
+	if toUint(mac) == reservedMAC {
+		return fmt.Errorf("%w: MAC %s is reserved for KubeVirt's masquerade bridge", ErrInvalid, mac)
+	}
+	return nil
+}
+
+// Set makes owner the holder of mac whoever held it before, as when the
+// authoritative record of the MAC (kvnet's reservation in the API) names
+// owner. 02:00:00:00:00:00 and malformed MACs are ignored.
+func (p *Pool) Set(owner string, mac net.HardwareAddr) {
+	if owner == "" || len(mac) != macLen {
+		return
+	}
+	v := toUint(mac)
+	if v == reservedMAC {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if holder, held := p.holders[v]; held {
+		if holder == owner {
+			return
+		}
+		p.drop(v)
+		p.disown(holder, v)
+	}
+	p.hold(owner, v)
+}
+
+// Forget frees mac whoever holds it, as when no record of it is left.
+func (p *Pool) Forget(mac net.HardwareAddr) {
+	if len(mac) != macLen {
+		return
+	}
+	v := toUint(mac)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if holder, held := p.holders[v]; held {
+		p.drop(v)
+		p.disown(holder, v)
+	}
+}
+
 // Holder returns the owner of mac.
 func (p *Pool) Holder(mac net.HardwareAddr) (string, bool) {
 	if len(mac) != macLen {

@@ -816,3 +816,38 @@ func FuzzParseRange(f *testing.F) {
 		}
 	})
 }
+
+func TestSetAndForget(t *testing.T) {
+	p, err := New(net.HardwareAddr{2, 0, 0, 0, 0, 1}, net.HardwareAddr{2, 0, 0, 0, 0, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := p.Allocate("ns/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Set("ns/b", a)
+	if h, _ := p.Holder(a); h != "ns/b" {
+		t.Fatalf("holder of %s after Set: %q, want ns/b", a, h)
+	}
+	if got := p.MACs("ns/a"); len(got) != 0 {
+		t.Fatalf("ns/a still owns %v after Set moved %s", got, a)
+	}
+	if _, used := p.Stats(); used != 1 {
+		t.Fatalf("used %d after Set moved one MAC, want 1", used)
+	}
+	p.Forget(a)
+	if _, held := p.Holder(a); held {
+		t.Fatalf("%s still held after Forget", a)
+	}
+	if _, used := p.Stats(); used != 0 {
+		t.Fatalf("used %d after Forget, want 0", used)
+	}
+	if got := p.MACs("ns/b"); len(got) != 0 {
+		t.Fatalf("ns/b still owns %v after Forget", got)
+	}
+	p.Set("ns/c", net.HardwareAddr{2, 0, 0, 0, 0, 0})
+	if _, held := p.Holder(net.HardwareAddr{2, 0, 0, 0, 0, 0}); held {
+		t.Fatal("Set held the masquerade bridge's MAC")
+	}
+}

@@ -20,6 +20,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -243,6 +244,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		LeaseDuration:                 durationOrNil(opts.LeaseDuration),
 		RenewDeadline:                 durationOrNil(opts.RenewDeadline),
 		RetryPeriod:                   durationOrNil(opts.RetryPeriod),
+		Cache:                         cacheOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -291,12 +293,17 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 			return nil, err
 		}
-		// Ready only once the allocators are rebuilt from the API.
-		if err := mgr.AddReadyzCheck("ipam-rebuilt", ipamStarted.Ready); err != nil {
+		// Every replica answers admissions, so every replica may be Ready:
+		// a standby once its caches (and MAC index) are built, the leader
+		// only once it has rebuilt the allocators from the API as well.
+		if err := mgr.AddReadyzCheck("ipam-rebuilt", leaderOnly(mgr.Elected(), ipamStarted.Ready)); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("caches-synced", cacheSynced(mgr.GetCache())); err != nil {
 			return nil, err
 		}
 		if macReady != nil {
-			if err := mgr.AddReadyzCheck("macpool-rebuilt", macReady); err != nil {
+			if err := mgr.AddReadyzCheck("macpool-indexed", macReady); err != nil {
 				return nil, err
 			}
 		}
@@ -313,6 +320,7 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 		var err error
 		pool, err = macpoolcontroller.Setup(mgr, macpoolcontroller.Options{
 			ConfigMap:          types.NamespacedName{Namespace: w.Namespace, Name: w.MACRangeConfigMap},
+			Namespace:          w.Namespace,
 			PendingTimeout:     w.MACPendingTimeout,
 			SkipNameValidation: opts.SkipNameValidation,
 		})
@@ -342,10 +350,43 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: &webhooks.VMMutator{Pool: pool, Decoder: dec}})
 	return func(*http.Request) error {
 		if !pool.Ready() {
-			return errors.New("MAC pool not rebuilt yet")
+			return errors.New("MAC pool not indexed yet")
 		}
 		return nil
 	}, nil
+}
+
+// cacheOptions restricts what the manager caches.
+func cacheOptions() cache.Options {
+	byObject := map[client.Object]cache.ByObject{}
+	macpoolcontroller.CacheOptions(byObject)
+	return cache.Options{ByObject: byObject}
+}
+
+// leaderOnly applies check on the elected leader only: a standby has
+// nothing to rebuild.
+func leaderOnly(elected <-chan struct{}, check healthz.Checker) healthz.Checker {
+	return func(req *http.Request) error {
+		select {
+		case <-elected:
+			return check(req)
+		default:
+			return nil
+		}
+	}
+}
+
+// cacheSynced fails until the manager's informers have synced: the
+// webhooks answer from them.
+func cacheSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 200*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("caches not synced yet")
+		}
+		return nil
+	}
 }
 
 func durationOrNil(d time.Duration) *time.Duration {

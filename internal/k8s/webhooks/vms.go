@@ -31,9 +31,10 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 	start := time.Now()
 	defer func() { admissionSeconds.WithLabelValues("virtualmachine").Observe(time.Since(start).Seconds()) }()
 	if !m.Pool.Ready() {
-		// A standby replica, or a leader still rebuilding: answering from
-		// a pool that misses the leader's allocations could duplicate a MAC.
-		return admission.Errored(http.StatusServiceUnavailable, errors.New("kvnet MAC pool is not ready on this replica (not the leader, or still rebuilding from the API); retry"))
+		// A replica still indexing the VMs and reservations: it would pick
+		// candidates blind (the reservations would still keep MACs unique,
+		// but explicit MACs of VMs without one would not be seen).
+		return admission.Errored(http.StatusServiceUnavailable, errors.New("kvnet MAC pool is not ready on this replica (still indexing VMs and reservations); retry"))
 	}
 	var vm kubevirtv1.VirtualMachine
 	if err := m.Decoder.Decode(req, &vm); err != nil {
@@ -54,17 +55,12 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 	spec := vm.Spec.Template.Spec
 
 	assigned := map[int]string{} // interface index -> MAC to write
-	var taken []net.HardwareAddr // newly held, released on failure or dry run
+	var taken []net.HardwareAddr // newly reserved, released on failure
 	fail := func(resp admission.Response) admission.Response {
 		for _, mac := range taken {
-			m.Pool.Pool.Release(owner, mac)
+			m.Pool.Unclaim(ctx, owner, mac)
 		}
 		return resp
-	}
-	if !dryRun {
-		// Before any reservation: a pending owner's MACs are never taken
-		// for a deleted VM's (ReleaseIfGone) while this admission runs.
-		m.Pool.MarkPending(owner)
 	}
 	seen := map[string]string{} // MAC -> interface, for duplicates inside the VM
 	for i, iface := range spec.Domain.Devices.Interfaces {
@@ -79,19 +75,21 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 			return fail(admission.Denied(fmt.Sprintf("MAC %s is used by both interfaces %q and %q of VM %s", mac, other, iface.Name, owner)))
 		}
 		seen[mac.String()] = iface.Name
-		_, held := m.Pool.Pool.Holder(mac)
-		err = m.Pool.Pool.Reserve(owner, mac)
-		var ce *macpool.ConflictError
-		if errors.As(err, &ce) && ce.Holder != owner && m.Pool.ReleaseIfGone(ctx, ce.Holder) {
-			err = m.Pool.Pool.Reserve(owner, mac)
+		if err := macpool.CheckExplicit(mac); err != nil {
+			return fail(admission.Denied(fmt.Sprintf("interface %q: %v", iface.Name, err)))
 		}
+		if dryRun {
+			continue
+		}
+		created, err := m.Pool.Claim(ctx, owner, mac)
 		if err != nil {
+			var ce *macpool.ConflictError
 			if errors.As(err, &ce) {
 				return fail(admission.Denied(fmt.Sprintf("MAC %s of interface %q is already used by VM %s", mac, iface.Name, ce.Holder)))
 			}
-			return fail(admission.Denied(fmt.Sprintf("interface %q: %v", iface.Name, err)))
+			return fail(admission.Errored(http.StatusServiceUnavailable, fmt.Errorf("interface %q: %w", iface.Name, err)))
 		}
-		if !held {
+		if created {
 			taken = append(taken, mac)
 		}
 	}
@@ -108,25 +106,25 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 		if !macpool.Considered(iface, spec.Networks) || iface.MacAddress != "" {
 			continue
 		}
-		if prev, ok := previous[iface.Name]; ok {
-			if hw, err := net.ParseMAC(prev); err == nil {
-				if h, held := m.Pool.Pool.Holder(hw); !held || h == owner {
-					if err := m.Pool.Pool.Reserve(owner, hw); err == nil {
-						assigned[i] = hw.String()
-						continue
+		if prev, ok := previous[iface.Name]; ok && !dryRun {
+			if hw, err := net.ParseMAC(prev); err == nil && len(hw) == 6 {
+				if created, err := m.Pool.Claim(ctx, owner, hw); err == nil {
+					if created {
+						taken = append(taken, hw)
 					}
+					assigned[i] = hw.String()
+					continue
 				}
 			}
 		}
-		mac, err := m.Pool.Pool.Allocate(owner)
+		mac, err := m.Pool.Allocate(ctx, owner, dryRun)
 		if err != nil {
 			return fail(admission.Errored(http.StatusInternalServerError, fmt.Errorf("allocate a MAC for interface %q of VM %s: %w", iface.Name, owner, err)))
 		}
-		taken = append(taken, mac)
+		if !dryRun {
+			taken = append(taken, mac)
+		}
 		assigned[i] = mac.String()
-	}
-	if dryRun {
-		fail(admission.Response{})
 	}
 	if len(assigned) == 0 {
 		return admission.Allowed("MACs already set")

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -885,7 +886,55 @@ func (s *vmScenarios) migrate(ctx context.Context, v *runningVM, name, node stri
 	if errors.As(err, &sp) {
 		return status, sp.err
 	}
+	if err != nil {
+		err = fmt.Errorf("%w; %s", err, s.migrationDiag(ctx, v, name))
+	}
 	return status, err
+}
+
+// migrationDiag says why a migration of v is stuck: its status, the
+// state and latest warnings of each launcher pod of the VMI, and what
+// virt-controller last logged about it.
+func (s *vmScenarios) migrationDiag(ctx context.Context, v *runningVM, name string) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var parts []string
+	if got, err := s.dyn.Resource(vmimGVR).Namespace(v.ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+		st, _, _ := unstructured.NestedMap(got.Object, "status")
+		b, _ := json.Marshal(st)
+		parts = append(parts, "migration status "+string(b))
+	}
+	pods, err := s.t.Client.CoreV1().Pods(v.ns).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-launcher,vm.kubevirt.io/name=" + v.name})
+	if err == nil {
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			parts = append(parts, fmt.Sprintf("launcher %s on %q (migration job %q): %s", p.Name, p.Spec.NodeName,
+				p.Labels["kubevirt.io/migrationJobUID"], podNotReady(ctx, s.t.Client, p)))
+		}
+	}
+	ctrls, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-controller"})
+	if err == nil {
+		tail := int64(400)
+		for _, p := range ctrls.Items {
+			b, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
+			if err != nil {
+				continue
+			}
+			var lines []string
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.Contains(l, name) || strings.Contains(l, v.name) {
+					lines = append(lines, l)
+				}
+			}
+			if len(lines) > 8 {
+				lines = lines[len(lines)-8:]
+			}
+			if len(lines) > 0 {
+				parts = append(parts, p.Name+" logged: "+strings.Join(lines, " | "))
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // startEcho starts the echo pod on node against the guest at ip and
