@@ -8,9 +8,9 @@
 // (the rows of "kvnet get", the allocations "kvnet audit" checks) are pure,
 // so they are tested on objects built in memory.
 //
-// The MAC pool itself lives only in kvnet-controller's memory (it is rebuilt
-// from VMs when a replica is elected); what the API holds of it is the range
-// ConfigMap and the MACs written on VMs, and that is what is read here.
+// Of the MAC pool, what is read here is the range ConfigMap and the MACs
+// written on VMs (the pool's reservations, Leases in kvnet-system, follow
+// the VMs).
 package inventory
 
 import (

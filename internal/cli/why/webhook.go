@@ -102,7 +102,7 @@ func checkWebhook(r *Report, f *webhookFacts, names []string) bool {
 			}
 			if f.ReadyEndpoints[key] == 0 {
 				return r.fail("webhook", name+": Service "+key+" has no ready endpoint", WebhookNoEndpoints,
-					"get kvnet-controller Ready: kubectl -n "+svc.Namespace+" get pods -l app.kubernetes.io/name=kvnet-controller; only the leader is Ready, once its MAC pool and allocators are rebuilt",
+					"get kvnet-controller Ready: kubectl -n "+svc.Namespace+" get pods -l app.kubernetes.io/name=kvnet-controller; a replica is Ready once its caches and MAC index are built (the leader also once its allocators are rebuilt)",
 					"%s calls Service %s, which has no ready endpoint: no kvnet-controller replica is Ready, so admissions fail (failurePolicy %s)", where, key, policy(w))
 			}
 		}
