@@ -110,6 +110,19 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
 fi
+# promtool: make test unit-tests kvnet's alert rules (config/monitoring).
+# Debian ships it in its prometheus package; without its recommends (the
+# node exporter), nothing else comes with it.
+if ! command -v promtool >/dev/null && command -v apt-get >/dev/null; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  if [ -z "$sudo" ] || command -v sudo >/dev/null; then
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends prometheus
+  else
+    echo "install-deps: not root and no sudo: not installing prometheus (promtool; the alert rules' test skips without it)" >&2
+  fi
+fi
 # The tests' probes and the lab's guests and workload image run busybox's
 # applets (ping, nc, httpd, nslookup, udhcpc), never host tools of those
 # names: check that this busybox has them.

@@ -237,8 +237,8 @@ func TestApplyCheckDelete(t *testing.T) {
 	// No kubelet runs here: the Deployment exists but is not ready, and
 	// check says so; nothing else kvnet installs is missing.
 	after := findings(t, install.CheckOptions{})
-	if f := after["kvnet-controller"]; f.Status != install.Missing || !strings.Contains(f.Detail, "0 of 1 replicas ready") {
-		t.Errorf("kvnet-controller finding %v, want missing with 0 of 1 ready", f)
+	if f := after["kvnet-controller"]; f.Status != install.Missing || !strings.Contains(f.Detail, "0 of 2 replicas ready") {
+		t.Errorf("kvnet-controller finding %v, want missing with 0 of 2 ready", f)
 	}
 	if f := after["kvnet webhooks"]; f.Status != install.OK {
 		t.Errorf("webhooks finding %v, want ok", f)
@@ -407,7 +407,7 @@ func testApplyCRDIfAbsent(t *testing.T, name string) {
 	if err := c.Delete(ctx, crd[0].DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "CRD deleted", func() error {
+	testenv.Eventually(t, 2*time.Minute, "CRD deleted", func() error {
 		if m := managers(); m != nil {
 			return fmt.Errorf("still there, managed by %v", m)
 		}
@@ -425,7 +425,7 @@ func testApplyCRDIfAbsent(t *testing.T, name string) {
 	if err := install.Delete(ctx, c, crd, true, &log); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "CRD kvnet installed deleted by uninstall --crds", func() error {
+	testenv.Eventually(t, 2*time.Minute, "CRD kvnet installed deleted by uninstall --crds", func() error {
 		if m := managers(); m != nil {
 			return fmt.Errorf("still there, managed by %v", m)
 		}

@@ -28,7 +28,6 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-
 // createLog records every create of one kind the loop made.
 type createLog struct {
 	mu    sync.Mutex
@@ -95,6 +94,9 @@ func testControllerAvailability(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 	scheme, err := manager.NewScheme()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := client.New(c.CP.Config, client.Options{Scheme: scheme})

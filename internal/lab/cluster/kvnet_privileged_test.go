@@ -100,6 +100,7 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
 	installKvnet(ctx, t, c, kvnet)
 
 	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c) })
+	t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
 	t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })
 
 	// The Multus test's NAD goes first: uninstall keeps the NAD CRD

@@ -24,6 +24,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -80,14 +81,14 @@ type Options struct {
 // Setup registers the NetworkPolicy controller with mgr, and the
 // MultiNetworkPolicy one when its CRD is installed.
 func Setup(mgr ctrl.Manager, opts Options) error {
-	r := &reconciler{client: mgr.GetClient(), recorder: mgr.GetEventRecorder("kvnet-policy")}
+	r := &reconciler{client: mgr.GetClient(), recorder: mgr.GetEventRecorder("kvnet-policy"), flagged: map[flagKey]bool{}}
 	copts := controller.Options{SkipNameValidation: &opts.SkipNameValidation}
 	if err := ctrl.NewControllerManagedBy(mgr).
 		Named("policy-events").
 		For(&networkingv1.NetworkPolicy{}).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(r.networkPoliciesOf)).
 		WithOptions(copts).
-		Complete(reconcile.Func(r.reconcileNetworkPolicy)); err != nil {
+		Complete(r.counted("NetworkPolicy", r.reconcileNetworkPolicy)); err != nil {
 		return err
 	}
 	_, err := mgr.GetRESTMapper().RESTMapping(mnpv1beta1.GroupVersion.WithKind("MultiNetworkPolicy").GroupKind(), "v1beta1")
@@ -102,12 +103,46 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		For(&mnpv1beta1.MultiNetworkPolicy{}).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(r.multiPoliciesOf)).
 		WithOptions(copts).
-		Complete(reconcile.Func(r.reconcileMultiPolicy))
+		Complete(r.counted("MultiNetworkPolicy", r.reconcileMultiPolicy))
 }
 
 type reconciler struct {
 	client   client.Client
 	recorder events.EventRecorder
+
+	mu      sync.Mutex       // guards following
+	flagged map[flagKey]bool // policies with a warning in their latest reconcile
+}
+
+type flagKey struct {
+	kind string
+	key  types.NamespacedName
+}
+
+// counted runs reconcile for policies of kind and keeps
+// kvnet_policies_not_enforced: a policy counts while its latest
+// reconcile warned about it. Reconciles of one policy never overlap.
+func (r *reconciler) counted(kind string, f reconcile.Func) reconcile.Func {
+	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		k := flagKey{kind: kind, key: req.NamespacedName}
+		r.mu.Lock()
+		r.flagged[k] = false
+		r.mu.Unlock()
+		res, err := f(ctx, req)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !r.flagged[k] {
+			delete(r.flagged, k)
+		}
+		n := 0
+		for fk := range r.flagged {
+			if fk.kind == kind {
+				n++
+			}
+		}
+		notEnforced.WithLabelValues(kind).Set(float64(n))
+		return res, err
+	}
 }
 
 // networkPoliciesOf maps a NAD to the NetworkPolicies of its namespace.
@@ -146,6 +181,13 @@ func (r *reconciler) multiPoliciesOf(ctx context.Context, o client.Object) []rec
 
 func (r *reconciler) warn(o client.Object, reason, format string, args ...any) {
 	r.recorder.Eventf(o, nil, corev1.EventTypeWarning, reason, action, format, args...)
+	kind := "NetworkPolicy"
+	if _, multi := o.(*mnpv1beta1.MultiNetworkPolicy); multi {
+		kind = "MultiNetworkPolicy"
+	}
+	r.mu.Lock()
+	r.flagged[flagKey{kind: kind, key: client.ObjectKeyFromObject(o)}] = true
+	r.mu.Unlock()
 }
 
 func (r *reconciler) reconcileNetworkPolicy(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

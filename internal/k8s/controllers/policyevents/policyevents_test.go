@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
@@ -175,4 +176,54 @@ func TestMultiNetworkPolicyEvents(t *testing.T) {
 		waitEvent(t, mnp, "MultiNetworkPolicy", policyevents.PolicyInvalid,
 			fmt.Sprintf(`on network %q: spec.ingress[0] peer[0].ipBlock.cidr "10.1.0.0/33"`, ns+"_good"), "rule spec.ingress[0] admits nothing (kvnet fails closed)")
 	})
+}
+
+// notEnforced reads kvnet_policies_not_enforced{kind} from the registry
+// kvnet-controller exports.
+func notEnforced(kind string) (float64, error) {
+	fams, err := metrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range fams {
+		if f.GetName() != "kvnet_policies_not_enforced" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetGauge().GetValue(), nil
+				}
+			}
+		}
+	}
+	return 0, nil
+}
+
+// TestNotEnforcedGauge: a NetworkPolicy kvnet cannot enforce counts in
+// kvnet_policies_not_enforced until its namespace gets a primary network
+// kvnet serves.
+func TestNotEnforcedGauge(t *testing.T) {
+	before, err := notEnforced("NetworkPolicy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := namespace(t, true)
+	np := netPolicy(t, ns)
+	waitEvent(t, np, "NetworkPolicy", policyevents.PrimaryNetworkNotServed)
+	want := func(v float64) func() error {
+		return func() error {
+			got, err := notEnforced("NetworkPolicy")
+			if err != nil {
+				return err
+			}
+			if got != v {
+				return fmt.Errorf("kvnet_policies_not_enforced{kind=NetworkPolicy} %v, want %v", got, v)
+			}
+			return nil
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "the policy counted", want(before+1))
+	testenv.Create(t, c, nad(ns, "net", kvnetConf(ns, "net", "primary", "10.9.0.0/24")))
+	testenv.Eventually(t, 30*time.Second, "the policy no longer counted", want(before))
 }
