@@ -244,7 +244,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		LeaseDuration:                 durationOrNil(opts.LeaseDuration),
 		RenewDeadline:                 durationOrNil(opts.RenewDeadline),
 		RetryPeriod:                   durationOrNil(opts.RetryPeriod),
-		Cache:                         cacheOptions(),
+		Cache:                         cacheOptions(opts),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -356,10 +356,13 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 	}, nil
 }
 
-// cacheOptions restricts what the manager caches.
-func cacheOptions() cache.Options {
+// cacheOptions restricts what the manager caches: Leases are the MAC
+// pool's reservations, in the webhooks' namespace (no webhooks, no pool).
+func cacheOptions(opts Options) cache.Options {
 	byObject := map[client.Object]cache.ByObject{}
-	macpoolcontroller.CacheOptions(byObject)
+	if opts.Webhook != nil {
+		macpoolcontroller.CacheOptions(byObject, opts.Webhook.Namespace)
+	}
 	return cache.Options{ByObject: byObject}
 }
 

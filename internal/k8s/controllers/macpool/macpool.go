@@ -303,12 +303,13 @@ func Setup(mgr ctrl.Manager, opts Options) (*Manager, error) {
 	return m, nil
 }
 
-// CacheOptions restricts the manager's cache of Leases to reservations:
-// kvnet-controller never reads other Leases through it, and node
+// CacheOptions restricts the manager's cache of Leases to the
+// reservations in namespace: kvnet-controller never reads other Leases
+// through it, may list Leases in its own namespace only (RBAC), and node
 // heartbeats would otherwise flow through every replica.
-func CacheOptions(byObject map[client.Object]cache.ByObject) {
+func CacheOptions(byObject map[client.Object]cache.ByObject, namespace string) {
 	sel, _ := metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: map[string]string{ReservationLabel: "true"}})
-	byObject[&coordinationv1.Lease{}] = cache.ByObject{Label: sel}
+	byObject[&coordinationv1.Lease{}] = cache.ByObject{Label: sel, Namespaces: map[string]cache.Config{namespace: {}}}
 }
 
 // indexer builds this replica's index once the caches synced, before the
