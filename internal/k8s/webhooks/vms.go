@@ -79,6 +79,13 @@ func (m *VMMutator) Handle(ctx context.Context, req admission.Request) admission
 			return fail(admission.Denied(fmt.Sprintf("interface %q: %v", iface.Name, err)))
 		}
 		if dryRun {
+			holder, err := m.Pool.HeldBy(ctx, owner, mac)
+			if err != nil {
+				return admission.Errored(http.StatusServiceUnavailable, fmt.Errorf("interface %q: %w", iface.Name, err))
+			}
+			if holder != "" {
+				return admission.Denied(fmt.Sprintf("MAC %s of interface %q is already used by VM %s", mac, iface.Name, holder))
+			}
 			continue
 		}
 		created, err := m.Pool.Claim(ctx, owner, mac)

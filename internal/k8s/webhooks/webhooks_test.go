@@ -20,7 +20,9 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -28,6 +30,7 @@ import (
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
+	macpoolctl "kvnet.io/kvnet/internal/k8s/controllers/macpool"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/kubevirt/launcher"
 	"kvnet.io/kvnet/internal/multus"
@@ -354,6 +357,20 @@ func TestMACPoolConflictsRestartAndUpdates(t *testing.T) {
 	err := c.Create(ctx, vm("mac-conf", "vm-b", bridge("sec", "02:00:00:00:AA:01")))
 	if err == nil || !strings.Contains(err.Error(), msg) {
 		t.Fatalf("err = %v, want %q", err, msg)
+	}
+	// A dry run (kubectl apply --dry-run=server) says so too, and
+	// reserves nothing.
+	err = c.Create(ctx, vm("mac-conf", "vm-b", bridge("sec", "02:00:00:00:AA:01")), client.DryRunAll)
+	if err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("dry run: err = %v, want %q", err, msg)
+	}
+	if err := c.Create(ctx, vm("mac-conf", "vm-dry", bridge("sec", "02:00:00:00:aa:02")), client.DryRunAll); err != nil {
+		t.Fatalf("dry run with a free MAC: %v", err)
+	}
+	var dry coordinationv1.Lease
+	free, _ := net.ParseMAC("02:00:00:00:aa:02")
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "kvnet-system", Name: macpoolctl.ReservationName(free)}, &dry); !apierrors.IsNotFound(err) {
+		t.Fatalf("a dry run reserved 02:00:00:00:aa:02: %v", err)
 	}
 	// An update keeps the VM's MACs.
 	keep := macs(a)

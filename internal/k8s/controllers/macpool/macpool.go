@@ -539,6 +539,28 @@ func (m *Manager) Claim(ctx context.Context, owner string, mac net.HardwareAddr)
 	return false, fmt.Errorf("reserve MAC %s: the reservation kept changing; retry", mac)
 }
 
+// HeldBy returns who other than owner holds mac, reading the reservation
+// from the API, without reserving anything: a dry run's answer. A
+// reservation whose VM is gone holds nothing.
+func (m *Manager) HeldBy(ctx context.Context, owner string, mac net.HardwareAddr) (string, error) {
+	var l coordinationv1.Lease
+	err := m.reader.Get(ctx, client.ObjectKey{Namespace: m.opts.Namespace, Name: ReservationName(mac)}, &l)
+	switch {
+	case apierrors.IsNotFound(err):
+		return m.carriedBy(ctx, mac, owner)
+	case err != nil:
+		return "", err
+	}
+	if h := holderOf(&l); h != owner {
+		gone, err := m.holderGone(ctx, &l, mac)
+		if err != nil || gone {
+			return "", err
+		}
+		return h, nil
+	}
+	return "", nil
+}
+
 // carriedBy returns a VM other than owner that carries mac, as the API
 // says (the cache only nominates).
 func (m *Manager) carriedBy(ctx context.Context, mac net.HardwareAddr, owner string) (string, error) {
