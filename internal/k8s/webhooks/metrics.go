@@ -3,6 +3,7 @@ package webhooks
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -23,10 +24,19 @@ var (
 
 func init() { metrics.Registry.MustRegister(admissionSeconds, admissions) }
 
-// Counted counts h's answers in kvnet_webhook_admissions_total under name.
+// Counted serves h as webhook name: it counts h's answers in
+// kvnet_webhook_admissions_total, and lets an admission in flight finish
+// when the replica stops. The manager's stop (a rolling update, a drain)
+// cancels every request's context while the server drains its
+// connections; the API server would then report the create failed, so h
+// gets a context that only its own deadline ends.
 func Counted(name string, h admission.Handler) admission.Handler {
 	return counted{name: name, h: h}
 }
+
+// admissionDeadline bounds one admission: the API server gives up on a
+// webhook after its timeoutSeconds (10 s, config/webhook).
+const admissionDeadline = 9 * time.Second
 
 type counted struct {
 	name string
@@ -34,6 +44,8 @@ type counted struct {
 }
 
 func (c counted) Handle(ctx context.Context, req admission.Request) admission.Response {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), admissionDeadline)
+	defer cancel()
 	resp := c.h.Handle(ctx, req)
 	admissions.WithLabelValues(c.name, result(resp)).Inc()
 	return resp

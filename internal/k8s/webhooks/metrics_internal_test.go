@@ -35,3 +35,26 @@ func TestCountedResults(t *testing.T) {
 		}
 	}
 }
+
+type ctxErr struct{}
+
+func (ctxErr) Handle(ctx context.Context, _ admission.Request) admission.Response {
+	if err := ctx.Err(); err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		return admission.Errored(http.StatusInternalServerError, errors.New("no deadline"))
+	}
+	return admission.Allowed("")
+}
+
+// TestAdmissionOutlivesStop: the manager's stop cancels the request's
+// context; the admission in flight still gets to answer, within its own
+// deadline.
+func TestAdmissionOutlivesStop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if resp := Counted("test", ctxErr{}).Handle(ctx, admission.Request{}); !resp.Allowed {
+		t.Fatalf("admission with a cancelled request context: %+v", resp.Result)
+	}
+}

@@ -94,14 +94,18 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 // testKvnet installs kvnet from the registry's images with kvnet install,
 // as a user does, checks it with kvnet check, runs the pod scenarios
 // (RunPodScenarios: UDNs, a CUDN, isolation, Services, egress) through
-// real Multus and kvnet-cni, and uninstalls it again.
-func testKvnet(ctx context.Context, t *testing.T, c *Cluster) {
+// real Multus and kvnet-cni, with dayTwo kills kvnet-node and rolls
+// kvnet-controller under load (testKvnetNodeKilled,
+// testControllerAvailability), and uninstalls it again.
+func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
 	kvnet := kvnetCLI(t, c)
 	installKvnet(ctx, t, c, kvnet)
 
 	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c) })
-	t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
-	t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })
+	if dayTwo {
+		t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
+		t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })
+	}
 
 	// The Multus test's NAD goes first: uninstall keeps the NAD CRD
 	// Multus installed, and kvnet's NADs must be gone with the UDNs.
