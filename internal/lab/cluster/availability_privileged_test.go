@@ -5,6 +5,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -104,35 +105,18 @@ func testControllerAvailability(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Fatal(err)
 	}
 	crds := installKubeVirtCRDs(ctx, t, cl)
-	const ns = "ctl-ha"
+	// Deferred in this order, they run the other way round: the
+	// namespace first, while kvnet-controller releases its claims; then
+	// the CRDs (uninstall does not know them).
 	defer func() {
-		// The namespace first, while kvnet-controller releases its
-		// claims; then the CRDs (uninstall does not know them).
-		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-		testenv.Eventually(t, 3*time.Minute, "namespace "+ns+" gone", func() error {
-			if _, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("still there (%v)", err)
-			}
-			return nil
-		})
 		for _, crd := range crds {
 			if err := cl.Delete(ctx, crd); err != nil && !apierrors.IsNotFound(err) {
 				t.Errorf("delete CRD %s: %v", crd.Name, err)
 			}
 		}
 	}()
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""},
-	}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dyn.Resource(udnGVR).Namespace(ns).Create(ctx, primaryUDNObject(ns, "10.150.0.0/16"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 2*time.Minute, "primary UDN "+ns+"/net rendered", func() error {
-		_, err := dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "net", metav1.GetOptions{})
-		return err
-	})
+	const ns = "ctl-ha"
+	defer primaryUDNNamespace(ctx, t, c, dyn, ns, netip.MustParsePrefix("10.150.0.0/16"))()
 	// kvnet-controller restarts once KubeVirt's CRDs appear, to serve
 	// VMs: wait until a VM gets its MAC from the pool.
 	testenv.Eventually(t, 3*time.Minute, "kvnet-controller serves the VM webhook", func() error {

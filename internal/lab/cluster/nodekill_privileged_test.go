@@ -31,27 +31,7 @@ func testKvnetNodeKilled(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 	const ns = "node-kill"
 	subnet := netip.MustParsePrefix("10.151.0.0/24")
-	defer func() {
-		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-		testenv.Eventually(t, 3*time.Minute, "namespace "+ns+" gone", func() error {
-			if _, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("still there (%v)", err)
-			}
-			return nil
-		})
-	}()
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""},
-	}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dyn.Resource(udnGVR).Namespace(ns).Create(ctx, primaryUDNObject(ns, subnet.String()), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 2*time.Minute, "primary UDN "+ns+"/net rendered", func() error {
-		_, err := dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "net", metav1.GetOptions{})
-		return err
-	})
+	defer primaryUDNNamespace(ctx, t, c, dyn, ns, subnet)()
 	nodes, err := readyNodes(ctx, c.Client)
 	if err != nil || len(nodes) < 2 {
 		t.Fatalf("ready nodes %v: %v", nodes, err)
@@ -148,4 +128,35 @@ func testKvnetNodeKilled(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 	t.Logf("kvnet-node killed on %s and %s, Ready again after %s: echo lines %d -> %d in order, longest pause %s; server kept %s",
 		nodes[0], nodes[1], back.Round(time.Second), lines, n, gap, srvIP)
+}
+
+// primaryUDNNamespace creates namespace ns labelled for a primary network
+// and its primary Layer2 UDN "net" on subnet, waits until kvnet-controller
+// rendered its NAD, and returns what deletes the namespace and waits until
+// it is gone.
+func primaryUDNNamespace(ctx context.Context, t *testing.T, c *Cluster, dyn dynamic.Interface, ns string, subnet netip.Prefix) (remove func()) {
+	t.Helper()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: ns, Labels: map[string]string{"k8s.ovn.org/primary-user-defined-network": ""},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	remove = func() {
+		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+		testenv.Eventually(t, 3*time.Minute, "namespace "+ns+" gone", func() error {
+			if _, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (%v)", err)
+			}
+			return nil
+		})
+	}
+	if _, err := dyn.Resource(udnGVR).Namespace(ns).Create(ctx, primaryUDNObject(ns, subnet.String()), metav1.CreateOptions{}); err != nil {
+		remove()
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "primary UDN "+ns+"/net rendered", func() error {
+		_, err := dyn.Resource(nadGVR).Namespace(ns).Get(ctx, "net", metav1.GetOptions{})
+		return err
+	})
+	return remove
 }
