@@ -102,6 +102,9 @@ type Agent struct {
 	dhcp    *dhcpServers
 	// announce watches migration targets' Standby ports for the guest.
 	announce *announcements
+	// switches follows migration targets to their switch-over (set by
+	// Start).
+	switches *switchovers
 	parsed   AnnotationCache          // owned by the loop
 	gwMemo   map[string]gatewayResult // owned by the loop: see gateways
 
@@ -252,6 +255,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("kvnet-node").WithValues("node", a.cfg.NodeName)
 	ctx = log.IntoContext(ctx, logger)
 	a.dhcp.report = newDeclineReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node"), a.cfg.NodeName)
+	a.switches = newSwitchovers(a.cfg.NodeName, newSwitchoverReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node")))
+	a.announce.opened = a.switches.firstFrame
 	a.writeStatus(ctx, false, nil, nil)
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()
@@ -517,6 +522,9 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
 	applyErr := a.dp.Apply(ctx, plan.State)
+	if a.switches != nil {
+		a.switches.sync(plan.MigrationTargets, plan.State.Ports)
+	}
 	a.announce.sync(plan.State.Ports, plan.Neighbours)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)

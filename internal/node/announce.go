@@ -32,6 +32,9 @@ type announcements struct {
 	activate func(datapath.Port) error
 	kick     func()
 	log      logr.Logger
+	// opened is told of each port opened at its guest's first frame:
+	// what the frame was, when it came and when the port was open.
+	opened func(p datapath.Port, frame string, at, open time.Time)
 
 	mu        sync.Mutex
 	watching  map[string]*os.File // standby host interface -> packet socket
@@ -43,7 +46,8 @@ type announcements struct {
 }
 
 func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
-	return &announcements{netns: netns, activate: activate, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{}}
+	return &announcements{netns: netns, activate: activate, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{},
+		opened: func(datapath.Port, string, time.Time, time.Time) {}}
 }
 
 // Announced reports the MACs whose guests announced themselves on a
@@ -163,8 +167,12 @@ func (w *announcements) read(f *os.File, p datapath.Port) {
 				// The next plan opens it.
 				w.log.Error(err, "open a migration target port at its guest's first frame; the next plan does", "port", name)
 			}
+			open := time.Now()
 			w.log.Info("migrated guest runs here; activated its port", "port", name, "mac", mac.String(), "frame", what,
-				"activateMs", float64(time.Since(start).Microseconds())/1000, "activated", err == nil)
+				"activateMs", float64(open.Sub(start).Microseconds())/1000, "activated", err == nil)
+			if err == nil {
+				w.opened(p, what, start, open)
+			}
 			w.kick()
 		}
 	}

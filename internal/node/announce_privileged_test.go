@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -21,6 +22,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/nl"
+	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/nstest"
 )
@@ -43,6 +45,21 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 	rarpSrc, rarpDst := migratingVM(t, l, nad, "vm-rarp")
 	ipSrc, ipDst := migratingVM(t, l, nad, "vm-ip")
 
+	switched := func() float64 {
+		var n float64
+		for _, m := range metricsOf(t, "kvnet_migration_switchovers_total", l.nodeName("n2")) {
+			if labelValue(m, "trigger") == node.TriggerFirstFrame {
+				n += m.GetCounter().GetValue()
+			}
+		}
+		return n
+	}
+	before := switched()
+	defer func() {
+		if n := switched() - before; n != 2 {
+			t.Errorf("n2 counted %v switch-overs at a first frame, want 2", n)
+		}
+	}()
 	for _, tc := range []struct {
 		name, vm string
 		src, dst *pod
@@ -77,7 +94,85 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 			if ms := vmi.Status.MigrationState; vmi.Status.NodeName != l.nodeName("n1") || ms == nil || ms.Completed || ms.Failed {
 				t.Fatalf("VMI %s moved: node %q, migration %+v", tc.vm, vmi.Status.NodeName, ms)
 			}
+			// The switch-over, told to the VM's owner on the VMI and
+			// counted in n2's metrics.
+			wantFrame := map[string]string{"RARP": "(RARP)", "first IPv4 packet": "(IPv4 from " + tc.dst.ip() + ")"}[tc.name]
+			testenv.Eventually(t, waitTimeout, "the switch-over's Event on VMI "+tc.vm, func() error {
+				var evs eventsv1.EventList
+				if err := c.List(ctx, &evs, client.InNamespace(nad.Namespace)); err != nil {
+					return err
+				}
+				var seen []string
+				for _, e := range evs.Items {
+					if e.Regarding.Kind != "VirtualMachineInstance" || e.Regarding.Name != tc.vm {
+						continue
+					}
+					seen = append(seen, e.Reason+": "+e.Note)
+					if e.Reason == node.EventMigrationSwitchover && e.Type == corev1.EventTypeNormal &&
+						strings.Contains(e.Note, "to node "+l.nodeName("n2")+" at the guest's first frame there "+wantFrame) {
+						return nil
+					}
+				}
+				return fmt.Errorf("events of the VMI: %q", seen)
+			})
 		})
+	}
+}
+
+// TestAgentSwitchoverByAPI: a migration target whose guest never sends a
+// frame there is switched when the API names the target node; kvnet-node
+// says so on the VMI (a Warning: the guest's traffic went to the source
+// until then) and counts it as an API switch-over.
+func TestAgentSwitchoverByAPI(t *testing.T) {
+	testenv.NeedsFixture(t, env != nil)
+	ctx := context.Background()
+	l := newLab(t, "n1", "n2")
+	nad := tenant(t, "agent-api-switch", "10.8.0.0/24", true)
+	_, dst := migratingVM(t, l, nad, "vm-api")
+	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, dst.a.MACAddress, true))
+	var vmi kubevirtv1.VirtualMachineInstance
+	if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: "vm-api"}, &vmi); err != nil {
+		t.Fatal(err)
+	}
+	end := metav1.Now()
+	vmi.Status.NodeName = l.nodeName("n2")
+	vmi.Status.MigrationState.Completed, vmi.Status.MigrationState.EndTimestamp = true, &end
+	if err := c.Status().Update(ctx, &vmi); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitTimeout, "n2's plan opens the port the API moved there", func() error {
+		for _, p := range l.agent("n2").LastPlan().State.Ports {
+			if p.MAC.String() == dst.a.MACAddress && !p.Standby && !p.Migrating {
+				return nil
+			}
+		}
+		return fmt.Errorf("no open port of %s in n2's plan", dst.a.MACAddress)
+	})
+	testenv.Eventually(t, waitTimeout, "the API switch-over's Warning on the VMI", func() error {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(nad.Namespace)); err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			if e.Regarding.Kind != "VirtualMachineInstance" || e.Regarding.Name != "vm-api" {
+				continue
+			}
+			seen = append(seen, e.Reason+": "+e.Note)
+			if e.Reason == node.EventMigrationSwitchedByAPI && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "by the API") {
+				return nil
+			}
+		}
+		return fmt.Errorf("events of the VMI: %q", seen)
+	})
+	var n float64
+	for _, m := range metricsOf(t, "kvnet_migration_switchovers_total", l.nodeName("n2")) {
+		if labelValue(m, "trigger") == node.TriggerAPI {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	if n != 1 {
+		t.Errorf("n2 counted %v switch-overs by the API, want 1", n)
 	}
 }
 

@@ -163,6 +163,10 @@ type Plan struct {
 	// network without a bridge mapping here, or with a VLAN the kernel
 	// cannot tag) to why; kvnet-cni refuses its pods with that reason.
 	Unserved map[string]string
+	// MigrationTargets are the ports of live migrations' targets on this
+	// node while the API still names the source (open at the guest's
+	// first frame, or still on Standby): what switchovers follows.
+	MigrationTargets []MigrationTarget
 }
 
 // DHCPNetwork is one network's DHCP service on this node.

@@ -238,15 +238,34 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 		if leased(p) != (n == "n1") {
 			t.Errorf("%s: DHCP lease %v, want one only where the VM runs (n1)", n, leased(p))
 		}
+		// The target's port is a migration target the node follows to
+		// its switch-over; the source's is not.
+		wantTargets := 0
+		if n == "n2" {
+			wantTargets = 1
+		}
+		if len(p.MigrationTargets) != wantTargets {
+			t.Errorf("%s: migration targets %+v, want %d", n, p.MigrationTargets, wantTargets)
+		} else if n == "n2" {
+			if mt := p.MigrationTargets[0]; mt.VMI != key || mt.Pod != dst.Name || mt.Source != "n1" || mt.MAC.String() != mac || mt.Network != pt.Network {
+				t.Errorf("n2: migration target %+v", mt)
+			}
+		}
 		if err := datapath.Validate(p.State); err != nil {
 			t.Error(err)
 		}
 	}
 	// The target's guest announced itself: its port leaves Standby.
 	in.Node, in.Announced = "n2", map[string]bool{mac: true}
-	if pt := port(Desired(in)); pt == nil || !pt.Migrating || pt.Standby {
-		t.Errorf("n2 after the announce: port %+v, want Migrating, not Standby", pt)
+	if p := Desired(in); port(p) == nil || !port(p).Migrating || port(p).Standby || len(p.MigrationTargets) != 1 {
+		t.Errorf("n2 after the announce: port %+v, want Migrating, not Standby, still a migration target (%+v)", port(p), p.MigrationTargets)
 	}
+	// The API names n2: an ordinary port, no migration target.
+	in.VMINodes[key] = "n2"
+	if p := Desired(in); port(p) == nil || port(p).Standby || len(p.MigrationTargets) != 0 {
+		t.Errorf("n2 once the VMI runs there: port %+v, migration targets %+v, want an open port and none", port(p), p.MigrationTargets)
+	}
+	in.VMINodes[key] = "n1"
 	in.Announced = nil
 	in.Node = "n3"
 	p := Desired(in)

@@ -53,6 +53,20 @@ var (
 		Name: "kvnet_node_policies",
 		Help: "Network policies programmed on the node: those isolating at least one of its ports, per network.",
 	}, []string{"node", "network"})
+	switchoversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvnet_migration_switchovers_total",
+		Help: "Live migrations whose network switched to this node, per network and trigger: first-frame (the guest's first frame on the target opened its port) or api (the VMI named the target before any frame of the guest was seen there).",
+	}, []string{"node", "network", "trigger"})
+	switchoverSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_migration_switchover_seconds",
+		Help:    "From a migrated guest's first frame on the target node to its port there forwarding the guest's traffic.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{"node", "network"})
+	switchoverWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_migration_target_wait_seconds",
+		Help:    "From a live migration's target port being ready for the guest to its switch-over (either trigger): the migration's transfer as the network sees it.",
+		Buckets: prometheus.ExponentialBuckets(0.1, 2, 14),
+	}, []string{"node", "network", "trigger"})
 	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvnet_node_ready",
 		Help: "1 once the agent has applied the datapath state since it started.",
@@ -61,7 +75,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
-		rulesSyncSeconds, policyPortsGauge, policiesGauge)
+		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds)
 }
 
 // policyCounts returns, per network of s, how many of its ports policies
@@ -88,4 +102,15 @@ func policyCounts(s datapath.State) (ports map[string]int, policies map[string]m
 		}
 	}
 	return ports, policies
+}
+
+// observeSwitchover counts a live migration's switch-over to this node.
+func observeSwitchover(s Switchover) {
+	switchoversTotal.WithLabelValues(s.Target, s.Network, s.Trigger).Inc()
+	if s.Trigger == TriggerFirstFrame {
+		switchoverSeconds.WithLabelValues(s.Target, s.Network).Observe(s.OpenedAfterFrame().Seconds())
+	}
+	if w := s.Waited(); w > 0 {
+		switchoverWaitSeconds.WithLabelValues(s.Target, s.Network, s.Trigger).Observe(w.Seconds())
+	}
 }

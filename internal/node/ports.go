@@ -67,6 +67,11 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			}
 			p.plan.State.Ports = append(p.plan.State.Ports, port)
 			standby = standby || port.Standby
+			if vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]; h.migrating && !h.active && vmi != "" {
+				key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
+				p.plan.MigrationTargets = append(p.plan.MigrationTargets, MigrationTarget{Network: name, MAC: h.mac, VMI: key,
+					Pod: h.pod.Name, Source: p.in.VMINodes[key]})
+			}
 			if leases != nil && h.active {
 				if l, ok := lease(h, serverIP, n.conf.MTU, p.dnsServers, p.in); ok {
 					leases[h.mac.String()] = l

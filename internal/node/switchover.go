@@ -1,0 +1,218 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/datapath"
+)
+
+// Switch-over triggers: what opened a live migration's target port.
+const (
+	// TriggerFirstFrame: the guest's first frame on the target (QEMU's
+	// RARP announce or its first IP packet), seen by kvnet-node.
+	TriggerFirstFrame = "first-frame"
+	// TriggerAPI: the VMI naming the target node (KubeVirt marking the
+	// migration complete) before any frame of the guest was seen there:
+	// the guest ran on the target while its traffic still went to the
+	// source.
+	TriggerAPI = "api"
+)
+
+// Events kvnet-node writes on a VMI when its network switched to this
+// node in a live migration.
+const (
+	EventMigrationSwitchover    = "MigrationSwitchover"
+	EventMigrationSwitchedByAPI = "MigrationSwitchedByAPI"
+)
+
+// MigrationTarget is a live migration's target port on this node, planned
+// while the API still names the source node (Plan.MigrationTargets).
+type MigrationTarget struct {
+	Network string
+	MAC     net.HardwareAddr
+	VMI     types.NamespacedName
+	// Pod is the target launcher pod; Source the node the VMI runs on.
+	Pod, Source string
+}
+
+// Switchover is one network's switch-over to this node in a live
+// migration, as kvnet-node observed it.
+type Switchover struct {
+	VMI     types.NamespacedName
+	Network string
+	MAC     string
+	Source  string // the node the guest left
+	Target  string // this node
+	Trigger string // TriggerFirstFrame or TriggerAPI
+	// Ready is when the target port was first planned, waiting for the
+	// guest (zero if kvnet-node started after that).
+	Ready time.Time
+	// FirstFrame is when the guest's first frame reached the target port
+	// and Frame what it was ("RARP", "IPv4 from 10.0.0.4"); zero and ""
+	// when the API switched it.
+	FirstFrame time.Time
+	Frame      string
+	// Opened is when the port forwarded the guest's traffic.
+	Opened time.Time
+}
+
+// Waited is how long the target port waited for the guest: from Ready to
+// Opened (0 if Ready is not known).
+func (s Switchover) Waited() time.Duration {
+	if s.Ready.IsZero() {
+		return 0
+	}
+	return s.Opened.Sub(s.Ready)
+}
+
+// OpenedAfterFrame is from the guest's first frame to its port open (0 for
+// an API switch-over).
+func (s Switchover) OpenedAfterFrame() time.Duration {
+	if s.FirstFrame.IsZero() {
+		return 0
+	}
+	return s.Opened.Sub(s.FirstFrame)
+}
+
+// Message is the Event's note.
+func (s Switchover) Message() string {
+	waited := ""
+	if w := s.Waited(); w > 0 {
+		waited = fmt.Sprintf("; the target port had waited %s for the guest", w.Round(time.Millisecond))
+	}
+	if s.Trigger == TriggerAPI {
+		return fmt.Sprintf("network %s switched from node %s to node %s by the API (the VMI named node %s) at %s, not at the guest's first frame, which kvnet-node never saw there: until then the guest's traffic went to node %s%s",
+			s.Network, orUnknown(s.Source), s.Target, s.Target, s.Opened.UTC().Format(time.RFC3339Nano), orUnknown(s.Source), waited)
+	}
+	return fmt.Sprintf("network %s switched from node %s to node %s at the guest's first frame there (%s) at %s, its port open %.1f ms after it%s",
+		s.Network, orUnknown(s.Source), s.Target, s.Frame, s.FirstFrame.UTC().Format(time.RFC3339Nano),
+		float64(s.OpenedAfterFrame().Microseconds())/1000, waited)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "?"
+	}
+	return s
+}
+
+// switchovers follows this node's live-migration target ports from the
+// plan that first has them (waiting for the guest) to their switch-over:
+// at the guest's first frame (announcements) or, failing that, when the
+// API names this node. Each switch-over is reported once; a target that
+// goes away without one (a failed or cancelled migration) is forgotten.
+type switchovers struct {
+	node   string
+	now    func() time.Time
+	report func(Switchover) // must not block
+
+	mu      sync.Mutex
+	pending map[string]*Switchover // network/MAC -> target waiting or switched
+}
+
+func newSwitchovers(node string, report func(Switchover)) *switchovers {
+	return &switchovers{node: node, now: time.Now, report: report, pending: map[string]*Switchover{}}
+}
+
+func switchKey(network, mac string) string { return network + "/" + mac }
+
+// sync takes a plan's migration targets and its ports: a new target starts
+// waiting; one that left the targets while this node has an open port
+// with its MAC on its network switched here by the API, unless its first
+// frame did before; one that left without such a port is forgotten.
+func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
+	now := w.now()
+	want := map[string]MigrationTarget{}
+	for _, t := range targets {
+		want[switchKey(t.Network, t.MAC.String())] = t
+	}
+	open := map[string]bool{}
+	for _, p := range ports {
+		if !p.Standby {
+			open[switchKey(p.Network, p.MAC.String())] = true
+		}
+	}
+	var out []Switchover
+	w.mu.Lock()
+	for k, t := range want {
+		s := w.pending[k]
+		if s == nil {
+			s = &Switchover{Network: t.Network, MAC: t.MAC.String(), Target: w.node, Ready: now}
+			w.pending[k] = s
+		}
+		// A first frame may have come before the plan named the VMI.
+		s.VMI, s.Source = t.VMI, t.Source
+	}
+	for k, s := range w.pending {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		delete(w.pending, k)
+		if s.Trigger != "" || !open[k] || s.VMI.Name == "" {
+			continue // reported at its first frame, or no switch-over here
+		}
+		s.Trigger, s.Opened = TriggerAPI, now
+		out = append(out, *s)
+	}
+	w.mu.Unlock()
+	for _, s := range out {
+		w.report(s)
+	}
+}
+
+// firstFrame records that port p opened at its guest's first frame (frame,
+// received at) and was open at opened, and reports the switch-over.
+func (w *switchovers) firstFrame(p datapath.Port, frame string, at, opened time.Time) {
+	k := switchKey(p.Network, p.MAC.String())
+	w.mu.Lock()
+	s := w.pending[k]
+	if s == nil {
+		s = &Switchover{Network: p.Network, MAC: p.MAC.String(), Target: w.node}
+		w.pending[k] = s
+	}
+	first := s.Trigger == ""
+	if first {
+		s.Trigger, s.FirstFrame, s.Frame, s.Opened = TriggerFirstFrame, at, frame, opened
+	}
+	r := *s
+	w.mu.Unlock()
+	if first && r.VMI.Name != "" {
+		w.report(r)
+	}
+}
+
+// newSwitchoverReporter counts each switch-over in the node's metrics,
+// logs it and posts it as an Event on the VMI (Normal at the guest's first
+// frame, Warning when the API switched it), no related object. The VMI is read from c; it must not block.
+func newSwitchoverReporter(ctx context.Context, c client.Reader, rec events.EventRecorder) func(Switchover) {
+	logger := log.FromContext(ctx)
+	return func(s Switchover) {
+		observeSwitchover(s)
+		logger.Info("live migration: the network switched to this node", "vmi", s.VMI.String(), "network", s.Network, "mac", s.MAC,
+			"from", s.Source, "trigger", s.Trigger, "frame", s.Frame, "openedAfterFrameMs", float64(s.OpenedAfterFrame().Microseconds())/1000,
+			"waitedMs", s.Waited().Milliseconds())
+		go func() {
+			var vmi kubevirtv1.VirtualMachineInstance
+			if err := c.Get(ctx, s.VMI, &vmi); err != nil {
+				logger.Error(err, "live migration: cannot post the switch-over's Event on the VMI", "vmi", s.VMI.String())
+				return
+			}
+			typ, reason := corev1.EventTypeNormal, EventMigrationSwitchover
+			if s.Trigger == TriggerAPI {
+				typ, reason = corev1.EventTypeWarning, EventMigrationSwitchedByAPI
+			}
+			rec.Eventf(&vmi, nil, typ, reason, "SwitchOver", "%s", s.Message())
+		}()
+	}
+}

@@ -1,0 +1,149 @@
+package node
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kvnet.io/kvnet/internal/datapath"
+)
+
+// switchClock is a clock the test advances.
+type switchClock struct{ t time.Time }
+
+func (c *switchClock) now() time.Time { return c.t }
+
+func newTestSwitchovers() (*switchovers, *switchClock, *[]Switchover) {
+	var got []Switchover
+	clock := &switchClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	w := newSwitchovers("node-2", func(s Switchover) { got = append(got, s) })
+	w.now = clock.now
+	return w, clock, &got
+}
+
+var (
+	swMAC    = net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	swVMI    = types.NamespacedName{Namespace: "ns", Name: "vm-1"}
+	swTarget = MigrationTarget{Network: "ns_udn", MAC: swMAC, VMI: swVMI, Pod: "virt-launcher-vm-1-b", Source: "node-1"}
+	swPort   = datapath.Port{Network: "ns_udn", HostIfName: "kvp1", MAC: swMAC, Migrating: true}
+)
+
+func standby(p datapath.Port) datapath.Port { p.Standby = true; return p }
+
+func TestSwitchoverAtFirstFrame(t *testing.T) {
+	w, clock, got := newTestSwitchovers()
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
+	ready := clock.t
+	clock.t = clock.t.Add(8 * time.Second)
+	frame := clock.t
+	w.firstFrame(swPort, "RARP", frame, frame.Add(300*time.Microsecond))
+	if len(*got) != 1 {
+		t.Fatalf("switch-overs reported at the first frame: %+v, want one", *got)
+	}
+	s := (*got)[0]
+	if s.Trigger != TriggerFirstFrame || s.VMI != swVMI || s.Source != "node-1" || s.Target != "node-2" || s.Frame != "RARP" ||
+		!s.Ready.Equal(ready) || s.OpenedAfterFrame() != 300*time.Microsecond || s.Waited() != 8*time.Second+300*time.Microsecond {
+		t.Fatalf("switch-over %+v", s)
+	}
+	msg := s.Message()
+	for _, want := range []string{"network ns_udn switched from node node-1 to node node-2 at the guest's first frame there (RARP)", "open 0.3 ms after it", "waited 8s"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	// Later frames, the port open while the API catches up, then the API
+	// naming node-2 (the target leaves MigrationTargets): nothing more.
+	w.firstFrame(swPort, "IPv4 from 10.0.0.4", clock.t, clock.t)
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{swPort})
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 1 {
+		t.Fatalf("switch-overs after the first: %+v", (*got)[1:])
+	}
+	if len(w.pending) != 0 {
+		t.Fatalf("still following %v after the switch-over", w.pending)
+	}
+}
+
+func TestSwitchoverByAPI(t *testing.T) {
+	w, clock, got := newTestSwitchovers()
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
+	clock.t = clock.t.Add(5 * time.Second)
+	// The API names node-2 before any frame of the guest came: the port is
+	// an ordinary one now.
+	w.sync(nil, []datapath.Port{{Network: "ns_udn", HostIfName: "kvp1", MAC: swMAC}})
+	if len(*got) != 1 {
+		t.Fatalf("switch-overs reported: %+v, want one by the API", *got)
+	}
+	s := (*got)[0]
+	if s.Trigger != TriggerAPI || s.Waited() != 5*time.Second || s.OpenedAfterFrame() != 0 || s.Frame != "" {
+		t.Fatalf("switch-over %+v", s)
+	}
+	if msg := s.Message(); !strings.Contains(msg, "by the API") || !strings.Contains(msg, "never saw there") {
+		t.Errorf("message %q", msg)
+	}
+	// A frame after that changes nothing.
+	w.firstFrame(swPort, "RARP", clock.t, clock.t)
+	if len(*got) != 1 {
+		t.Fatalf("a late frame reported again: %+v", *got)
+	}
+}
+
+func TestSwitchoverMigrationAbandoned(t *testing.T) {
+	w, _, got := newTestSwitchovers()
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
+	// The migration failed: the target pod's port is gone, the source
+	// keeps the guest.
+	w.sync(nil, nil)
+	if len(*got) != 0 || len(w.pending) != 0 {
+		t.Fatalf("an abandoned migration: reported %+v, following %v", *got, w.pending)
+	}
+	// Another network's port with the same MAC does not count either.
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
+	other := swPort
+	other.Network = "ns_other"
+	w.sync(nil, []datapath.Port{other})
+	if len(*got) != 0 {
+		t.Fatalf("a port of another network taken for the switch-over: %+v", *got)
+	}
+}
+
+func TestObserveSwitchover(t *testing.T) {
+	base := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	s := Switchover{Network: "test_obs", Target: "node-obs", Trigger: TriggerFirstFrame, Ready: base, FirstFrame: base.Add(time.Second), Opened: base.Add(time.Second + time.Millisecond)}
+	observeSwitchover(s)
+	observeSwitchover(Switchover{Network: "test_obs", Target: "node-obs", Trigger: TriggerAPI, Ready: base, Opened: base.Add(2 * time.Second)})
+	if n := metricValue(t, switchoversTotal.WithLabelValues("node-obs", "test_obs", TriggerFirstFrame)); n != 1 {
+		t.Errorf("first-frame switch-overs %v, want 1", n)
+	}
+	if n := metricValue(t, switchoversTotal.WithLabelValues("node-obs", "test_obs", TriggerAPI)); n != 1 {
+		t.Errorf("API switch-overs %v, want 1", n)
+	}
+	if n := observations(t, switchoverSeconds.WithLabelValues("node-obs", "test_obs")); n != 1 {
+		t.Errorf("switch-over durations observed %d, want 1 (the API one has no first frame)", n)
+	}
+	if n := observations(t, switchoverWaitSeconds.WithLabelValues("node-obs", "test_obs", TriggerAPI)); n != 1 {
+		t.Errorf("API waits observed %d, want 1", n)
+	}
+}
+
+func writeMetric(t *testing.T, m prometheus.Metric) *dto.Metric {
+	t.Helper()
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}
+
+func metricValue(t *testing.T, c prometheus.Counter) float64 {
+	return writeMetric(t, c).GetCounter().GetValue()
+}
+
+func observations(t *testing.T, o prometheus.Observer) uint64 {
+	return writeMetric(t, o.(prometheus.Metric)).GetHistogram().GetSampleCount()
+}
