@@ -6,9 +6,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/udn"
 	"kvnet.io/kvnet/internal/vmclaims"
@@ -341,6 +344,12 @@ type VMRow struct {
 	// MigrationSource and MigrationTarget are the nodes of that migration.
 	MigrationSource string `json:"migrationSource,omitempty"`
 	MigrationTarget string `json:"migrationTarget,omitempty"`
+	// Switchover is how the interface's network last switched nodes in a
+	// live migration, from kvnet-node's event on the VMI: "first-frame"
+	// or "api" ("" when none is known); SwitchoverNote is the event's
+	// note. Set by "kvnet get vms" (SetSwitchovers).
+	Switchover     string `json:"switchover,omitempty"`
+	SwitchoverNote string `json:"switchoverNote,omitempty"`
 	// Pod is the virt-launcher pod; Status the VM's printableStatus or
 	// the standalone VMI's phase.
 	Pod    string `json:"pod,omitempty"`
@@ -449,4 +458,53 @@ func (inv *Inventory) vmRow(namespace, name, status string, i Interface, vmi *VM
 		r.MAC = att.MAC.String()
 	}
 	return r
+}
+
+// SetSwitchovers fills the Switchover fields of rows from kvnet-node's
+// switch-over events on VMIs (migration.EventSwitchover and
+// EventSwitchedByAPI): for each row, the newest event of its VMI (a VM's
+// VMI has the VM's name) naming its network.
+func SetSwitchovers(rows []VMRow, events []corev1.Event) {
+	type key struct{ namespace, vmi, network string }
+	newest := map[key]*corev1.Event{}
+	for i := range events {
+		e := &events[i]
+		if e.InvolvedObject.Kind != "VirtualMachineInstance" || (e.Reason != migration.EventSwitchover && e.Reason != migration.EventSwitchedByAPI) {
+			continue
+		}
+		network, _, _ := strings.Cut(strings.TrimPrefix(e.Message, "network "), " ")
+		k := key{e.Namespace, e.InvolvedObject.Name, network}
+		if old := newest[k]; old == nil || eventTime(e).After(eventTime(old)) {
+			newest[k] = e
+		}
+	}
+	for i := range rows {
+		r := &rows[i]
+		e := newest[key{r.Namespace, r.VM, r.Network}]
+		if e == nil {
+			continue
+		}
+		r.Switchover, r.SwitchoverNote = "first-frame", e.Message
+		if e.Reason == migration.EventSwitchedByAPI {
+			r.Switchover = "api"
+		}
+	}
+}
+
+// eventTime is when an event (core/v1, or events.k8s.io/v1 seen through
+// core/v1) was last observed: its own times, else when it was stored.
+func eventTime(e *corev1.Event) time.Time {
+	var t time.Time
+	for _, x := range []time.Time{e.EventTime.Time, e.FirstTimestamp.Time, e.LastTimestamp.Time} {
+		if x.After(t) {
+			t = x
+		}
+	}
+	if e.Series != nil && e.Series.LastObservedTime.After(t) {
+		t = e.Series.LastObservedTime.Time
+	}
+	if t.IsZero() {
+		t = e.CreationTimestamp.Time
+	}
+	return t
 }

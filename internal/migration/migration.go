@@ -119,3 +119,13 @@ func (m *Migration) RoleOf(namespace, name string) Role {
 	}
 	return NoRole
 }
+
+// Reasons of the events kvnet-node records on a VMI when one of its
+// networks switched to a live migration's target node: at the guest's
+// first frame there (Normal), or by the API before any frame of the
+// guest was seen there (Warning). Each note starts "network <name>
+// switched from node <source> to node <target> ".
+const (
+	EventSwitchover    = "MigrationSwitchover"
+	EventSwitchedByAPI = "MigrationSwitchedByAPI"
+)

@@ -21,6 +21,7 @@ import (
 	ipamclaimv1alpha1 "kvnet.io/kvnet/api/k8scni/v1alpha1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/testenv"
@@ -108,7 +109,7 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 						continue
 					}
 					seen = append(seen, e.Reason+": "+e.Note)
-					if e.Reason == node.EventMigrationSwitchover && e.Type == corev1.EventTypeNormal &&
+					if e.Reason == migration.EventSwitchover && e.Type == corev1.EventTypeNormal &&
 						strings.Contains(e.Note, "to node "+l.nodeName("n2")+" at the guest's first frame there "+wantFrame) {
 						return nil
 					}
@@ -159,7 +160,7 @@ func TestAgentSwitchoverByAPI(t *testing.T) {
 				continue
 			}
 			seen = append(seen, e.Reason+": "+e.Note)
-			if e.Reason == node.EventMigrationSwitchedByAPI && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "by the API") {
+			if e.Reason == migration.EventSwitchedByAPI && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "by the API") {
 				return nil
 			}
 		}

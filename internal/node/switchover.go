@@ -15,6 +15,7 @@ import (
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 )
 
 // Switch-over triggers: what opened a live migration's target port.
@@ -27,13 +28,6 @@ const (
 	// the guest ran on the target while its traffic still went to the
 	// source.
 	TriggerAPI = "api"
-)
-
-// Events kvnet-node writes on a VMI when its network switched to this
-// node in a live migration.
-const (
-	EventMigrationSwitchover    = "MigrationSwitchover"
-	EventMigrationSwitchedByAPI = "MigrationSwitchedByAPI"
 )
 
 // MigrationTarget is a live migration's target port on this node, planned
@@ -208,9 +202,9 @@ func newSwitchoverReporter(ctx context.Context, c client.Reader, rec events.Even
 				logger.Error(err, "live migration: cannot post the switch-over's Event on the VMI", "vmi", s.VMI.String())
 				return
 			}
-			typ, reason := corev1.EventTypeNormal, EventMigrationSwitchover
+			typ, reason := corev1.EventTypeNormal, migration.EventSwitchover
 			if s.Trigger == TriggerAPI {
-				typ, reason = corev1.EventTypeWarning, EventMigrationSwitchedByAPI
+				typ, reason = corev1.EventTypeWarning, migration.EventSwitchedByAPI
 			}
 			rec.Eventf(&vmi, nil, typ, reason, "SwitchOver", "%s", s.Message())
 		}()

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/cli/why"
 	"kvnet.io/kvnet/internal/lab/cli/lab"
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/lab/simkubelet"
@@ -375,6 +377,28 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 	if vmi.Status.NodeName != targetNode {
 		t.Fatalf("the VMI migrated from %s to %s, not to %s: the far peer on %s is not on a third node", source, vmi.Status.NodeName, targetNode, peerNode)
 	}
+	// kvnet-node on the target told the VM's owner how the network
+	// switched (an Event on the VMI), and kvnet why vm shows it. At the
+	// guest's first frame normally; a switch by the API (this machine too
+	// loaded for the guest to send a frame before simvirt completes the
+	// migration) is said in the same place, and logged here.
+	testenv.Eventually(t, 30*time.Second, "kvnet why vm shows the switch-over", func() error {
+		rep, err := why.Diagnose(ctx, c, "vm", ns, "vm-1", why.Options{})
+		if err != nil {
+			return err
+		}
+		var b bytes.Buffer
+		rep.Print(&b)
+		want := fmt.Sprintf("network %s_net switched from node %s to node %s ", ns, source, targetNode)
+		if !strings.Contains(b.String(), want) {
+			return fmt.Errorf("kvnet why vm lacks %q:\n%s", want, b.String())
+		}
+		if !rep.Healthy() {
+			return fmt.Errorf("kvnet why vm: not healthy:\n%s", b.String())
+		}
+		t.Logf("kvnet why vm after the migration:\n%s", b.String())
+		return nil
+	})
 	// The Service reaches the guest on its new node, from the peer.
 	testenv.Eventually(t, 30*time.Second, "the Service reaches the migrated guest", viaService)
 	// The guest's own kernel: same IP and MAC.

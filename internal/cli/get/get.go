@@ -14,11 +14,14 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"kvnet.io/kvnet/internal/cli/kubeflags"
 	"kvnet.io/kvnet/internal/inventory"
+	"kvnet.io/kvnet/internal/migration"
 )
 
 type options struct {
@@ -97,7 +100,23 @@ func run(cmd *cobra.Command, o *options, arg string) error {
 	if err != nil {
 		return err
 	}
-	t := tableOf(inv, resource, f)
+	var switchovers []corev1.Event
+	if resource == "vms" {
+		// kvnet-node's switch-over events on VMIs, by reason (a field
+		// selector the API server serves for events).
+		for _, reason := range []string{migration.EventSwitchover, migration.EventSwitchedByAPI} {
+			var evs corev1.EventList
+			opts := []client.ListOption{client.MatchingFields{"reason": reason}}
+			if f.Namespace != "" {
+				opts = append(opts, client.InNamespace(f.Namespace))
+			}
+			if err := c.List(cmd.Context(), &evs, opts...); err != nil {
+				return fmt.Errorf("list %s events: %w", reason, err)
+			}
+			switchovers = append(switchovers, evs.Items...)
+		}
+	}
+	t := tableOf(inv, resource, f, switchovers)
 	out := cmd.OutOrStdout()
 	switch o.output {
 	case "json":
@@ -172,7 +191,7 @@ func cell(s string) string {
 
 func join(l []string) string { return cell(strings.Join(l, ",")) }
 
-func tableOf(inv *inventory.Inventory, resource string, f inventory.Filter) *table {
+func tableOf(inv *inventory.Inventory, resource string, f inventory.Filter, switchovers []corev1.Event) *table {
 	switch resource {
 	case "networks":
 		rows := inv.NetworkRows(f)
@@ -208,12 +227,13 @@ func tableOf(inv *inventory.Inventory, resource string, f inventory.Filter) *tab
 		return t
 	default:
 		rows := inv.VMRows(f)
+		inventory.SetSwitchovers(rows, switchovers)
 		t := &table{rows: nonNil(rows), columns: []column{{"NAMESPACE", false}, {"VM", false}, {"INTERFACE", false}, {"BINDING", false},
 			{"NETWORK", false}, {"IP", false}, {"MAC", false}, {"NODE", false}, {"CLAIM", false}, {"MIGRATION", false},
-			{"STATUS", true}, {"NAD", true}, {"POD", true}, {"MIGRATION-SOURCE", true}, {"MIGRATION-TARGET", true}}}
+			{"STATUS", true}, {"NAD", true}, {"POD", true}, {"MIGRATION-SOURCE", true}, {"MIGRATION-TARGET", true}, {"SWITCH-OVER", true}}}
 		for _, r := range rows {
 			t.cells = append(t.cells, []string{r.Namespace, r.VM, r.Interface, r.Binding, r.Network, join(r.IPs), cell(r.MAC), cell(r.Node),
-				cell(r.Claim), cell(r.Migration), cell(r.Status), cell(r.NAD), cell(r.Pod), cell(r.MigrationSource), cell(r.MigrationTarget)})
+				cell(r.Claim), cell(r.Migration), cell(r.Status), cell(r.NAD), cell(r.Pod), cell(r.MigrationSource), cell(r.MigrationTarget), cell(r.Switchover)})
 		}
 		return t
 	}

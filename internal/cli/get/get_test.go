@@ -9,7 +9,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -17,6 +20,7 @@ import (
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/inventory"
 	"kvnet.io/kvnet/internal/inventory/invtest"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/testenv"
 	"kvnet.io/kvnet/internal/testenv/golden"
 )
@@ -202,5 +206,38 @@ func TestLayer3PoolThroughTheCLI(t *testing.T) {
 	}
 	if len(rows) != 1 || rows[0].Pool == nil || *rows[0].Pool != (inventory.PoolUse{Used: 2, Size: 3 * 252}) {
 		t.Errorf("Layer3 network rows %s, want one with pool 2/756", out)
+	}
+}
+
+// kvnet get vms shows how each interface's network last switched nodes in
+// a live migration, from kvnet-node's events on the VMI: the newest per
+// network; an API switch-over as such.
+func TestVMSwitchovers(t *testing.T) {
+	ctx := context.Background()
+	event := func(name, reason, note string, at time.Time) *corev1.Event {
+		return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: invtest.Tenant, Name: name},
+			InvolvedObject: corev1.ObjectReference{Kind: "VirtualMachineInstance", APIVersion: "kubevirt.io/v1", Namespace: invtest.Tenant, Name: "vm-a"},
+			Reason:         reason, Message: note, Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "kvnet-node"},
+			FirstTimestamp: metav1.Time{Time: at}, LastTimestamp: metav1.Time{Time: at}}
+	}
+	now := time.Now().Truncate(time.Second)
+	for _, e := range []*corev1.Event{
+		event("vm-a.old", migration.EventSwitchedByAPI, "network tenant_primary switched from node node-1 to node node-2 by the API", now.Add(-time.Hour)),
+		event("vm-a.new", migration.EventSwitchover, "network tenant_primary switched from node node-2 to node node-1 at the guest's first frame there (RARP)", now),
+		event("vm-a.blue", migration.EventSwitchedByAPI, "network cluster_udn_shared switched from node node-2 to node node-1 by the API", now),
+	} {
+		if err := apiClient.Create(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = apiClient.Delete(ctx, e) })
+	}
+	out, stderr, err := kvnetGet(t, "vms", "-n", invtest.Tenant, "-o", "wide", "--kubeconfig", kubeconfig)
+	if err != nil || stderr != "" {
+		t.Fatalf("kvnet get vms: %v, stderr %q", err, stderr)
+	}
+	golden.CheckString(t, "vms-switchover-wide.golden", out)
+	out, _, err = kvnetGet(t, "vms", "-n", invtest.Tenant, "-o", "json", "--kubeconfig", kubeconfig)
+	if err != nil || !strings.Contains(out, `"switchoverNote": "network tenant_primary switched from node node-2 to node node-1 at the guest's first frame there (RARP)"`) {
+		t.Fatalf("kvnet get vms -o json: %v\n%s", err, out)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/multus"
 )
 
@@ -407,5 +408,14 @@ func (k *collector) vmFacts(ctx context.Context, kind, namespace, name string) (
 		return nil, fmt.Errorf("list VirtualMachineInstanceMigrations in %q: %w", namespace, err)
 	}
 	f.Migrations = migs.Items
+	var events corev1.EventList
+	if err := k.c.List(ctx, &events, client.InNamespace(namespace), client.MatchingFields{"involvedObject.name": f.VMI.Name}); err != nil {
+		return nil, fmt.Errorf("list events of VMI %s/%s: %w", namespace, f.VMI.Name, err)
+	}
+	for _, e := range events.Items {
+		if e.InvolvedObject.Kind == "VirtualMachineInstance" && (e.Reason == migration.EventSwitchover || e.Reason == migration.EventSwitchedByAPI) {
+			f.Switchovers = append(f.Switchovers, e)
+		}
+	}
 	return f, nil
 }

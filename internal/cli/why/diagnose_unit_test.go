@@ -17,6 +17,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	udnv1 "kvnet.io/kvnet/api/udn/v1"
 	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/udn"
@@ -533,6 +534,25 @@ func TestVM(t *testing.T) {
 		f.VMI.Status.MigrationState.Failed = false
 		f.VMI.Status.MigrationState.Completed = true
 		expect(t, diagnoseV(f), "", "last one completed")
+		// kvnet-node's switch-over events: the newest per network of the
+		// newest migration; an older migration's and an API switch.
+		ev := func(reason, msg string, at time.Time) corev1.Event {
+			return corev1.Event{InvolvedObject: corev1.ObjectReference{Kind: "VirtualMachineInstance", Name: "vm1"}, Reason: reason,
+				Message: msg, EventTime: metav1.MicroTime{Time: at}}
+		}
+		f.Switchovers = []corev1.Event{
+			ev(migration.EventSwitchover, "network t_net switched from node n0 to node n1 at the guest's first frame there (RARP), old", unitNow.Add(-time.Hour)),
+			ev(migration.EventSwitchover, "network t_net switched from node n1 to node n2 at the guest's first frame there (RARP), new", unitNow),
+		}
+		r := diagnoseV(f)
+		expect(t, r, "", "last one completed (node n1 to n2); network t_net switched from node n1 to node n2 at the guest's first frame there (RARP), new")
+		var b bytes.Buffer
+		r.Print(&b)
+		if strings.Contains(b.String(), ", old") || strings.Contains(b.String(), "by the API") {
+			t.Errorf("report shows an older switch-over or an API one:\n%s", b.String())
+		}
+		f.Switchovers = append(f.Switchovers, ev(migration.EventSwitchedByAPI, "network t_sec switched from node n1 to node n2 by the API", unitNow.Add(-time.Second)))
+		expect(t, diagnoseV(f), "", "network t_sec switched from node n1 to node n2 by the API", "a switch-over by the API", ", new")
 	})
 	t.Run("migration object failed", func(t *testing.T) {
 		f := vmWorld(t)

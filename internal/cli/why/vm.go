@@ -7,9 +7,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/ipam"
@@ -38,6 +40,40 @@ type vmFacts struct {
 	Launcher *podFacts
 	// Migrations of the VMI.
 	Migrations []kubevirtv1.VirtualMachineInstanceMigration
+	// Switchovers are kvnet-node's events on the VMI saying where and how
+	// its networks switched in live migrations.
+	Switchovers []corev1.Event
+}
+
+// lastSwitchovers returns, per network, the note of the VMI's newest
+// switch-over event of the VMI with UID uid (any UID if ""), newest
+// network first, and whether any of them was switched by the API.
+func lastSwitchovers(events []corev1.Event, uid types.UID) (notes []string, byAPI bool) {
+	var newest []*corev1.Event
+	for i := range events {
+		e := &events[i]
+		if uid != "" && e.InvolvedObject.UID != "" && e.InvolvedObject.UID != uid {
+			continue
+		}
+		newest = append(newest, e)
+	}
+	if len(newest) == 0 {
+		return nil, false
+	}
+	slices.SortFunc(newest, func(a, b *corev1.Event) int { return eventTime(b).Compare(eventTime(a)) })
+	// The newest migration's events: those within a minute of the newest.
+	last := eventTime(newest[0])
+	seen := map[string]bool{}
+	for _, e := range newest {
+		network, _, _ := strings.Cut(strings.TrimPrefix(e.Message, "network "), " ")
+		if last.Sub(eventTime(e)) > time.Minute || seen[network] {
+			continue
+		}
+		seen[network] = true
+		notes = append(notes, e.Message)
+		byAPI = byAPI || e.Reason == migration.EventSwitchedByAPI
+	}
+	return notes, byAPI
 }
 
 // vmSpec is what the VM runs: the VMI's spec, or the VM's template.
@@ -324,9 +360,16 @@ func checkMigration(r *Report, f *vmFacts) bool {
 		return r.fail("migration", "VirtualMachineInstanceMigration "+newest.Name+": Failed", MigrationFailed, fix,
 			"VirtualMachineInstanceMigration %s/%s of VMI %s is Failed%s. The VM keeps running on node %s", newest.Namespace, newest.Name, vmi.Name, reason, orDefault(vmi.Status.NodeName, "?"))
 	}
+	switchover := ""
+	if notes, byAPI := lastSwitchovers(f.Switchovers, vmi.UID); len(notes) > 0 {
+		switchover = "; " + strings.Join(notes, "; ")
+		if byAPI {
+			switchover += " (a switch-over by the API: the guest's first frame on the target never opened its port, so its traffic went to the old node until KubeVirt finished the migration; see kvnet-node's log on the target node)"
+		}
+	}
 	switch {
 	case m != nil && m.State == migration.Succeeded:
-		r.ok("migration", "last one completed (node %s to %s)", orDefault(m.SourceNode, "?"), orDefault(m.TargetNode, "?"))
+		r.ok("migration", "last one completed (node %s to %s)%s", orDefault(m.SourceNode, "?"), orDefault(m.TargetNode, "?"), switchover)
 	case m != nil && m.TargetPod != "":
 		r.ok("migration", "in progress to node %s (target pod %s)", orDefault(m.TargetNode, "?"), m.TargetPod)
 	}

@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
+
+	"kvnet.io/kvnet/internal/migration"
 )
 
 // The VM scenarios (RunVMScenarios): what a VM owner expects of kvnet on
@@ -964,6 +966,12 @@ type migrationStep struct {
 	blackout blackout
 	// blackoutErr says why the logs' part of blackout is missing.
 	blackoutErr error
+	// switchEvent is kvnet-node's event on the VMI for the switch-over
+	// ("<reason>: <note>"); switched the target kvnet-node's
+	// kvnet_migration_switchovers_total before and after it.
+	switchEvent    string
+	switchedBefore float64
+	switchedAfter  float64
 }
 
 // migrateWithEcho live-migrates v to node (migrate), checks that its VMI
@@ -972,6 +980,10 @@ type migrationStep struct {
 // pingSeq is the last ping reply's seq before the migration.
 func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, node string, lines, pingSeq int) (migrationStep, error) {
 	since := time.Now()
+	switchedBefore, err := s.switchoverCount(ctx, node)
+	if err != nil {
+		return migrationStep{}, err
+	}
 	st, err := s.migrate(ctx, v, name, node)
 	if err != nil {
 		return migrationStep{}, err
@@ -1012,7 +1024,77 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	// failure.
 	step.blackout, step.blackoutErr = s.logBlackout(ctx, v, ms, node, since)
 	step.blackout.pingGap = pingGap
-	return step, nil
+	// kvnet-node on the target reports the switch-over: an event on the
+	// VMI and its counter up by one.
+	step.switchedBefore = switchedBefore
+	err = poll(ctx, time.Minute, func(ctx context.Context) error {
+		if step.switchEvent, err = s.switchoverEvent(ctx, v, node, since); err != nil {
+			return err
+		}
+		if step.switchedAfter, err = s.switchoverCount(ctx, node); err != nil {
+			return err
+		}
+		if step.switchedAfter != switchedBefore+1 {
+			return fmt.Errorf("kvnet-node on %s counted %v switch-overs, %v before the migration: want one more", node, step.switchedAfter, switchedBefore)
+		}
+		return nil
+	})
+	return step, err
+}
+
+// switchoverEvent returns kvnet-node's switch-over event on v's VMI, for
+// a switch-over to node since then, as "<reason>: <note>".
+func (s *vmScenarios) switchoverEvent(ctx context.Context, v *runningVM, node string, since time.Time) (string, error) {
+	evs, err := s.t.Client.EventsV1().Events(v.ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + v.name})
+	if err != nil {
+		return "", err
+	}
+	var seen []string
+	for _, e := range evs.Items {
+		if e.Regarding.Kind != "VirtualMachineInstance" || (e.Reason != migration.EventSwitchover && e.Reason != migration.EventSwitchedByAPI) {
+			continue
+		}
+		seen = append(seen, e.Reason+": "+e.Note)
+		if e.EventTime.Time.After(since.Add(-time.Second)) && strings.Contains(e.Note, " to node "+node+" ") {
+			return e.Reason + ": " + e.Note, nil
+		}
+	}
+	return "", fmt.Errorf("no switch-over event of kvnet-node on VMI %s for node %s (its switch-over events: %q)", v, node, seen)
+}
+
+// switchoverCount returns kvnet_migration_switchovers_total of the
+// kvnet-node on node (every network and trigger), read from its metrics
+// through the API server's pod proxy.
+func (s *vmScenarios) switchoverCount(ctx context.Context, node string) (float64, error) {
+	l, err := s.t.Client.CoreV1().Pods("kvnet-system").List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=kvnet-node", FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return 0, err
+	}
+	if len(l.Items) != 1 {
+		return 0, fmt.Errorf("%d kvnet-node pods on %s", len(l.Items), node)
+	}
+	b, err := s.t.Client.CoreV1().Pods("kvnet-system").ProxyGet("http", l.Items[0].Name, "9464", "/metrics", nil).DoRaw(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("kvnet-node on %s: /metrics: %w", node, err)
+	}
+	return sumMetric(string(b), "kvnet_migration_switchovers_total"), nil
+}
+
+// sumMetric sums the samples of metric name in a Prometheus text
+// exposition.
+func sumMetric(text, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
 
 // logBlackout reads the blackout of v's migration, whose state is ms,
@@ -1118,8 +1200,8 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if err == nil && MigrationSubnet.Contains(target) {
 			over = "migration network " + MigrationNetworkNAD
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s",
-			name, from, to, over, st.target, st.took, n, st.gap, st.blackoutString()))
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s; kvnet-node's switch-overs %v -> %v, event %s",
+			name, from, to, over, st.target, st.took, n, st.gap, st.blackoutString(), st.switchedBefore, st.switchedAfter, st.switchEvent))
 		from = to
 		v.node = to
 	}

@@ -186,3 +186,19 @@ func TestRollTarget(t *testing.T) {
 		t.Error("rollTarget of a bad reference: no error")
 	}
 }
+
+func TestSumMetric(t *testing.T) {
+	text := `# HELP kvnet_migration_switchovers_total Live migrations...
+# TYPE kvnet_migration_switchovers_total counter
+kvnet_migration_switchovers_total{network="scn-vm_udn",node="node-2",trigger="api"} 1
+kvnet_migration_switchovers_total{network="scn-vm_udn",node="node-2",trigger="first-frame"} 2
+kvnet_migration_switchovers_total_other 7
+kvnet_node_ready{node="node-2"} 1
+`
+	if got := sumMetric(text, "kvnet_migration_switchovers_total"); got != 3 {
+		t.Fatalf("sum %v, want 3", got)
+	}
+	if got := sumMetric("", "kvnet_migration_switchovers_total"); got != 0 {
+		t.Fatalf("sum of nothing %v", got)
+	}
+}
