@@ -195,15 +195,15 @@ func (s *vmScenarios) drain(ctx context.Context) (string, error) {
 		if claim != d.v.ip || mac != d.v.mac {
 			return strings.Join(parts, "; "), fmt.Errorf("VM %s: %s %s before the drain, %s %s after", d.v, d.v.ip, d.v.mac, claim, mac)
 		}
+		ms, _, _ := unstructured.NestedMap(vmi.Object, "status", "migrationState")
 		n, err := s.waitEchoGrows(ctx, nsVM, d.echo, d.lines)
 		if err != nil {
-			return strings.Join(parts, "; "), fmt.Errorf("echo stream to VM %s after the drain: %w", d.v, err)
+			return strings.Join(parts, "; "), fmt.Errorf("echo stream to VM %s after the drain: %w (%s)", d.v, err, s.streamDiag(ctx, d.v, d.echo, ms, node, since))
 		}
 		gap, err := s.echoGap(ctx, nsVM, d.echo, d.lines)
 		if err != nil {
 			return strings.Join(parts, "; "), err
 		}
-		ms, _, _ := unstructured.NestedMap(vmi.Object, "status", "migrationState")
 		b, berr := s.logBlackout(ctx, d.v, ms, node, since)
 		switchOver := "switch-over: " + b.String()
 		if berr != nil {
@@ -211,8 +211,17 @@ func (s *vmScenarios) drain(ctx context.Context) (string, error) {
 		} else if _, ok := b.switchOver(); ok {
 			atFirstFrame++
 		}
-		parts = append(parts, fmt.Sprintf("%s %s -> %s, %s %s kept, echo lines %d -> %d in order, longest pause %s, %s",
-			d.v, from, node, claim, mac, d.lines, n, gap, switchOver))
+		// kvnet-node on the target reported the switch-over on the VMI.
+		var event string
+		if err := poll(ctx, time.Minute, func(ctx context.Context) (err error) {
+			event, err = s.switchoverEvent(ctx, d.v, node, since)
+			return err
+		}); err != nil {
+			return strings.Join(parts, "; "), fmt.Errorf("VM %s after the drain: %w", d.v, err)
+		}
+		reason, _, _ := strings.Cut(event, ":")
+		parts = append(parts, fmt.Sprintf("%s %s -> %s, %s %s kept, echo lines %d -> %d in order, longest pause %s, %s, kvnet-node's event %s",
+			d.v, from, node, claim, mac, d.lines, n, gap, switchOver, reason))
 		d.v.node = node
 	}
 	// Every other launcher pod the drain found moved too (VMs of the

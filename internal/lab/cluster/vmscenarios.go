@@ -1008,7 +1008,7 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 		step.took = b.Sub(a)
 	}
 	if step.lines, err = s.waitEchoGrows(ctx, v.ns, "echo", lines); err != nil {
-		return step, err
+		return step, fmt.Errorf("%w (%s)", err, s.streamDiag(ctx, v, "echo", ms, node, since))
 	}
 	if step.gap, err = s.echoGap(ctx, v.ns, "echo", lines); err != nil {
 		return step, err
@@ -1040,6 +1040,33 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 		return nil
 	})
 	return step, err
+}
+
+// streamDiag says what is known of a broken echo stream (echo pod echo)
+// to v after its migration to node (state ms, started at since): how the
+// client saw the connection end (the tail of /tmp/echo.gaps), kvnet-node's
+// switch-over events on the VMI and the blackout from the logs.
+func (s *vmScenarios) streamDiag(ctx context.Context, v *runningVM, echo string, ms map[string]any, node string, since time.Time) string {
+	var parts []string
+	ectx, cancel := context.WithTimeout(ctx, execTimeout)
+	out, _, err := PodExec(ectx, s.t.Config, s.t.Client, v.ns, echo, "tail", "-n", "3", "/tmp/echo.gaps")
+	cancel()
+	if err != nil {
+		parts = append(parts, fmt.Sprintf("client's end not read: %v", err))
+	} else {
+		parts = append(parts, "client's last words: "+strings.Join(strings.Fields(strings.ReplaceAll(out, "\n", " | ")), " "))
+	}
+	if ev, err := s.switchoverEvent(ctx, v, node, since); err != nil {
+		parts = append(parts, err.Error())
+	} else {
+		parts = append(parts, "kvnet-node: "+ev)
+	}
+	if b, err := s.logBlackout(ctx, v, ms, node, since); err != nil {
+		parts = append(parts, "blackout not read: "+err.Error())
+	} else {
+		parts = append(parts, b.String())
+	}
+	return strings.Join(parts, "; ")
 }
 
 // switchoverEvent returns kvnet-node's switch-over event on v's VMI, for
