@@ -27,7 +27,8 @@ var Webhooks []byte
 var RBAC embed.FS
 
 // Tree holds every kustomize directory, for `kvnet install`, which renders
-// default/ with the images the user names.
+// default/ with the images the user names, and monitoring/ with
+// --monitoring.
 //
-//go:embed default crd manager node policy rbac webhook
+//go:embed default crd manager node policy rbac webhook monitoring/*.yaml
 var Tree embed.FS

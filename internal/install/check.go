@@ -251,6 +251,13 @@ func checkKubeVirtVersion(ctx context.Context, c client.Client, kubernetes strin
 		return nil, nil
 	}
 	on := fmt.Sprintf("KubeVirt %s/%s is %s on Kubernetes %s", kv.GetNamespace(), kv.GetName(), kubevirt, kubernetes)
+	for _, v := range []string{kubevirt, kubernetes} {
+		if _, err := version.ParseGeneric(v); err != nil {
+			return []Finding{{Status: Warning, What: KubeVirtVersionCheck,
+				Detail: fmt.Sprintf("%s: version %q not understood (%v), so kvnet cannot tell whether this pair has a known problem", on, v, err),
+				Fix:    "see docs/install.md, \"Tested versions\", for the pairs kvnet is tested with and the known bad one"}}, nil
+		}
+	}
 	problem, fix := KubeVirtVersionProblem(kubevirt, kubernetes)
 	if problem == "" {
 		return []Finding{{Status: OK, What: KubeVirtVersionCheck, Detail: on}}, nil

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/types"
@@ -67,6 +68,56 @@ func Render(o Options) ([]byte, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	return kustomize("default", func(k *types.Kustomization) error {
+		for _, im := range Images {
+			i := indexOfImage(k.Images, im)
+			if i < 0 {
+				return fmt.Errorf("config/default/kustomization.yaml: no images entry for %s", im)
+			}
+			if o.Registry != "" {
+				k.Images[i].NewName = o.Registry + "/" + im
+			}
+			if o.Tag != "" {
+				k.Images[i].NewTag = o.Tag
+			}
+		}
+		return nil
+	})
+}
+
+// RenderMonitoring returns config/monitoring rendered by kustomize:
+// kvnet-controller's metrics Service, the ServiceMonitor and PodMonitor
+// (monitoring.coreos.com/v1) and the PrometheusRule with kvnet's alerts.
+func RenderMonitoring() ([]byte, error) {
+	return kustomize("monitoring", nil)
+}
+
+// MonitoringKinds are the Prometheus Operator's kinds config/monitoring
+// uses; --monitoring needs them served.
+var MonitoringKinds = []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+// ErrNoMonitoringCRDs is returned by CheckMonitoringCRDs when the cluster
+// does not serve the Prometheus Operator's kinds.
+var ErrNoMonitoringCRDs = errors.New("no Prometheus Operator CRDs")
+
+// CheckMonitoringCRDs reports whether the cluster serves every kind of
+// MonitoringKinds (monitoring.coreos.com/v1), naming the first missing.
+func CheckMonitoringCRDs(c client.Client) error {
+	for _, kind := range MonitoringKinds {
+		gk := schema.GroupKind{Group: "monitoring.coreos.com", Kind: kind}
+		if _, err := c.RESTMapper().RESTMapping(gk, "v1"); err != nil {
+			if meta.IsNoMatchError(err) {
+				return fmt.Errorf("%w: the cluster does not serve %s (monitoring.coreos.com/v1); install the Prometheus Operator (kube-prometheus) first, or scrape kvnet-controller (port 8080) and kvnet-node (port 9464) yourself", ErrNoMonitoringCRDs, kind)
+			}
+			return fmt.Errorf("look up %s (monitoring.coreos.com/v1): %w", kind, err)
+		}
+	}
+	return nil
+}
+
+// kustomize renders config/<dir> (embedded) with kustomize, edit changing
+// its kustomization.yaml first (nil: none).
+func kustomize(dir string, edit func(*types.Kustomization) error) ([]byte, error) {
 	mem := filesys.MakeFsInMemory()
 	err := fs.WalkDir(config.Tree, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -81,40 +132,33 @@ func Render(o Options) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	kpath := "/config/default/kustomization.yaml"
-	b, err := mem.ReadFile(kpath)
-	if err != nil {
-		return nil, err
-	}
-	var k types.Kustomization
-	if err := yaml.Unmarshal(b, &k); err != nil {
-		return nil, fmt.Errorf("config/default/kustomization.yaml: %w", err)
-	}
-	for _, im := range Images {
-		i := indexOfImage(k.Images, im)
-		if i < 0 {
-			return nil, fmt.Errorf("config/default/kustomization.yaml: no images entry for %s", im)
+	if edit != nil {
+		kpath := "/config/" + dir + "/kustomization.yaml"
+		b, err := mem.ReadFile(kpath)
+		if err != nil {
+			return nil, err
 		}
-		if o.Registry != "" {
-			k.Images[i].NewName = strings.TrimSuffix(o.Registry, "/") + "/" + im
+		var k types.Kustomization
+		if err := yaml.Unmarshal(b, &k); err != nil {
+			return nil, fmt.Errorf("config/%s/kustomization.yaml: %w", dir, err)
 		}
-		if o.Tag != "" {
-			k.Images[i].NewTag = o.Tag
+		if err := edit(&k); err != nil {
+			return nil, err
 		}
-	}
-	if b, err = yaml.Marshal(&k); err != nil {
-		return nil, err
-	}
-	if err := mem.WriteFile(kpath, b); err != nil {
-		return nil, err
+		if b, err = yaml.Marshal(&k); err != nil {
+			return nil, err
+		}
+		if err := mem.WriteFile(kpath, b); err != nil {
+			return nil, err
+		}
 	}
 	// Namespaces and CRDs first, webhooks last, as kubectl kustomize
 	// orders them: Apply goes in this order.
 	kopts := krusty.MakeDefaultOptions()
 	kopts.Reorder = krusty.ReorderOptionLegacy
-	rm, err := krusty.MakeKustomizer(kopts).Run(mem, "/config/default")
+	rm, err := krusty.MakeKustomizer(kopts).Run(mem, "/config/"+dir)
 	if err != nil {
-		return nil, fmt.Errorf("kustomize config/default: %w", err)
+		return nil, fmt.Errorf("kustomize config/%s: %w", dir, err)
 	}
 	return rm.AsYaml()
 }

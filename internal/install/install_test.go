@@ -303,6 +303,9 @@ func TestApplyCheckDelete(t *testing.T) {
 	if f := kubevirtVersion("v1.8.4"); f.Status != install.OK || !strings.Contains(f.Detail, "v1.8.4 on Kubernetes "+info.GitVersion) {
 		t.Errorf("KubeVirt v1.8.4 on Kubernetes %s: %v, want ok", info.GitVersion, f)
 	}
+	if f := kubevirtVersion("devel-7c15b01"); f.Status != install.Warning || !strings.Contains(f.Detail, `version "devel-7c15b01" not understood`) {
+		t.Errorf("KubeVirt devel-7c15b01: %v, want a warning that the version is not understood", f)
+	}
 	if f, ok := findings(t, install.CheckOptions{Prerequisites: true})[install.KubeVirtVersionCheck]; ok {
 		t.Errorf("version finding without the server's version: %v", f)
 	}
@@ -431,4 +434,85 @@ func testApplyCRDIfAbsent(t *testing.T, name string) {
 		}
 		return nil
 	})
+}
+
+// monitoringCRD is a minimal CRD of the Prometheus Operator's kind (its
+// schema left open): enough for the API server to store what --monitoring
+// applies.
+func monitoringCRD(kind, plural string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": plural + ".monitoring.coreos.com"},
+		"spec": map[string]any{
+			"group": "monitoring.coreos.com", "scope": "Namespaced",
+			"names": map[string]any{"kind": kind, "plural": plural, "singular": strings.ToLower(kind), "listKind": kind + "List"},
+			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+}
+
+// TestMonitoring: config/monitoring renders the metrics Service, the
+// ServiceMonitor, the PodMonitor and the PrometheusRule; without the
+// Prometheus Operator's CRDs the check names the missing kind; with them
+// the objects apply and delete.
+func TestMonitoring(t *testing.T) {
+	ctx := context.Background()
+	rendered, err := install.RenderMonitoring()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := install.Objects(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, u := range objs {
+		kinds = append(kinds, u.GetKind()+" "+u.GetNamespace()+"/"+u.GetName())
+	}
+	slices.Sort(kinds)
+	want := []string{"PodMonitor kvnet-system/kvnet-node", "PrometheusRule kvnet-system/kvnet", "Service kvnet-system/kvnet-controller-metrics", "ServiceMonitor kvnet-system/kvnet-controller"}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("config/monitoring renders %q, want %q", kinds, want)
+	}
+	err = install.CheckMonitoringCRDs(c)
+	if !errors.Is(err, install.ErrNoMonitoringCRDs) || !strings.Contains(err.Error(), "ServiceMonitor (monitoring.coreos.com/v1)") {
+		t.Fatalf("CheckMonitoringCRDs without the CRDs: %v, want ErrNoMonitoringCRDs naming ServiceMonitor", err)
+	}
+	var crds []*unstructured.Unstructured
+	for _, k := range [][2]string{{"ServiceMonitor", "servicemonitors"}, {"PodMonitor", "podmonitors"}, {"PrometheusRule", "prometheusrules"}} {
+		crds = append(crds, monitoringCRD(k[0], k[1]))
+	}
+	var log bytes.Buffer
+	if err := install.Apply(ctx, c, crds, &log, install.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = install.Delete(ctx, c, crds, true, io.Discard) })
+	testenv.Eventually(t, time.Minute, "the CRDs served", func() error { return install.CheckMonitoringCRDs(c) })
+	// A namespace of its own: other tests delete kvnet-system, and this
+	// API server has no namespace controller to finish that.
+	const ns = "kvnet-monitoring-test"
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	for _, u := range objs {
+		u.SetNamespace(ns)
+	}
+	if err := install.Apply(ctx, c, objs, &log, install.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rule := &unstructured.Unstructured{}
+	rule.SetAPIVersion("monitoring.coreos.com/v1")
+	rule.SetKind("PrometheusRule")
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kvnet"}, rule); err != nil {
+		t.Fatal(err)
+	}
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	if len(groups) == 0 {
+		t.Fatalf("PrometheusRule %s/kvnet stored without groups: %v", ns, rule.Object)
+	}
+	if err := install.Delete(ctx, c, objs, false, &log); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(rule), rule); !apierrors.IsNotFound(err) {
+		t.Fatalf("PrometheusRule after delete: %v", err)
+	}
 }

@@ -26,6 +26,8 @@ type options struct {
 	images install.Options
 	dryRun bool
 	crds   bool
+	// monitoring adds config/monitoring (install --monitoring).
+	monitoring bool
 	// webhookTimeout bounds install's wait for kvnet-controller to serve
 	// its webhooks before it applies their configuration.
 	webhookTimeout time.Duration
@@ -49,6 +51,15 @@ func (o *options) objects() ([]*unstructured.Unstructured, client.Client, error)
 	return objs, c, err
 }
 
+// monitoringObjects renders config/monitoring.
+func monitoringObjects() ([]*unstructured.Unstructured, error) {
+	rendered, err := install.RenderMonitoring()
+	if err != nil {
+		return nil, err
+	}
+	return install.Objects(rendered)
+}
+
 // NewCommand returns "kvnet install".
 func NewCommand() *cobra.Command {
 	o := &options{}
@@ -61,7 +72,8 @@ func NewCommand() *cobra.Command {
 			"and the admission policy; then, once kvnet-controller serves its webhooks (its Service has a\n" +
 			"ready endpoint and its CA exists), the webhook configurations with that CA, so that no VM or\n" +
 			"pod create fails for want of a webhook server (--webhook-timeout). Run it again to upgrade.\n" +
-			"`kvnet check` reports what is missing; --dry-run prints the manifests instead of applying them.",
+			"`kvnet check` reports what is missing; --dry-run prints the manifests instead of applying them.\n" +
+			"--monitoring also applies config/monitoring where the Prometheus Operator's CRDs exist.",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -70,6 +82,13 @@ func NewCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if o.monitoring {
+					mon, err := install.RenderMonitoring()
+					if err != nil {
+						return err
+					}
+					rendered = append(append(rendered, "---\n"...), mon...)
+				}
 				_, err = cmd.OutOrStdout().Write(rendered)
 				return err
 			}
@@ -77,7 +96,22 @@ func NewCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var mon []*unstructured.Unstructured
+			if o.monitoring {
+				// Before anything is applied: a cluster without the
+				// Prometheus Operator's CRDs is told so, and nothing
+				// changes.
+				if err := install.CheckMonitoringCRDs(c); err != nil {
+					return fmt.Errorf("--monitoring: %w", err)
+				}
+				if mon, err = monitoringObjects(); err != nil {
+					return err
+				}
+			}
 			if err := install.Apply(cmd.Context(), c, objs, cmd.OutOrStdout(), install.ApplyOptions{WebhookTimeout: o.webhookTimeout}); err != nil {
+				return err
+			}
+			if err := install.Apply(cmd.Context(), c, mon, cmd.OutOrStdout(), install.ApplyOptions{}); err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "installed; `kvnet check` reports when kvnet is ready")
@@ -87,6 +121,8 @@ func NewCommand() *cobra.Command {
 	o.conn.Add(cmd.Flags())
 	o.addImageFlags(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the manifests, apply nothing")
+	cmd.Flags().BoolVar(&o.monitoring, "monitoring", false,
+		"also apply config/monitoring (metrics Service, ServiceMonitor, PodMonitor, PrometheusRule with kvnet's alerts); needs the Prometheus Operator's CRDs")
 	cmd.Flags().DurationVar(&o.webhookTimeout, "webhook-timeout", install.DefaultWebhookTimeout,
 		"how long to wait for kvnet-controller to serve its webhooks before applying their configuration (a webhook without a server would fail VM creates)")
 	return cmd
@@ -98,7 +134,7 @@ func NewUninstallCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove what kvnet install applied (CRDs only with --crds)",
-		Long: "Deletes every object of config/default in reverse order. CRDs stay unless --crds is given:\n" +
+		Long: "Deletes every object of config/default (and of config/monitoring, where they exist) in reverse order. CRDs stay unless --crds is given:\n" +
 			"deleting them deletes every UserDefinedNetwork, NAD and IPAMClaim in the cluster, and with\n" +
 			"the claims the VMs' addresses. It refuses while user-defined networks exist (their finalizers need kvnet-controller).\n" +
 			"First it removes kvnet's state from every node: it deletes the kvnet-node DaemonSet, runs\n" +
@@ -111,6 +147,13 @@ func NewUninstallCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// --monitoring's objects too, where they exist (deleted
+			// first: Delete goes in reverse order).
+			mon, err := monitoringObjects()
+			if err != nil {
+				return err
+			}
+			objs = append(objs, mon...)
 			o.uninstall.CRDs = o.crds
 			return install.Uninstall(cmd.Context(), c, objs, o.uninstall, cmd.OutOrStdout())
 		},

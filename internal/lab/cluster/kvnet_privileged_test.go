@@ -96,7 +96,8 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 // (RunPodScenarios: UDNs, a CUDN, isolation, Services, egress) through
 // real Multus and kvnet-cni, with dayTwo kills kvnet-node and rolls
 // kvnet-controller under load (testKvnetNodeKilled,
-// testControllerAvailability), and uninstalls it again.
+// testControllerAvailability) and has a real Prometheus fire and resolve
+// the pool alerts (testPrometheusAlerts), and uninstalls it again.
 func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
 	kvnet := kvnetCLI(t, c)
 	installKvnet(ctx, t, c, kvnet)
@@ -105,6 +106,7 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
 	if dayTwo {
 		t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
 		t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })
+		t.Run("PrometheusAlerts", func(t *testing.T) { testPrometheusAlerts(ctx, t, c) })
 	}
 
 	// The Multus test's NAD goes first: uninstall keeps the NAD CRD

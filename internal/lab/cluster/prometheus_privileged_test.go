@@ -1,0 +1,363 @@
+//go:build cluster
+
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"kvnet.io/kvnet/internal/install"
+	"kvnet.io/kvnet/internal/testenv"
+)
+
+// prometheusPort is where the test's Prometheus listens, on node-1's
+// address.
+const prometheusPort = 19090
+
+// testPrometheusAlerts: Debian's Prometheus, configured from
+// config/monitoring as the Prometheus Operator would (PrometheusConfig,
+// the targets DiscoverTargets finds; the rules as shipped, without their
+// for: durations, and scraped every 2 s), scrapes every kvnet-controller
+// replica and every kvnet-node; with a primary UDN's pool of a /29 filled
+// by pods, its alerts KvnetIPPoolNearlyFull and KvnetIPPoolExhausted fire
+// for that network, and resolve once the pods are deleted. It runs in
+// node-1's network namespace, which reaches the pods' addresses.
+func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
+	prom, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatal("prometheus not installed (Debian's prometheus package; hack/install-deps.sh installs it)")
+	}
+	rendered, err := install.RenderMonitoring()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := install.Objects(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The metrics Service, as kvnet install --monitoring applies it (the
+	// operator's kinds are not served on this cluster).
+	for _, u := range objs {
+		if u.GetKind() != "Service" {
+			continue
+		}
+		var svc corev1.Service
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &svc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Client.CoreV1().Services(svc.Namespace).Create(ctx, &svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Client.CoreV1().Services(svc.Namespace).Delete(context.WithoutCancel(ctx), svc.Name, metav1.DeleteOptions{}) }()
+	}
+
+	dir := t.TempDir()
+	rules, err := PrometheusRules(objs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rulesFile := filepath.Join(dir, "kvnet.rules.yaml")
+	if err := os.WriteFile(rulesFile, rules, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	conf, jobs, err := PrometheusConfig(objs, dir, 2*time.Second, []string{rulesFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	confFile := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(confFile, conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	discover := func(ctx context.Context) error {
+		for _, j := range jobs {
+			groups, err := DiscoverTargets(ctx, c.Client, j)
+			if err != nil {
+				return err
+			}
+			b, err := json.Marshal(groups)
+			if err != nil {
+				return err
+			}
+			// Renamed into place: Prometheus never reads half a file.
+			if err := os.WriteFile(j.File+".tmp", b, 0o644); err != nil {
+				return err
+			}
+			if err := os.Rename(j.File+".tmp", j.File); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := discover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dctx, stopDiscovery := context.WithCancel(ctx)
+	discovered := make(chan struct{})
+	go func() {
+		defer close(discovered)
+		for {
+			select {
+			case <-dctx.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+			if err := discover(dctx); err != nil && dctx.Err() == nil {
+				t.Logf("discovery: %v", err)
+			}
+		}
+	}()
+	defer func() { stopDiscovery(); <-discovered }()
+
+	node1, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName(1), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodeIP string
+	for _, a := range node1.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			nodeIP = a.Address
+		}
+	}
+	if nodeIP == "" {
+		t.Fatalf("node %s has no InternalIP", node1.Name)
+	}
+	addr := net.JoinHostPort(nodeIP, strconv.Itoa(prometheusPort))
+	logFile := filepath.Join(dir, "prometheus.log")
+	logf, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("ip", "netns", "exec", Netns(1), prom, "--config.file="+confFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--log.level=info")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("prometheus log:\n%s", lastLines(string(b), 30))
+		}
+	}()
+	api := func(ctx context.Context, path string, v any) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/"+path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /api/v1/%s: %s", path, resp.Status)
+		}
+		var body struct {
+			Status string          `json:"status"`
+			Data   json.RawMessage `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			return err
+		}
+		if body.Status != "success" {
+			return fmt.Errorf("GET /api/v1/%s: status %q", path, body.Status)
+		}
+		return json.Unmarshal(body.Data, v)
+	}
+	query := func(ctx context.Context, q string) (map[string]float64, error) {
+		var data struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		}
+		if err := api(ctx, "query?query="+url.QueryEscape(q), &data); err != nil {
+			return nil, err
+		}
+		out := map[string]float64{}
+		for _, r := range data.Result {
+			s, _ := r.Value[1].(string)
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: value %v", q, r.Value)
+			}
+			out[r.Metric["network"]] = v
+		}
+		return out, nil
+	}
+	type alert struct {
+		Labels map[string]string `json:"labels"`
+		State  string            `json:"state"`
+	}
+	alerts := func(ctx context.Context) ([]alert, error) {
+		var data struct {
+			Alerts []alert `json:"alerts"`
+		}
+		err := api(ctx, "alerts", &data)
+		return data.Alerts, err
+	}
+	firing := func(as []alert, name, network string) bool {
+		for _, a := range as {
+			if a.Labels["alertname"] == name && a.State == "firing" && (network == "" || a.Labels["network"] == network) {
+				return true
+			}
+		}
+		return false
+	}
+
+	// Positive control: every replica and every node scraped, up.
+	ds, err := c.Client.AppsV1().DaemonSets(KvnetNamespace).Get(ctx, "kvnet-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep, err := c.Client.AppsV1().Deployments(KvnetNamespace).Get(ctx, "kvnet-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUp := map[string]int{"kvnet-controller-metrics": int(ptr.Deref(dep.Spec.Replicas, 1)), KvnetNamespace + "/kvnet-node": int(ds.Status.DesiredNumberScheduled)}
+	testenv.Eventually(t, 2*time.Minute, "Prometheus scrapes every kvnet-controller replica and every kvnet-node", func() error {
+		var data struct {
+			ActiveTargets []struct {
+				Labels    map[string]string `json:"labels"`
+				Health    string            `json:"health"`
+				LastError string            `json:"lastError"`
+			} `json:"activeTargets"`
+		}
+		if err := api(ctx, "targets?state=active", &data); err != nil {
+			return err
+		}
+		up := map[string]int{}
+		var down []string
+		for _, tg := range data.ActiveTargets {
+			if tg.Health == "up" {
+				up[tg.Labels["job"]]++
+			} else {
+				down = append(down, tg.Labels["pod"]+": "+tg.Health+" "+tg.LastError)
+			}
+		}
+		for job, n := range wantUp {
+			if up[job] != n {
+				return fmt.Errorf("job %s: %d targets up, want %d (not up: %q)", job, up[job], n, down)
+			}
+		}
+		return nil
+	})
+	as, err := alerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"KvnetControllerDown", "KvnetNodeDown", "KvnetNodeNotReady"} {
+		if firing(as, name, "") {
+			t.Errorf("%s fires on a healthy cluster: %+v", name, as)
+		}
+	}
+
+	// A /29's pool, filled and freed.
+	dyn, err := dynamic.NewForConfig(c.CP.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "prom-pool"
+	network := ns + "_net"
+	defer primaryUDNNamespace(ctx, t, c, dyn, ns, netip.MustParsePrefix("10.153.0.0/29"))()
+	var size int
+	testenv.Eventually(t, 2*time.Minute, "the pool of "+network+" in Prometheus", func() error {
+		got, err := query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_size{network=%q})", network))
+		if err != nil {
+			return err
+		}
+		if got[network] <= 0 {
+			return fmt.Errorf("kvnet_ipam_pool_size of %s: %v", network, got)
+		}
+		size = int(got[network])
+		return nil
+	})
+	if size > 12 {
+		t.Fatalf("the pool of a /29 has %d addresses", size)
+	}
+	as, err = alerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if firing(as, "KvnetIPPoolNearlyFull", network) || firing(as, "KvnetIPPoolExhausted", network) {
+		t.Fatalf("a pool alert fires for %s before any pod: %+v", network, as)
+	}
+	target := c.ScenarioTarget()
+	for i := range size {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("fill-%d", i)},
+			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](0),
+				Containers: []corev1.Container{{Name: "c", Image: target.Image, Command: []string{"sleep", "100000"}}}}}
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	testenv.Eventually(t, 3*time.Minute, "KvnetIPPoolNearlyFull and KvnetIPPoolExhausted firing for "+network, func() error {
+		as, err := alerts(ctx)
+		if err != nil {
+			return err
+		}
+		if !firing(as, "KvnetIPPoolNearlyFull", network) || !firing(as, "KvnetIPPoolExhausted", network) {
+			used, _ := query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_used{network=%q})", network))
+			return fmt.Errorf("pool used %v of %d; alerts %+v", used[network], size, as)
+		}
+		return nil
+	})
+	fired := time.Since(start)
+	for i := range size {
+		if err := c.Client.CoreV1().Pods(ns).Delete(ctx, fmt.Sprintf("fill-%d", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start = time.Now()
+	testenv.Eventually(t, 3*time.Minute, "the pool alerts of "+network+" resolved", func() error {
+		as, err := alerts(ctx)
+		if err != nil {
+			return err
+		}
+		var left []string
+		for _, a := range as {
+			if a.Labels["network"] == network {
+				left = append(left, a.Labels["alertname"]+" "+a.State)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("still listed: %s", strings.Join(left, ", "))
+		}
+		return nil
+	})
+	t.Logf("Prometheus (%s): pool of %s (%d addresses) full: both pool alerts firing %s after the pods were created; resolved %s after they were deleted",
+		promVersion(prom), network, size, fired.Round(time.Second), time.Since(start).Round(time.Second))
+}
+
+// promVersion is the first line of prometheus --version.
+func promVersion(prom string) string {
+	out, _ := exec.Command(prom, "--version").CombinedOutput()
+	first, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(first)
+}
