@@ -67,7 +67,9 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 		if _, err := c.Client.CoreV1().Services(svc.Namespace).Create(ctx, &svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = c.Client.CoreV1().Services(svc.Namespace).Delete(context.WithoutCancel(ctx), svc.Name, metav1.DeleteOptions{}) }()
+		defer func() {
+			_ = c.Client.CoreV1().Services(svc.Namespace).Delete(context.WithoutCancel(ctx), svc.Name, metav1.DeleteOptions{})
+		}()
 	}
 
 	dir := t.TempDir()

@@ -86,7 +86,7 @@ func TestDiscoverTargets(t *testing.T) {
 	sel := map[string]string{"app.kubernetes.io/name": "kvnet-controller"}
 	pod := func(name, app, ip string, phase corev1.PodPhase) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app.kubernetes.io/name": app}},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "node", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9464}, {Name: "probes", ContainerPort: 9465}}}}},
+			Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "node", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9464}, {Name: "probes", ContainerPort: 9465}}}}},
 			Status: corev1.PodStatus{Phase: phase, PodIP: ip}}
 	}
 	ep := func(ip, pod string, ready bool) discoveryv1.Endpoint {
