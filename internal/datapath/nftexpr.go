@@ -234,8 +234,21 @@ func (b *ruleBuilder) ipProto(proto byte, neq bool) *ruleBuilder {
 	return b.match(fmt.Sprintf("ip protocol %s%s", neqText(neq), protoNames[proto]), expr.PayloadBaseNetworkHeader, ip4ProtoOff, []byte{proto}, nil, neq)
 }
 
+// ipTTL matches the IPv4 TTL (bridge family, the frame known to be
+// IPv4).
+func (b *ruleBuilder) ipTTL(ttl byte) *ruleBuilder {
+	return b.match(fmt.Sprintf("ip ttl %d", ttl), expr.PayloadBaseNetworkHeader, 8, []byte{ttl}, nil, false)
+}
+
+// icmpEchoReplyID matches an ICMP echo reply with identifier id (after
+// ipProto ICMP).
+func (b *ruleBuilder) icmpEchoReplyID(id uint16) *ruleBuilder {
+	b.match("icmp type echo-reply", expr.PayloadBaseTransportHeader, 0, []byte{0}, nil, false)
+	return b.match(fmt.Sprintf("icmp id %d", id), expr.PayloadBaseTransportHeader, 4, binary.BigEndian.AppendUint16(nil, id), nil, false)
+}
+
 // protoNames renders IP protocols the way nft does.
-var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
+var protoNames = map[byte]string{unix.IPPROTO_ICMP: "icmp", unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp", unix.IPPROTO_IGMP: "igmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}
 
 // l4protoUDP matches UDP in the inet family, either IP version.
 func (b *ruleBuilder) l4protoUDP() *ruleBuilder { return b.l4proto(unix.IPPROTO_UDP) }

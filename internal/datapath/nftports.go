@@ -83,6 +83,16 @@ var (
 	multicast6 = netip.MustParsePrefix("ff00::/8")
 )
 
+// The standby probe kvnet-node sends into a migration target's standby
+// port (package node): an ICMP echo request with identifier
+// StandbyProbeID, which a guest behind NAT in its pod answers once it
+// runs there. The pod's own stack answers with TTL PodTTL (Linux's); an
+// answer it forwards from the guest has one less.
+const (
+	StandbyProbeID = 0x6b76
+	PodTTL         = 64
+)
+
 // standbyRules is the rest of the chain of a migration target's port
 // before its guest runs there. What passes is what only the running guest
 // sends, so that its very first frame on the target reaches its peer and
@@ -96,6 +106,12 @@ var (
 // its traffic away from the source while it still runs there.
 func standbyRules(p Port, v4, v6 []netip.Addr, c func(string) string) []nftRule {
 	rules := []nftRule{newRule().etherType(ethPRARP, false).ret(c("RARP announce"))}
+	if len(v4) > 0 {
+		// kvnet-node's standby probe (StandbyProbeID) answered by the pod's
+		// own stack, not forwarded from the guest (its TTL unchanged).
+		rules = append(rules, newRule().etherType(unix.ETH_P_IP, false).ipProto(unix.IPPROTO_ICMP, false).ipTTL(PodTTL).
+			icmpEchoReplyID(StandbyProbeID).counter().drop(c("standby: the pod's own answer to kvnet-node's probe")))
+	}
 	for _, a := range v4 {
 		rules = append(rules, newRule().etherType(unix.ETH_P_IP, false).ipSaddr(hostPrefix(a), false).
 			ipDaddr(multicast4, true).ipDaddr(broadcast4, true).ipProto(unix.IPPROTO_IGMP, true).

@@ -525,7 +525,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	if a.switches != nil {
 		a.switches.sync(plan.MigrationTargets, plan.State.Ports)
 	}
-	a.announce.sync(plan.State.Ports, plan.Neighbours)
+	a.announce.sync(plan.State.Ports, plan.Neighbours, plan.ProbeFrom)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)

@@ -42,6 +42,9 @@ type announcements struct {
 	// neighbours are Plan.Neighbours: what a Standby port's ARP requests
 	// are answered from.
 	neighbours map[string]map[netip.Addr]net.HardwareAddr
+	// probeFrom are Plan.ProbeFrom: the gateway each network's standby
+	// probes come from (none: no probes on that network).
+	probeFrom map[string]Gateway
 	wg         sync.WaitGroup
 }
 
@@ -65,7 +68,7 @@ func (w *announcements) Announced() map[string]bool {
 // sync watches exactly the plan's Standby ports, answers their ARP
 // requests from neighbours (Plan.Neighbours) and forgets announcements of
 // MACs that no longer migrate here.
-func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[netip.Addr]net.HardwareAddr) {
+func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[netip.Addr]net.HardwareAddr, probeFrom map[string]Gateway) {
 	want := map[string]datapath.Port{}
 	migrating := map[string]bool{}
 	for _, p := range ports {
@@ -78,7 +81,7 @@ func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[ne
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.neighbours = neighbours
+	w.neighbours, w.probeFrom = neighbours, probeFrom
 	for mac := range w.announced {
 		if !migrating[mac] {
 			delete(w.announced, mac)
@@ -101,7 +104,44 @@ func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[ne
 		}
 		w.watching[name] = f
 		w.wg.Go(func() { w.read(f, p) })
+		if gw, ok := probeFrom[p.Network]; ok {
+			if dst, ok := firstIPv4Prefix(p.IPs); ok {
+				w.wg.Go(func() { w.probe(f, p, gw, dst) })
+			}
+		}
 	}
+}
+
+// probe sends the standby probe (probeFrame) from gw to dst into port
+// p through its socket f every probeInterval, until the port's guest
+// announced itself or the port is no longer watched.
+func (w *announcements) probe(f *os.File, p datapath.Port, gw Gateway, dst netip.Addr) {
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for seq := uint16(1); ; seq++ {
+		w.mu.Lock()
+		done := w.announced[p.MAC.String()] || w.watching[p.HostIfName] != f
+		w.mu.Unlock()
+		if done {
+			return
+		}
+		if _, err := f.Write(probeFrame(p.MAC, gw.MAC, gw.IP, dst, seq)); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			w.log.V(1).Info("standby probe not sent", "port", p.HostIfName, "error", err.Error())
+		}
+		<-t.C
+	}
+}
+
+func firstIPv4Prefix(ps []netip.Prefix) (netip.Addr, bool) {
+	for _, p := range ps {
+		if a := p.Addr().Unmap(); a.Is4() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // open returns a packet socket receiving the frames on interface name, in
@@ -197,6 +237,9 @@ func guestFrame(b []byte, p datapath.Port) string {
 		return "RARP"
 	case unix.ETH_P_IP:
 		if len(b) < 34 || b[14]>>4 != 4 {
+			return ""
+		}
+		if podsProbeReply(b) {
 			return ""
 		}
 		src, dst := netip.AddrFrom4([4]byte(b[26:30])), netip.AddrFrom4([4]byte(b[30:34]))
@@ -316,3 +359,79 @@ func (w *announcements) close() {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// The standby probe. A guest behind NAT in its launcher pod (KubeVirt's
+// masquerade binding) sends nothing on its own when it resumes on the
+// target unless it has something in flight: its RARP announce stays on
+// the pod's internal bridge, and its peers' traffic still goes to the
+// source. So kvnet-node sends, into each Standby port with an IPv4
+// address, an ICMP echo request from the network's gateway every
+// probeInterval (probeFrame): the pod forwards it to the guest (its
+// masquerade rules forward everything), which answers as soon as it runs,
+// and that answer, leaving through the pod, is its first frame there.
+// Until the launcher's rules are in place the pod's own stack may answer
+// the probe itself; its answer is told apart by its TTL: a reply the pod
+// sends starts at Linux's 64, one it forwards from the guest arrives with
+// one less (podsProbeReply). Those the standby rules drop too.
+const (
+	probeInterval = 100 * time.Millisecond
+	// ProbeID is the ICMP identifier of kvnet-node's probes ("kv"); the
+	// standby rules know it.
+	ProbeID = datapath.StandbyProbeID
+	// podTTL is the TTL the pod's own stack (Linux) sends with.
+	podTTL = datapath.PodTTL
+)
+
+// probeFrame is the Ethernet frame of probe number seq into a standby
+// port with MAC dstMAC and IPv4 address dst, from gateway gw (MAC
+// gwMAC): an ICMP echo request with identifier ProbeID.
+func probeFrame(dstMAC, gwMAC net.HardwareAddr, gw, dst netip.Addr, seq uint16) []byte {
+	payload := []byte("kvnet standby probe")
+	b := make([]byte, 14+20+8+len(payload))
+	copy(b[0:6], dstMAC)
+	copy(b[6:12], gwMAC)
+	binary.BigEndian.PutUint16(b[12:14], unix.ETH_P_IP)
+	ip := b[14:34]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], uint16(20+8+len(payload)))
+	ip[8] = podTTL
+	ip[9] = unix.IPPROTO_ICMP
+	s, d := gw.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	binary.BigEndian.PutUint16(ip[10:12], inetChecksum(ip))
+	icmp := b[34:]
+	icmp[0] = 8 // echo request
+	binary.BigEndian.PutUint16(icmp[4:6], ProbeID)
+	binary.BigEndian.PutUint16(icmp[6:8], seq)
+	copy(icmp[8:], payload)
+	binary.BigEndian.PutUint16(icmp[2:4], inetChecksum(icmp))
+	return b
+}
+
+// podsProbeReply reports whether Ethernet frame b (IPv4) is an echo reply
+// to a probe that the pod's own stack sent (TTL podTTL), not one it
+// forwarded from the guest.
+func podsProbeReply(b []byte) bool {
+	ihl := int(b[14]&0x0f) * 4
+	if ihl < 20 || len(b) < 14+ihl+8 || b[14+9] != unix.IPPROTO_ICMP {
+		return false
+	}
+	icmp := b[14+ihl:]
+	return icmp[0] == 0 && binary.BigEndian.Uint16(icmp[4:6]) == ProbeID && b[14+8] == podTTL
+}
+
+// inetChecksum is the Internet checksum of b (its checksum field zero).
+func inetChecksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i : i+2]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -118,6 +119,77 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestAgentProbesStandbyPort: a migration target whose guest sends
+// nothing on its own (behind its pod's NAT, KubeVirt's masquerade) is
+// opened by its answer to kvnet-node's standby probe. The target pod's
+// own stack holds the guest's address and answers the probes itself
+// first (its ICMP counters say so): those answers (TTL 64) leave the port
+// on standby. With the pod's TTL at 63, its answers look as a guest's
+// forwarded through the pod's NAT do: the port opens at the first, and
+// the VMI's event names it.
+func TestAgentProbesStandbyPort(t *testing.T) {
+	testenv.NeedsFixture(t, env != nil)
+	ctx := context.Background()
+	l := newLab(t, "n1", "n2", "n3")
+	nad := tenant(t, "agent-probe", "10.9.0.0/24", true)
+	l.runPod(nad, "peer", "n3", nil)
+	_, dst := migratingVM(t, l, nad, "vm-probe")
+	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, dst.a.MACAddress, true))
+	echoReplies := func() int {
+		b, err := exec.Command("ip", "netns", "exec", filepath.Base(dst.netns), "cat", "/proc/net/snmp").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := string(b)
+		lines := strings.Split(out, "\n")
+		for i := 0; i+1 < len(lines); i++ {
+			if !strings.HasPrefix(lines[i], "Icmp: ") || !strings.HasPrefix(lines[i+1], "Icmp: ") {
+				continue
+			}
+			names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			for j, n := range names {
+				if n == "OutEchoReps" && j < len(values) {
+					v, _ := strconv.Atoi(values[j])
+					return v
+				}
+			}
+		}
+		t.Fatalf("no Icmp OutEchoReps in the target pod's /proc/net/snmp:\n%s", out)
+		return 0
+	}
+	before := echoReplies()
+	testenv.Eventually(t, waitTimeout, "the target pod answering kvnet-node's probes itself", func() error {
+		if n := echoReplies() - before; n < 5 {
+			return fmt.Errorf("%d echo replies", n)
+		}
+		return nil
+	})
+	if err := targetPort(l, dst.a.MACAddress, true)(); err != nil {
+		t.Fatalf("the pod's own answers to the probes opened the port: %v", err)
+	}
+	if err := nstest.Exec(dst.netns, "sysctl", "-q", "-w", "net.ipv4.ip_default_ttl=63"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitTimeout, "the port opened by an answer forwarded from the guest", targetPort(l, dst.a.MACAddress, false))
+	testenv.Eventually(t, waitTimeout, "the switch-over's Event on VMI vm-probe", func() error {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(nad.Namespace)); err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			if e.Regarding.Name != "vm-probe" {
+				continue
+			}
+			seen = append(seen, e.Reason+": "+e.Note)
+			if e.Reason == migration.EventSwitchover && strings.Contains(e.Note, "first frame there (IPv4 from "+dst.ip()+")") {
+				return nil
+			}
+		}
+		return fmt.Errorf("events of the VMI: %q", seen)
+	})
 }
 
 // TestAgentSwitchoverByAPI: a migration target whose guest never sends a

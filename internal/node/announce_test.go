@@ -138,3 +138,48 @@ func FuzzParseARPRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestStandbyProbe: the probe is a valid ICMP echo request from the
+// gateway to the guest's address; a reply to it that the pod's own stack
+// sends (TTL 64) is not the guest's first frame, one forwarded from the
+// guest behind the pod's NAT (TTL 63) is.
+func TestStandbyProbe(t *testing.T) {
+	gwMAC := net.HardwareAddr{0x0a, 0x58, 0x0a, 0x50, 0x00, 0x01}
+	gw, guest := netip.MustParseAddr("10.80.0.1"), netip.MustParseAddr("10.80.0.3")
+	f := probeFrame(guestMAC, gwMAC, gw, guest, 7)
+	if !bytes.Equal(f[0:6], guestMAC) || !bytes.Equal(f[6:12], gwMAC) || binary.BigEndian.Uint16(f[12:14]) != 0x0800 {
+		t.Fatalf("Ethernet header % x", f[:14])
+	}
+	ip, icmp := f[14:34], f[34:]
+	if inetChecksum(ip) != 0 || inetChecksum(icmp) != 0 {
+		t.Fatalf("checksums do not verify: IP %#x, ICMP %#x", inetChecksum(ip), inetChecksum(icmp))
+	}
+	if ip[8] != 64 || ip[9] != 1 || netip.AddrFrom4([4]byte(ip[12:16])) != gw || netip.AddrFrom4([4]byte(ip[16:20])) != guest ||
+		int(binary.BigEndian.Uint16(ip[2:4])) != len(f)-14 {
+		t.Fatalf("IPv4 header % x", ip)
+	}
+	if icmp[0] != 8 || binary.BigEndian.Uint16(icmp[4:6]) != ProbeID || binary.BigEndian.Uint16(icmp[6:8]) != 7 {
+		t.Fatalf("ICMP header % x", icmp[:8])
+	}
+	// The answer: addresses and MACs swapped, echo reply.
+	reply := func(ttl byte, id uint16) []byte {
+		r := bytes.Clone(f)
+		copy(r[0:6], gwMAC)
+		copy(r[6:12], guestMAC)
+		copy(r[14+12:14+16], guest.AsSlice())
+		copy(r[14+16:14+20], gw.AsSlice())
+		r[14+8] = ttl
+		r[34] = 0
+		binary.BigEndian.PutUint16(r[34+4:34+6], id)
+		return r
+	}
+	if got := guestFrame(reply(64, ProbeID), guestPort); got != "" {
+		t.Errorf("the pod's own answer to the probe taken for the guest's frame: %q", got)
+	}
+	if got := guestFrame(reply(63, ProbeID), guestPort); got != "IPv4 from 10.80.0.3" {
+		t.Errorf("the guest's answer forwarded by the pod: %q, want its first frame", got)
+	}
+	if got := guestFrame(reply(64, 0x1234), guestPort); got != "IPv4 from 10.80.0.3" {
+		t.Errorf("a reply to someone else's ping: %q, want the guest's first frame", got)
+	}
+}

@@ -163,10 +163,20 @@ type Plan struct {
 	// network without a bridge mapping here, or with a VLAN the kernel
 	// cannot tag) to why; kvnet-cni refuses its pods with that reason.
 	Unserved map[string]string
+	// ProbeFrom maps each network with a port on Standby and an IPv4
+	// gateway to that gateway: kvnet-node's standby probes come from it
+	// (announce.go).
+	ProbeFrom map[string]Gateway
 	// MigrationTargets are the ports of live migrations' targets on this
 	// node while the API still names the source (open at the guest's
 	// first frame, or still on Standby): what switchovers follows.
 	MigrationTargets []MigrationTarget
+}
+
+// Gateway is a network's gateway address on this node and its MAC.
+type Gateway struct {
+	IP  netip.Addr
+	MAC net.HardwareAddr
 }
 
 // DHCPNetwork is one network's DHCP service on this node.

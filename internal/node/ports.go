@@ -143,6 +143,12 @@ func (p *planner) neighbours(n *network, dn datapath.Network, hs []*holder) {
 		for _, gw := range dn.Gateways {
 			if gw.Is4() {
 				m[gw] = datapath.GatewayMAC(dn.ID)
+				if _, ok := p.plan.ProbeFrom[n.conf.Name]; !ok {
+					if p.plan.ProbeFrom == nil {
+						p.plan.ProbeFrom = map[string]Gateway{}
+					}
+					p.plan.ProbeFrom[n.conf.Name] = Gateway{IP: gw, MAC: datapath.GatewayMAC(dn.ID)}
+				}
 			}
 		}
 	}
