@@ -45,7 +45,7 @@ type announcements struct {
 	// probeFrom are Plan.ProbeFrom: the gateway each network's standby
 	// probes come from (none: no probes on that network).
 	probeFrom map[string]Gateway
-	wg         sync.WaitGroup
+	wg        sync.WaitGroup
 }
 
 func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
