@@ -92,6 +92,16 @@ func RenderMonitoring() ([]byte, error) {
 	return kustomize("monitoring", nil)
 }
 
+// MonitoringObjects renders config/monitoring (RenderMonitoring) and
+// decodes it (Objects), in order.
+func MonitoringObjects() ([]*unstructured.Unstructured, error) {
+	rendered, err := RenderMonitoring()
+	if err != nil {
+		return nil, err
+	}
+	return Objects(rendered)
+}
+
 // MonitoringKinds are the Prometheus Operator's kinds config/monitoring
 // uses; --monitoring needs them served.
 var MonitoringKinds = []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"}

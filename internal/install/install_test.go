@@ -458,11 +458,7 @@ func monitoringCRD(kind, plural string) *unstructured.Unstructured {
 // the objects apply and delete.
 func TestMonitoring(t *testing.T) {
 	ctx := context.Background()
-	rendered, err := install.RenderMonitoring()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.MonitoringObjects()
 	if err != nil {
 		t.Fatal(err)
 	}

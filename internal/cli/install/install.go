@@ -51,15 +51,6 @@ func (o *options) objects() ([]*unstructured.Unstructured, client.Client, error)
 	return objs, c, err
 }
 
-// monitoringObjects renders config/monitoring.
-func monitoringObjects() ([]*unstructured.Unstructured, error) {
-	rendered, err := install.RenderMonitoring()
-	if err != nil {
-		return nil, err
-	}
-	return install.Objects(rendered)
-}
-
 // NewCommand returns "kvnet install".
 func NewCommand() *cobra.Command {
 	o := &options{}
@@ -104,7 +95,7 @@ func NewCommand() *cobra.Command {
 				if err := install.CheckMonitoringCRDs(c); err != nil {
 					return fmt.Errorf("--monitoring: %w", err)
 				}
-				if mon, err = monitoringObjects(); err != nil {
+				if mon, err = install.MonitoringObjects(); err != nil {
 					return err
 				}
 			}
@@ -149,7 +140,7 @@ func NewUninstallCommand() *cobra.Command {
 			}
 			// --monitoring's objects too, where they exist (deleted
 			// first: Delete goes in reverse order).
-			mon, err := monitoringObjects()
+			mon, err := install.MonitoringObjects()
 			if err != nil {
 				return err
 			}

@@ -46,11 +46,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Fatal("prometheus not installed (Debian's prometheus package; hack/install-deps.sh installs it)")
 	}
-	rendered, err := install.RenderMonitoring()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.MonitoringObjects()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,7 @@ import (
 // endpoint (in kustomize's order of the objects), each with its selector and port, and a rule file without
 // for:; promtool accepts both.
 func TestPrometheusConfig(t *testing.T) {
-	rendered, err := install.RenderMonitoring()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := install.Objects(rendered)
+	objs, err := install.MonitoringObjects()
 	if err != nil {
 		t.Fatal(err)
 	}
