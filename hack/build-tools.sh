@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries kvnet's tests and lab run (etcd,
-# kube-apiserver, kube-controller-manager) from their Go modules, pinned in
-# hack/tools/{etcd,k8s}/go.mod, into .cache/bin. A stamp of the pinned
+# kube-apiserver, kube-controller-manager) and helm (the chart's tests)
+# from their Go modules, pinned in hack/tools/{etcd,k8s,helm}/go.mod, into
+# .cache/bin. A stamp of the pinned
 # versions makes the next run a no-op until a pin changes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,4 +36,6 @@ build() { # [LDFLAGS=...] build <module dir> <stamp name> <-o target> <packages.
 
 LDFLAGS="" build etcd etcd "$bin/etcd" go.etcd.io/etcd/server/v3
 LDFLAGS=$k8s_ldflags build k8s kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+# helm, for the chart's tests (deploy/helm/kvnet); test-only.
+LDFLAGS="" build helm helm "$bin/helm" helm.sh/helm/v3/cmd/helm
 echo "build-tools: binaries in $bin"

@@ -2,16 +2,22 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"go.uber.org/zap/zapcore"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"kvnet.io/kvnet/internal/install/teardown"
 	"kvnet.io/kvnet/internal/k8s/apiwait"
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/reserved"
@@ -20,6 +26,10 @@ import (
 
 func main() {
 	options := bindFlags(flag.CommandLine)
+	preDelete := flag.Bool("pre-delete", false,
+		"do what an uninstall does before kvnet's objects are deleted, then exit: refuse while user-defined networks exist, "+
+			"remove kvnet's state from every node (kvnet-node --cleanup); the Helm chart's pre-delete hook runs this")
+	nodeCleanupTimeout := flag.Duration("node-cleanup-timeout", teardown.DefaultNodeCleanupTimeout, "with --pre-delete: how long to wait for the node cleanup")
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
 	zapOpts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
@@ -32,6 +42,13 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, restCfg := ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie()
+	if *preDelete {
+		if err := runPreDelete(ctx, restCfg, os.Getenv("POD_NAMESPACE"), *nodeCleanupTimeout); err != nil {
+			fmt.Fprintln(os.Stderr, "kvnet-controller --pre-delete:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	// The manager needs the API's discovery data: wait for the API server
 	// rather than exit into the kubelet's back-off.
 	err = apiwait.Wait(ctx, restCfg, apiwait.DefaultBackoff, ctrl.Log.WithName("kvnet-controller"))
@@ -47,6 +64,20 @@ func main() {
 		ctrl.Log.Error(err, "kvnet-controller failed")
 		os.Exit(1)
 	}
+}
+
+// runPreDelete runs install.PreDelete for kvnet in namespace ns (default
+// kvnet-system), logging to stdout: the pod's log says what was cleaned,
+// or why nothing was.
+func runPreDelete(ctx context.Context, cfg *rest.Config, ns string, timeout time.Duration) error {
+	if ns == "" {
+		ns = "kvnet-system"
+	}
+	c, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
+	if err != nil {
+		return err
+	}
+	return teardown.PreDelete(ctx, c, ns, teardown.Options{NodeCleanupTimeout: timeout}, os.Stdout)
 }
 
 // bindFlags defines kvnet-controller's flags on fs, each defaulting to

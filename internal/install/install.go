@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kvnet.io/kvnet/config"
+	"kvnet.io/kvnet/internal/install/teardown"
 	"kvnet.io/kvnet/internal/manifests"
 )
 
@@ -293,11 +294,6 @@ func applyOne(ctx context.Context, c client.Client, u *unstructured.Unstructured
 	return nil
 }
 
-// ErrNetworksExist is returned by Delete when it would remove
-// kvnet-controller while user-defined networks exist: their finalizers
-// need it, so they and their namespaces would stay Terminating for good.
-var ErrNetworksExist = errors.New("user-defined networks exist")
-
 // Delete removes the objects in reverse order; CRDs only when crds is set
 // (deleting a CRD deletes every object of its kind: the users' networks
 // and claims). Objects already gone are skipped. When the objects hold
@@ -308,7 +304,7 @@ func Delete(ctx context.Context, c client.Client, objs []*unstructured.Unstructu
 	if slices.ContainsFunc(objs, func(u *unstructured.Unstructured) bool {
 		return u.GetKind() == "Deployment" && u.GetName() == "kvnet-controller"
 	}) {
-		if err := noNetworks(ctx, c); err != nil {
+		if err := teardown.NoNetworks(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -358,31 +354,6 @@ func foreignIfAbsent(ctx context.Context, c client.Client, u *unstructured.Unstr
 		}
 	}
 	return true, nil
-}
-
-// noNetworks returns ErrNetworksExist naming the user-defined networks
-// of the cluster, nil when there are none (or their CRDs are not served).
-func noNetworks(ctx context.Context, c client.Client) error {
-	var names []string
-	for _, kind := range []string{"UserDefinedNetworkList", "ClusterUserDefinedNetworkList"} {
-		list := &unstructured.UnstructuredList{}
-		list.SetAPIVersion("k8s.ovn.org/v1")
-		list.SetKind(kind)
-		switch err := c.List(ctx, list); {
-		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
-			continue
-		case err != nil:
-			return fmt.Errorf("list %ss: %w", strings.TrimSuffix(kind, "List"), err)
-		}
-		for _, u := range list.Items {
-			names = append(names, strings.TrimSuffix(kind, "List")+" "+objName(&u))
-		}
-	}
-	if len(names) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %s; delete them first (kvnet-controller removes their finalizers, so without it they and their namespaces would stay Terminating), then uninstall",
-		ErrNetworksExist, strings.Join(names, ", "))
 }
 
 func objName(u *unstructured.Unstructured) string {

@@ -1,4 +1,10 @@
-package install
+// Package teardown removes kvnet from a cluster's nodes: it refuses while
+// user-defined networks exist, then runs `kvnet-node --cleanup` on every
+// node kvnet-node ran on. kvnet uninstall runs it before deleting kvnet's
+// objects, and so does the Helm chart's pre-delete hook
+// (`kvnet-controller --pre-delete`), which is why it is a package of its
+// own: kvnet-controller links it without kustomize.
+package teardown
 
 import (
 	"context"
@@ -13,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -32,9 +39,10 @@ const (
 // the node cleanup to be done on every node.
 const DefaultNodeCleanupTimeout = 5 * time.Minute
 
-// UninstallOptions tune Uninstall.
-type UninstallOptions struct {
-	// CRDs also deletes kvnet's CRDs (see Delete).
+// Options tune PreDelete and CleanNodes (and kvnet uninstall).
+type Options struct {
+	// CRDs also deletes kvnet's CRDs (kvnet uninstall --crds; unused
+	// here).
 	CRDs bool
 	// SkipNodeCleanup leaves kvnet's state on the nodes (for nodes that
 	// are gone for good).
@@ -52,31 +60,21 @@ type UninstallOptions struct {
 // then.
 var ErrNodeCleanup = errors.New("kvnet's node cleanup not done")
 
-// Uninstall removes kvnet: it refuses while user-defined networks exist
-// (ErrNetworksExist), then, when the objects hold kvnet-node's DaemonSet,
-// removes kvnet's state from every node (CleanNodes), then deletes the
-// objects (Delete).
-func Uninstall(ctx context.Context, c client.Client, objs []*unstructured.Unstructured, opts UninstallOptions, log io.Writer) error {
-	if slices.ContainsFunc(objs, func(u *unstructured.Unstructured) bool {
-		return u.GetKind() == "Deployment" && u.GetName() == "kvnet-controller"
-	}) {
-		if err := noNetworks(ctx, c); err != nil {
-			return err
-		}
+// PreDelete does what Uninstall does before it deletes kvnet's objects,
+// for an uninstall that deletes them itself (the Helm chart's pre-delete
+// hook, `kvnet-controller --pre-delete`): it refuses while user-defined
+// networks exist (ErrNetworksExist), then removes kvnet's state from every
+// node where kvnet-node runs in namespace ns (CleanNodes), unless
+// opts.SkipNodeCleanup.
+func PreDelete(ctx context.Context, c client.Client, ns string, opts Options, log io.Writer) error {
+	if err := NoNetworks(ctx, c); err != nil {
+		return err
 	}
-	i := slices.IndexFunc(objs, func(u *unstructured.Unstructured) bool {
-		return u.GetKind() == "DaemonSet" && u.GetName() == NodeDaemonSet
-	})
-	switch {
-	case i < 0:
-	case opts.SkipNodeCleanup:
+	if opts.SkipNodeCleanup {
 		fmt.Fprintln(log, "skipped the node cleanup: kvnet's links, nftables tables and files stay on the nodes")
-	default:
-		if err := CleanNodes(ctx, c, objs[i].GetNamespace(), opts, log); err != nil {
-			return err
-		}
+		return nil
 	}
-	return Delete(ctx, c, objs, opts.CRDs, log)
+	return CleanNodes(ctx, c, ns, opts, log)
 }
 
 // CleanNodes removes kvnet's state from every node where kvnet-node runs
@@ -100,7 +98,7 @@ func Uninstall(ctx context.Context, c client.Client, objs []*unstructured.Unstru
 // goes on from where it stopped: without kvnet-node's DaemonSet it uses
 // the cleanup DaemonSet left from the earlier run. With neither, there is
 // nothing to clean.
-func CleanNodes(ctx context.Context, c client.Client, ns string, opts UninstallOptions, log io.Writer) error {
+func CleanNodes(ctx context.Context, c client.Client, ns string, opts Options, log io.Writer) error {
 	timeout, poll := opts.NodeCleanupTimeout, opts.Poll
 	if timeout == 0 {
 		timeout = DefaultNodeCleanupTimeout
@@ -429,3 +427,40 @@ func NodeCleanupDaemonSetFor(node *appsv1.DaemonSet) (*appsv1.DaemonSet, error) 
 
 // nodeNameEnv gives kvnet-node --cleanup its node's name, for its errors.
 var nodeNameEnv = []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}}
+
+// ErrNetworksExist is returned by NoNetworks (and so by kvnet
+// uninstall and PreDelete) when it would remove kvnet-controller while user-defined networks exist: their finalizers
+// need it, so they and their namespaces would stay Terminating for good.
+var ErrNetworksExist = errors.New("user-defined networks exist")
+
+// NoNetworks returns ErrNetworksExist naming the user-defined networks
+// of the cluster, nil when there are none (or their CRDs are not served).
+func NoNetworks(ctx context.Context, c client.Client) error {
+	var names []string
+	for _, kind := range []string{"UserDefinedNetworkList", "ClusterUserDefinedNetworkList"} {
+		list := &unstructured.UnstructuredList{}
+		list.SetAPIVersion("k8s.ovn.org/v1")
+		list.SetKind(kind)
+		switch err := c.List(ctx, list); {
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("list %ss: %w", strings.TrimSuffix(kind, "List"), err)
+		}
+		for _, u := range list.Items {
+			names = append(names, strings.TrimSuffix(kind, "List")+" "+objName(&u))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; delete them first (kvnet-controller removes their finalizers, so without it they and their namespaces would stay Terminating), then uninstall",
+		ErrNetworksExist, strings.Join(names, ", "))
+}
+
+func objName(u *unstructured.Unstructured) string {
+	if u.GetNamespace() != "" {
+		return u.GetNamespace() + "/" + u.GetName()
+	}
+	return u.GetName()
+}
