@@ -39,7 +39,7 @@ install: build ## Install kvnet into the current kubectl context's cluster with 
 	$(BIN)/kvnet install --registry $(REGISTRY) --tag $(TAG)
 
 .PHONY: generate
-generate: ## Regenerate deepcopy code and CRDs from api/
+generate: ## Regenerate deepcopy code and CRDs from api/, the Helm chart from config/
 	hack/update-codegen.sh
 
 .PHONY: verify

@@ -8,7 +8,7 @@ if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted"; exit 1; fi
 go vet ./...
 hack/check-subjects.sh
 hack/update-codegen.sh
-if [ -n "$(git status --porcelain -- config/crd "api/*/*/zz_generated.deepcopy.go")" ]; then
-  git status --porcelain -- config/crd "api/*/*/zz_generated.deepcopy.go"
+if [ -n "$(git status --porcelain -- config/crd deploy/helm "api/*/*/zz_generated.deepcopy.go")" ]; then
+  git status --porcelain -- config/crd deploy/helm "api/*/*/zz_generated.deepcopy.go"
   echo "generated files are stale: run make generate"; exit 1
 fi
