@@ -47,7 +47,7 @@ func kvnetCLI(t testing.TB, c *Cluster) func(args ...string) (string, error) {
 
 // installKvnet installs kvnet from the registry's images with kvnet
 // install, as a user does, waits for kvnet-controller and kvnet-node on
-// every node, and fails on any "missing" line of kvnet check.
+// every node (waitKvnetReady), and checks it (checkKvnet).
 func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args ...string) (string, error)) {
 	t.Helper()
 	// No KubeVirt on this cluster yet: kvnet-controller serves pods
@@ -57,6 +57,14 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 	if err != nil {
 		t.Fatalf("kvnet install: %v", err)
 	}
+	waitKvnetReady(ctx, t, c)
+	checkKvnet(t, kvnet)
+}
+
+// waitKvnetReady waits for kvnet-controller available and kvnet-node
+// ready on every node.
+func waitKvnetReady(ctx context.Context, t testing.TB, c *Cluster) {
+	t.Helper()
 	testenv.Eventually(t, 3*time.Minute, "kvnet-controller available and kvnet-node ready on every node", func() error {
 		d, err := c.Client.AppsV1().Deployments("kvnet-system").Get(ctx, "kvnet-controller", metav1.GetOptions{})
 		if err != nil {
@@ -74,7 +82,13 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 		}
 		return nil
 	})
-	out, err = kvnet("check")
+}
+
+// checkKvnet runs kvnet check and fails on any "missing" line, an error,
+// or a default-network pod outside the Nodes' pod CIDRs.
+func checkKvnet(t testing.TB, kvnet func(args ...string) (string, error)) {
+	t.Helper()
+	out, err := kvnet("check")
 	t.Logf("kvnet check:\n%s", out)
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "missing") {
@@ -97,7 +111,9 @@ func installKvnet(ctx context.Context, t testing.TB, c *Cluster, kvnet func(args
 // real Multus and kvnet-cni, with dayTwo kills kvnet-node and rolls
 // kvnet-controller under load (testKvnetNodeKilled,
 // testControllerAvailability) and has a real Prometheus fire and resolve
-// the pool alerts (testPrometheusAlerts), and uninstalls it again.
+// the pool alerts (testPrometheusAlerts) and replaces kvnet install by
+// the Helm chart (testHelm, which leaves kvnet uninstalled but for its
+// CRDs), and uninstalls it with its CRDs.
 func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
 	kvnet := kvnetCLI(t, c)
 	installKvnet(ctx, t, c, kvnet)
@@ -107,6 +123,7 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
 		t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
 		t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })
 		t.Run("PrometheusAlerts", func(t *testing.T) { testPrometheusAlerts(ctx, t, c) })
+		t.Run("Helm", func(t *testing.T) { testHelm(ctx, t, c, kvnet) })
 	}
 
 	// The Multus test's NAD goes first: uninstall keeps the NAD CRD
