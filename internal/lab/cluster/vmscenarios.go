@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,7 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"kvnet.io/kvnet/internal/cli/why"
+	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/migration"
 )
 
@@ -970,8 +974,22 @@ type migrationStep struct {
 	// ("<reason>: <note>"); switched the target kvnet-node's
 	// kvnet_migration_switchovers_total before and after it.
 	switchEvent    string
-	switchedBefore float64
-	switchedAfter  float64
+	switchedBefore switchoverMetrics
+	switchedAfter  switchoverMetrics
+	// why is kvnet why vm's line on the switch-over after it.
+	why string
+}
+
+// switchoverMetrics are a kvnet-node's migration metrics: switch-overs
+// counted (kvnet_migration_switchovers_total, every network and trigger),
+// observed by the histograms of the target port's wait (either trigger)
+// and of first frame to open port (first-frame only).
+type switchoverMetrics struct {
+	total, waits, frames float64
+}
+
+func (m switchoverMetrics) String() string {
+	return fmt.Sprintf("%v (wait histogram %v, first-frame histogram %v)", m.total, m.waits, m.frames)
 }
 
 // migrateWithEcho live-migrates v to node (migrate), checks that its VMI
@@ -1025,7 +1043,8 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	step.blackout, step.blackoutErr = s.logBlackout(ctx, v, ms, node, since)
 	step.blackout.pingGap = pingGap
 	// kvnet-node on the target reports the switch-over: an event on the
-	// VMI and its counter up by one.
+	// VMI, its counter and histograms up by one (the first-frame one only
+	// for a switch at the guest's first frame), and kvnet why vm says it.
 	step.switchedBefore = switchedBefore
 	err = poll(ctx, time.Minute, func(ctx context.Context) error {
 		if step.switchEvent, err = s.switchoverEvent(ctx, v, node, since); err != nil {
@@ -1034,12 +1053,44 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 		if step.switchedAfter, err = s.switchoverCount(ctx, node); err != nil {
 			return err
 		}
-		if step.switchedAfter != switchedBefore+1 {
-			return fmt.Errorf("kvnet-node on %s counted %v switch-overs, %v before the migration: want one more", node, step.switchedAfter, switchedBefore)
+		want := switchedBefore
+		want.total++
+		want.waits++
+		if strings.HasPrefix(step.switchEvent, migration.EventSwitchover+":") {
+			want.frames++
 		}
-		return nil
+		if step.switchedAfter != want {
+			return fmt.Errorf("kvnet-node on %s: switch-overs %v, %v before the migration (event %s): want %v", node, step.switchedAfter, switchedBefore, step.switchEvent, want)
+		}
+		step.why, err = s.whySwitchover(ctx, v, node)
+		return err
 	})
 	return step, err
+}
+
+// whySwitchover returns the line of kvnet why vm on v that tells its
+// network switched to node.
+func (s *vmScenarios) whySwitchover(ctx context.Context, v *runningVM, node string) (string, error) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		return "", err
+	}
+	c, err := client.New(s.t.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return "", err
+	}
+	rep, err := why.Diagnose(ctx, c, "vm", v.ns, v.name, why.Options{})
+	if err != nil {
+		return "", err
+	}
+	var b bytes.Buffer
+	rep.Print(&b)
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.Contains(l, "switched from node ") && strings.Contains(l, " to node "+node+" ") {
+			return strings.TrimSpace(l), nil
+		}
+	}
+	return "", fmt.Errorf("kvnet why vm %s does not say its network switched to node %s:\n%s", v, node, b.String())
 }
 
 // streamDiag says what is known of a broken echo stream (echo pod echo)
@@ -1089,23 +1140,26 @@ func (s *vmScenarios) switchoverEvent(ctx context.Context, v *runningVM, node st
 	return "", fmt.Errorf("no switch-over event of kvnet-node on VMI %s for node %s (its switch-over events: %q)", v, node, seen)
 }
 
-// switchoverCount returns kvnet_migration_switchovers_total of the
-// kvnet-node on node (every network and trigger), read from its metrics
-// through the API server's pod proxy.
-func (s *vmScenarios) switchoverCount(ctx context.Context, node string) (float64, error) {
+// switchoverCount returns the migration metrics of the kvnet-node on node,
+// read from its metrics through the API server's pod proxy.
+func (s *vmScenarios) switchoverCount(ctx context.Context, node string) (switchoverMetrics, error) {
 	l, err := s.t.Client.CoreV1().Pods("kvnet-system").List(ctx, metav1.ListOptions{
 		LabelSelector: "app.kubernetes.io/name=kvnet-node", FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
-		return 0, err
+		return switchoverMetrics{}, err
 	}
 	if len(l.Items) != 1 {
-		return 0, fmt.Errorf("%d kvnet-node pods on %s", len(l.Items), node)
+		return switchoverMetrics{}, fmt.Errorf("%d kvnet-node pods on %s", len(l.Items), node)
 	}
 	b, err := s.t.Client.CoreV1().Pods("kvnet-system").ProxyGet("http", l.Items[0].Name, "9464", "/metrics", nil).DoRaw(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("kvnet-node on %s: /metrics: %w", node, err)
+		return switchoverMetrics{}, fmt.Errorf("kvnet-node on %s: /metrics: %w", node, err)
 	}
-	return sumMetric(string(b), "kvnet_migration_switchovers_total"), nil
+	return switchoverMetrics{
+		total:  sumMetric(string(b), "kvnet_migration_switchovers_total"),
+		waits:  sumMetric(string(b), "kvnet_migration_target_wait_seconds_count"),
+		frames: sumMetric(string(b), "kvnet_migration_switchover_seconds_count"),
+	}, nil
 }
 
 // sumMetric sums the samples of metric name in a Prometheus text
@@ -1227,8 +1281,8 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		if err == nil && MigrationSubnet.Contains(target) {
 			over = "migration network " + MigrationNetworkNAD
 		}
-		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s; kvnet-node's switch-overs %v -> %v, event %s",
-			name, from, to, over, st.target, st.took, n, st.gap, st.blackoutString(), st.switchedBefore, st.switchedAfter, st.switchEvent))
+		steps = append(steps, fmt.Sprintf("%s %s -> %s over %s (targetNodeAddress %s, %s): %d lines back in order, longest pause %s; %s; kvnet-node's switch-overs %v -> %v, event %s; kvnet why vm: %s",
+			name, from, to, over, st.target, st.took, n, st.gap, st.blackoutString(), st.switchedBefore, st.switchedAfter, st.switchEvent, st.why))
 		from = to
 		v.node = to
 	}
