@@ -113,10 +113,12 @@ type switchovers struct {
 
 	mu      sync.Mutex
 	pending map[string]*Switchover // network/MAC -> target waiting or switched
+	// reported holds the keys of pending whose switch-over was reported.
+	reported map[string]bool
 }
 
 func newSwitchovers(node string, report func(Switchover)) *switchovers {
-	return &switchovers{node: node, now: time.Now, report: report, pending: map[string]*Switchover{}}
+	return &switchovers{node: node, now: time.Now, report: report, pending: map[string]*Switchover{}, reported: map[string]bool{}}
 }
 
 func switchKey(network, mac string) string { return network + "/" + mac }
@@ -145,15 +147,22 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 			s = &Switchover{Network: t.Network, MAC: t.MAC.String(), Target: w.node, Ready: now}
 			w.pending[k] = s
 		}
-		// A first frame may have come before the plan named the VMI.
+		// A first frame may have come before the plan named the VMI: its
+		// switch-over is reported now.
 		s.VMI, s.Source = t.VMI, t.Source
+		if s.Trigger != "" && !w.reported[k] {
+			w.reported[k] = true
+			out = append(out, *s)
+		}
 	}
 	for k, s := range w.pending {
 		if _, ok := want[k]; ok {
 			continue
 		}
 		delete(w.pending, k)
-		if s.Trigger != "" || !open[k] || s.VMI.Name == "" {
+		reported := w.reported[k]
+		delete(w.reported, k)
+		if reported || s.Trigger != "" || !open[k] || s.VMI.Name == "" {
 			continue // reported at its first frame, or no switch-over here
 		}
 		s.Trigger, s.Opened = TriggerAPI, now
@@ -179,9 +188,15 @@ func (w *switchovers) firstFrame(p datapath.Port, frame string, at, opened time.
 	if first {
 		s.Trigger, s.FirstFrame, s.Frame, s.Opened = TriggerFirstFrame, at, frame, opened
 	}
+	// Without the VMI (a frame before the plan named it) the next sync
+	// reports it.
+	report := first && s.VMI.Name != ""
+	if report {
+		w.reported[k] = true
+	}
 	r := *s
 	w.mu.Unlock()
-	if first && r.VMI.Name != "" {
+	if report {
 		w.report(r)
 	}
 }

@@ -93,6 +93,32 @@ func TestSwitchoverByAPI(t *testing.T) {
 	}
 }
 
+// TestSwitchoverFrameBeforePlan: the guest's first frame opened the port
+// before a plan named its VMI (the port applied, the targets not yet
+// synced): the switch-over is reported at the next sync, once.
+func TestSwitchoverFrameBeforePlan(t *testing.T) {
+	w, clock, got := newTestSwitchovers()
+	w.firstFrame(swPort, "RARP", clock.t, clock.t.Add(time.Millisecond))
+	if len(*got) != 0 {
+		t.Fatalf("reported without its VMI: %+v", *got)
+	}
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{swPort})
+	if len(*got) != 1 {
+		t.Fatalf("switch-overs reported once the plan named the VMI: %+v, want one", *got)
+	}
+	if s := (*got)[0]; s.Trigger != TriggerFirstFrame || s.VMI != swVMI || s.Source != "node-1" || s.Frame != "RARP" {
+		t.Fatalf("switch-over %+v", s)
+	}
+	w.sync([]MigrationTarget{swTarget}, []datapath.Port{swPort})
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 1 {
+		t.Fatalf("reported again: %+v", (*got)[1:])
+	}
+	if len(w.pending) != 0 || len(w.reported) != 0 {
+		t.Fatalf("still following %v (reported %v)", w.pending, w.reported)
+	}
+}
+
 func TestSwitchoverMigrationAbandoned(t *testing.T) {
 	w, _, got := newTestSwitchovers()
 	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
