@@ -45,12 +45,14 @@ type announcements struct {
 	// probeFrom are Plan.ProbeFrom: the gateway each network's standby
 	// probes come from (none: no probes on that network).
 	probeFrom map[string]Gateway
-	wg        sync.WaitGroup
+	// probing holds the watched ports' sockets a probe runs on.
+	probing map[*os.File]bool
+	wg      sync.WaitGroup
 }
 
 func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
 	return &announcements{netns: netns, activate: activate, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{},
-		opened: func(datapath.Port, string, time.Time, time.Time) {}}
+		probing: map[*os.File]bool{}, opened: func(datapath.Port, string, time.Time, time.Time) {}}
 }
 
 // Announced reports the MACs whose guests announced themselves on a
@@ -94,18 +96,24 @@ func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[ne
 		}
 	}
 	for name, p := range want {
-		if _, ok := w.watching[name]; ok {
+		f, ok := w.watching[name]
+		if !ok {
+			var err error
+			if f, err = w.open(name); err != nil {
+				w.log.Error(err, "watch a migration target port for the guest's announce; the switch-over waits for the API", "port", name)
+				continue
+			}
+			w.watching[name] = f
+			w.wg.Go(func() { w.read(f, p) })
+		}
+		// Probes start with the network's gateway, which a later plan
+		// may bring.
+		if w.probing[f] || w.announced[p.MAC.String()] {
 			continue
 		}
-		f, err := w.open(name)
-		if err != nil {
-			w.log.Error(err, "watch a migration target port for the guest's announce; the switch-over waits for the API", "port", name)
-			continue
-		}
-		w.watching[name] = f
-		w.wg.Go(func() { w.read(f, p) })
 		if gw, ok := probeFrom[p.Network]; ok {
 			if dst, ok := firstIPv4Prefix(p.IPs); ok {
+				w.probing[f] = true
 				w.wg.Go(func() { w.probe(f, p, gw, dst) })
 			}
 		}
@@ -118,6 +126,11 @@ func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[ne
 func (w *announcements) probe(f *os.File, p datapath.Port, gw Gateway, dst netip.Addr) {
 	t := time.NewTicker(probeInterval)
 	defer t.Stop()
+	defer func() {
+		w.mu.Lock()
+		delete(w.probing, f)
+		w.mu.Unlock()
+	}()
 	for seq := uint16(1); ; seq++ {
 		w.mu.Lock()
 		done := w.announced[p.MAC.String()] || w.watching[p.HostIfName] != f
