@@ -13,6 +13,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -66,10 +68,14 @@ func TestClusterKubeVirt(t *testing.T) {
 	}
 
 	installKvnet(ctx, t, c, kvnetCLI(t, c))
+	// A real Prometheus scrapes kvnet through the VM scenarios: its
+	// migration histograms must count every live migration.
+	prom := startPrometheus(ctx, t, c)
 	results, err := RunVMScenarios(ctx, c.ScenarioTarget(), testLog{t})
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkMigrationHistograms(ctx, t, c, prom)
 	if len(results) != len(VMScenarios) {
 		t.Fatalf("%d results, want one per scenario (%d)", len(results), len(VMScenarios))
 	}
@@ -103,4 +109,57 @@ func kernelHasDummy(t *testing.T) bool {
 		return false
 	}
 	return true
+}
+
+// checkMigrationHistograms wants Prometheus (scraping every kvnet-node
+// since before the VM scenarios) to count one observation of
+// kvnet_migration_target_wait_seconds per succeeded
+// VirtualMachineInstanceMigration (each switched its VM's network on its
+// target node, by either trigger), and in
+// kvnet_migration_switchover_seconds one per switch-over at the guest's
+// first frame (kvnet_migration_switchovers_total{trigger="first-frame"}).
+// kvnet-node's counters restart with its pods (the scenarios roll it), so
+// each pod's series counts at its largest.
+func checkMigrationHistograms(ctx context.Context, t *testing.T, c *Cluster, prom *promServer) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(c.CP.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := dyn.Resource(vmimGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	succeeded := 0
+	for _, m := range l.Items {
+		if phase, _, _ := unstructured.NestedString(m.Object, "status", "phase"); phase == "Succeeded" {
+			succeeded++
+		}
+	}
+	if succeeded == 0 {
+		t.Fatal("no VirtualMachineInstanceMigration succeeded in the VM scenarios")
+	}
+	sum := func(metric string) string {
+		return fmt.Sprintf("sum(max_over_time(%s[3h]))", metric)
+	}
+	var got map[string]float64
+	testenv.Eventually(t, time.Minute, "Prometheus counts every live migration in kvnet's histograms", func() error {
+		got = map[string]float64{}
+		for _, m := range []string{"kvnet_migration_target_wait_seconds_count", "kvnet_migration_switchover_seconds_count",
+			`kvnet_migration_switchovers_total{trigger="first-frame"}`, "kvnet_migration_switchovers_total"} {
+			v, err := prom.query(ctx, sum(m), "")
+			if err != nil {
+				return err
+			}
+			got[m] = v[""]
+		}
+		if got["kvnet_migration_target_wait_seconds_count"] != float64(succeeded) || got["kvnet_migration_switchovers_total"] != float64(succeeded) {
+			return fmt.Errorf("%d migrations succeeded; Prometheus: %v", succeeded, got)
+		}
+		if got["kvnet_migration_switchover_seconds_count"] != got[`kvnet_migration_switchovers_total{trigger="first-frame"}`] {
+			return fmt.Errorf("first-frame histogram and counter differ: %v", got)
+		}
+		return nil
+	})
+	t.Logf("Prometheus: %d migrations succeeded; kvnet's migration metrics at their largest per kvnet-node pod: %v", succeeded, got)
 }

@@ -33,15 +33,29 @@ import (
 // address.
 const prometheusPort = 19090
 
-// testPrometheusAlerts: Debian's Prometheus, configured from
+// promServer is a Debian Prometheus the test started on the cluster
+// (startPrometheus).
+type promServer struct {
+	bin  string // the prometheus binary
+	addr string // host:port of its HTTP API
+}
+
+// promAlert is an alert of Prometheus's /api/v1/alerts.
+type promAlert struct {
+	Labels map[string]string `json:"labels"`
+	State  string            `json:"state"`
+}
+
+// startPrometheus starts Debian's Prometheus, configured from
 // config/monitoring as the Prometheus Operator would (PrometheusConfig,
-// the targets DiscoverTargets finds; the rules as shipped, without their
-// for: durations, and scraped every 2 s), scrapes every kvnet-controller
-// replica and every kvnet-node; with a primary UDN's pool of a /29 filled
-// by pods, its alerts KvnetIPPoolNearlyFull and KvnetIPPoolExhausted fire
-// for that network, and resolve once the pods are deleted. It runs in
-// node-1's network namespace, which reaches the pods' addresses.
-func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
+// the targets DiscoverTargets finds, rediscovered every 2 s; the rules as
+// shipped, without their for: durations, and scraped every 2 s), in
+// node-1's network namespace, which reaches the pods' addresses; it
+// returns once every kvnet-controller replica and every kvnet-node is
+// scraped and up, and no component alert fires. It is stopped when t
+// ends.
+func startPrometheus(ctx context.Context, t *testing.T, c *Cluster) *promServer {
+	t.Helper()
 	prom, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatal("prometheus not installed (Debian's prometheus package; hack/install-deps.sh installs it)")
@@ -63,9 +77,9 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 		if _, err := c.Client.CoreV1().Services(svc.Namespace).Create(ctx, &svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
+		t.Cleanup(func() {
 			_ = c.Client.CoreV1().Services(svc.Namespace).Delete(context.WithoutCancel(ctx), svc.Name, metav1.DeleteOptions{})
-		}()
+		})
 	}
 
 	dir := t.TempDir()
@@ -108,7 +122,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	if err := discover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dctx, stopDiscovery := context.WithCancel(ctx)
+	dctx, stopDiscovery := context.WithCancel(context.WithoutCancel(ctx))
 	discovered := make(chan struct{})
 	go func() {
 		defer close(discovered)
@@ -123,7 +137,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 			}
 		}
 	}()
-	defer func() { stopDiscovery(); <-discovered }()
+	t.Cleanup(func() { stopDiscovery(); <-discovered })
 
 	node1, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName(1), metav1.GetOptions{})
 	if err != nil {
@@ -144,7 +158,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logf.Close()
+	t.Cleanup(func() { logf.Close() })
 	cmd := exec.Command("ip", "netns", "exec", Netns(1), prom, "--config.file="+confFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=info")
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -152,82 +166,16 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	// Registered after logf's: runs before it.
+	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 		if t.Failed() {
 			b, _ := os.ReadFile(logFile)
 			t.Logf("prometheus log:\n%s", lastLines(string(b), 30))
 		}
-	}()
-	api := func(ctx context.Context, path string, v any) error {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/"+path, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /api/v1/%s: %s", path, resp.Status)
-		}
-		var body struct {
-			Status string          `json:"status"`
-			Data   json.RawMessage `json:"data"`
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-			return err
-		}
-		if body.Status != "success" {
-			return fmt.Errorf("GET /api/v1/%s: status %q", path, body.Status)
-		}
-		return json.Unmarshal(body.Data, v)
-	}
-	query := func(ctx context.Context, q string) (map[string]float64, error) {
-		var data struct {
-			Result []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		}
-		if err := api(ctx, "query?query="+url.QueryEscape(q), &data); err != nil {
-			return nil, err
-		}
-		out := map[string]float64{}
-		for _, r := range data.Result {
-			s, _ := r.Value[1].(string)
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: value %v", q, r.Value)
-			}
-			out[r.Metric["network"]] = v
-		}
-		return out, nil
-	}
-	type alert struct {
-		Labels map[string]string `json:"labels"`
-		State  string            `json:"state"`
-	}
-	alerts := func(ctx context.Context) ([]alert, error) {
-		var data struct {
-			Alerts []alert `json:"alerts"`
-		}
-		err := api(ctx, "alerts", &data)
-		return data.Alerts, err
-	}
-	firing := func(as []alert, name, network string) bool {
-		for _, a := range as {
-			if a.Labels["alertname"] == name && a.State == "firing" && (network == "" || a.Labels["network"] == network) {
-				return true
-			}
-		}
-		return false
-	}
-
+	})
+	ps := &promServer{bin: prom, addr: addr}
 	// Positive control: every replica and every node scraped, up.
 	ds, err := c.Client.AppsV1().DaemonSets(KvnetNamespace).Get(ctx, "kvnet-node", metav1.GetOptions{})
 	if err != nil {
@@ -246,7 +194,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 				LastError string            `json:"lastError"`
 			} `json:"activeTargets"`
 		}
-		if err := api(ctx, "targets?state=active", &data); err != nil {
+		if err := ps.api(ctx, "targets?state=active", &data); err != nil {
 			return err
 		}
 		up := map[string]int{}
@@ -268,18 +216,99 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	// The rules' first evaluation may precede the first scrapes: the
 	// component alerts must be gone once the rules saw the targets.
 	testenv.Eventually(t, time.Minute, "no component alert firing on a healthy cluster", func() error {
-		as, err := alerts(ctx)
+		as, err := ps.alerts(ctx)
 		if err != nil {
 			return err
 		}
 		for _, name := range []string{"KvnetControllerDown", "KvnetNodeDown", "KvnetNodeNotReady"} {
-			if firing(as, name, "") {
+			if promFiring(as, name, "") {
 				return fmt.Errorf("%s fires: %+v", name, as)
 			}
 		}
 		return nil
 	})
+	return ps
+}
 
+// api GETs /api/v1/<path> and decodes its data into v.
+func (ps *promServer) api(ctx context.Context, path string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ps.addr+"/api/v1/"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /api/v1/%s: %s", path, resp.Status)
+	}
+	var body struct {
+		Status string          `json:"status"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return err
+	}
+	if body.Status != "success" {
+		return fmt.Errorf("GET /api/v1/%s: status %q", path, body.Status)
+	}
+	return json.Unmarshal(body.Data, v)
+}
+
+// query runs instant query q and returns its samples' values by the
+// value of their label by ("" for a query with one sample).
+func (ps *promServer) query(ctx context.Context, q, by string) (map[string]float64, error) {
+	var data struct {
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+			Value  [2]any            `json:"value"`
+		} `json:"result"`
+	}
+	if err := ps.api(ctx, "query?query="+url.QueryEscape(q), &data); err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, r := range data.Result {
+		s, _ := r.Value[1].(string)
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: value %v", q, r.Value)
+		}
+		out[r.Metric[by]] = v
+	}
+	return out, nil
+}
+
+// alerts returns Prometheus's alerts, pending and firing.
+func (ps *promServer) alerts(ctx context.Context) ([]promAlert, error) {
+	var data struct {
+		Alerts []promAlert `json:"alerts"`
+	}
+	err := ps.api(ctx, "alerts", &data)
+	return data.Alerts, err
+}
+
+// promFiring reports whether alert name fires in as, for network (any if
+// "").
+func promFiring(as []promAlert, name, network string) bool {
+	for _, a := range as {
+		if a.Labels["alertname"] == name && a.State == "firing" && (network == "" || a.Labels["network"] == network) {
+			return true
+		}
+	}
+	return false
+}
+
+// testPrometheusAlerts: a real Prometheus (startPrometheus) scrapes
+// kvnet; with a primary UDN's pool of a /29 filled by pods, its alerts
+// KvnetIPPoolNearlyFull and KvnetIPPoolExhausted fire for that network,
+// and resolve once the pods are deleted.
+func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
+	ps := startPrometheus(ctx, t, c)
 	// A /29's pool, filled and freed.
 	dyn, err := dynamic.NewForConfig(c.CP.Config)
 	if err != nil {
@@ -304,7 +333,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	start := time.Now()
 	var size int
 	testenv.Eventually(t, 2*time.Minute, "the pool of "+network+" in Prometheus", func() error {
-		got, err := query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_size{network=%q})", network))
+		got, err := ps.query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_size{network=%q})", network), "network")
 		if err != nil {
 			return err
 		}
@@ -321,11 +350,11 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Fatalf("the pool of a /29 has %d addresses", size)
 	}
 	// One address of several in use: no pool alert for the network.
-	as, err := alerts(ctx)
+	as, err := ps.alerts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if firing(as, "KvnetIPPoolNearlyFull", network) || firing(as, "KvnetIPPoolExhausted", network) {
+	if promFiring(as, "KvnetIPPoolNearlyFull", network) || promFiring(as, "KvnetIPPoolExhausted", network) {
 		t.Fatalf("a pool alert fires for %s with one pod of %d: %+v", network, size, as)
 	}
 	for i := 1; i < size; i++ {
@@ -333,12 +362,12 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 	start = time.Now()
 	testenv.Eventually(t, 3*time.Minute, "KvnetIPPoolNearlyFull and KvnetIPPoolExhausted firing for "+network, func() error {
-		as, err := alerts(ctx)
+		as, err := ps.alerts(ctx)
 		if err != nil {
 			return err
 		}
-		if !firing(as, "KvnetIPPoolNearlyFull", network) || !firing(as, "KvnetIPPoolExhausted", network) {
-			used, _ := query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_used{network=%q})", network))
+		if !promFiring(as, "KvnetIPPoolNearlyFull", network) || !promFiring(as, "KvnetIPPoolExhausted", network) {
+			used, _ := ps.query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_used{network=%q})", network), "network")
 			return fmt.Errorf("pool used %v of %d; alerts %+v", used[network], size, as)
 		}
 		return nil
@@ -351,7 +380,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	}
 	start = time.Now()
 	testenv.Eventually(t, 3*time.Minute, "the pool alerts of "+network+" resolved", func() error {
-		as, err := alerts(ctx)
+		as, err := ps.alerts(ctx)
 		if err != nil {
 			return err
 		}
@@ -367,7 +396,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 		return nil
 	})
 	t.Logf("Prometheus (%s): pool of %s (%d addresses) full: both pool alerts firing %s after the last pods were created; resolved %s after they were deleted",
-		promVersion(prom), network, size, fired.Round(time.Second), time.Since(start).Round(time.Second))
+		promVersion(ps.bin), network, size, fired.Round(time.Second), time.Since(start).Round(time.Second))
 }
 
 // promVersion is the first line of prometheus --version.
