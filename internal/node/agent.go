@@ -257,6 +257,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.dhcp.report = newDeclineReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node"), a.cfg.NodeName)
 	a.switches = newSwitchovers(a.cfg.NodeName, newSwitchoverReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node")))
 	a.announce.opened = a.switches.firstFrame
+	a.switches.probes = a.announce.probesSent
 	a.writeStatus(ctx, false, nil, nil)
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()

@@ -45,14 +45,24 @@ type announcements struct {
 	// probeFrom are Plan.ProbeFrom: the gateway each network's standby
 	// probes come from (none: no probes on that network).
 	probeFrom map[string]Gateway
-	// probing holds the watched ports' sockets a probe runs on.
+	// probing holds the watched ports' sockets a probe runs on; probed
+	// counts the probes sent per guest MAC while it migrates here.
 	probing map[*os.File]bool
+	probed  map[string]int
 	wg      sync.WaitGroup
 }
 
 func newAnnouncements(netns string, activate func(datapath.Port) error, kick func(), log logr.Logger) *announcements {
 	return &announcements{netns: netns, activate: activate, kick: kick, log: log, watching: map[string]*os.File{}, announced: map[string]bool{},
-		probing: map[*os.File]bool{}, opened: func(datapath.Port, string, time.Time, time.Time) {}}
+		probing: map[*os.File]bool{}, probed: map[string]int{}, opened: func(datapath.Port, string, time.Time, time.Time) {}}
+}
+
+// probesSent returns how many standby probes went into the standby port
+// of the guest with MAC mac while it migrates here.
+func (w *announcements) probesSent(mac string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.probed[mac]
 }
 
 // Announced reports the MACs whose guests announced themselves on a
@@ -87,6 +97,11 @@ func (w *announcements) sync(ports []datapath.Port, neighbours map[string]map[ne
 	for mac := range w.announced {
 		if !migrating[mac] {
 			delete(w.announced, mac)
+		}
+	}
+	for mac := range w.probed {
+		if !migrating[mac] {
+			delete(w.probed, mac)
 		}
 	}
 	for name, f := range w.watching {
@@ -143,6 +158,10 @@ func (w *announcements) probe(f *os.File, p datapath.Port, gw Gateway, dst netip
 				return
 			}
 			w.log.V(1).Info("standby probe not sent", "port", p.HostIfName, "error", err.Error())
+		} else {
+			w.mu.Lock()
+			w.probed[p.MAC.String()]++
+			w.mu.Unlock()
 		}
 		<-t.C
 	}

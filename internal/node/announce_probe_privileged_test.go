@@ -73,6 +73,9 @@ func TestStandbyProbeStartsWithGateway(t *testing.T) {
 	if n := probes(10 * probeInterval); n != 0 {
 		t.Fatalf("%d probes without a gateway in the plan", n)
 	}
+	if n := w.probesSent(port.MAC.String()); n != 0 {
+		t.Fatalf("%d probes counted without a gateway in the plan", n)
+	}
 	gw := Gateway{IP: netip.MustParseAddr("10.80.0.1"), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0x50, 0x00, 0x01}}
 	w.sync([]datapath.Port{port}, nil, map[string]Gateway{"ns_udn": gw})
 	testenv.Eventually(t, 30*time.Second, "probes once the plan has the gateway", func() error {
@@ -81,4 +84,12 @@ func TestStandbyProbeStartsWithGateway(t *testing.T) {
 		}
 		return nil
 	})
+	if n := w.probesSent(port.MAC.String()); n == 0 {
+		t.Fatal("probes seen on the pod's end, none counted")
+	}
+	// The guest left: its count goes with it.
+	w.sync(nil, nil, nil)
+	if n := w.probesSent(port.MAC.String()); n != 0 {
+		t.Fatalf("%d probes still counted after the port went", n)
+	}
 }

@@ -59,6 +59,10 @@ type Switchover struct {
 	Frame      string
 	// Opened is when the port forwarded the guest's traffic.
 	Opened time.Time
+	// Probes is how many standby probes kvnet-node had sent into the
+	// target port by an API switch-over (-1: not known): none says the
+	// guest was not asked, some that it did not answer in time.
+	Probes int
 }
 
 // Waited is how long the target port waited for the guest: from Ready to
@@ -86,8 +90,15 @@ func (s Switchover) Message() string {
 		waited = fmt.Sprintf("; the target port had waited %s for the guest", w.Round(time.Millisecond))
 	}
 	if s.Trigger == TriggerAPI {
-		return fmt.Sprintf("network %s switched from node %s to node %s by the API (the VMI named node %s) at %s, not at the guest's first frame, which kvnet-node never saw there: until then the guest's traffic went to node %s%s",
-			s.Network, orUnknown(s.Source), s.Target, s.Target, s.Opened.UTC().Format(time.RFC3339Nano), orUnknown(s.Source), waited)
+		probes := ""
+		switch {
+		case s.Probes == 0:
+			probes = "; no standby probe had gone into the target port"
+		case s.Probes > 0:
+			probes = fmt.Sprintf("; %d standby probes had gone into the target port, none answered by the guest", s.Probes)
+		}
+		return fmt.Sprintf("network %s switched from node %s to node %s by the API (the VMI named node %s) at %s, not at the guest's first frame, which kvnet-node never saw there: until then the guest's traffic went to node %s%s%s",
+			s.Network, orUnknown(s.Source), s.Target, s.Target, s.Opened.UTC().Format(time.RFC3339Nano), orUnknown(s.Source), waited, probes)
 	}
 	return fmt.Sprintf("network %s switched from node %s to node %s at the guest's first frame there (%s) at %s, its port open %.1f ms after it%s",
 		s.Network, orUnknown(s.Source), s.Target, s.Frame, s.FirstFrame.UTC().Format(time.RFC3339Nano),
@@ -110,6 +121,9 @@ type switchovers struct {
 	node   string
 	now    func() time.Time
 	report func(Switchover) // must not block
+	// probes returns the standby probes sent to a guest MAC (nil: not
+	// known).
+	probes func(mac string) int
 
 	mu      sync.Mutex
 	pending map[string]*Switchover // network/MAC -> target waiting or switched
@@ -165,7 +179,10 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 		if reported || s.Trigger != "" || !open[k] || s.VMI.Name == "" {
 			continue // reported at its first frame, or no switch-over here
 		}
-		s.Trigger, s.Opened = TriggerAPI, now
+		s.Trigger, s.Opened, s.Probes = TriggerAPI, now, -1
+		if w.probes != nil {
+			s.Probes = w.probes(s.MAC)
+		}
 		out = append(out, *s)
 	}
 	w.mu.Unlock()

@@ -71,6 +71,12 @@ func TestSwitchoverAtFirstFrame(t *testing.T) {
 
 func TestSwitchoverByAPI(t *testing.T) {
 	w, clock, got := newTestSwitchovers()
+	w.probes = func(mac string) int {
+		if mac == swMAC.String() {
+			return 47
+		}
+		return 0
+	}
 	w.sync([]MigrationTarget{swTarget}, []datapath.Port{standby(swPort)})
 	clock.t = clock.t.Add(5 * time.Second)
 	// The API names node-2 before any frame of the guest came: the port is
@@ -83,8 +89,17 @@ func TestSwitchoverByAPI(t *testing.T) {
 	if s.Trigger != TriggerAPI || s.Waited() != 5*time.Second || s.OpenedAfterFrame() != 0 || s.Frame != "" {
 		t.Fatalf("switch-over %+v", s)
 	}
-	if msg := s.Message(); !strings.Contains(msg, "by the API") || !strings.Contains(msg, "never saw there") {
+	if msg := s.Message(); !strings.Contains(msg, "by the API") || !strings.Contains(msg, "never saw there") ||
+		!strings.Contains(msg, "47 standby probes had gone into the target port, none answered by the guest") {
 		t.Errorf("message %q", msg)
+	}
+	s.Probes = 0
+	if msg := s.Message(); !strings.Contains(msg, "no standby probe had gone into the target port") {
+		t.Errorf("message without probes %q", msg)
+	}
+	s.Probes = -1
+	if msg := s.Message(); strings.Contains(msg, "probe") {
+		t.Errorf("message with the probes not known %q", msg)
 	}
 	// A frame after that changes nothing.
 	w.firstFrame(swPort, "RARP", clock.t, clock.t)
