@@ -526,7 +526,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	if a.switches != nil {
 		a.switches.sync(plan.MigrationTargets, plan.State.Ports)
 	}
-	a.announce.sync(plan.State.Ports, plan.Neighbours, plan.ProbeFrom)
+	a.announce.sync(watched(plan), plan.Neighbours, plan.ProbeFrom)
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)
@@ -534,6 +534,23 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	rulesSyncSeconds.WithLabelValues(a.cfg.NodeName).Observe(a.dp.RulesSyncDuration().Seconds())
 	a.report(ctx, plan, ok)
 	return plan.Waiting, applyErr
+}
+
+// watched is the plan's ports as the announcements take them: only a
+// migration target's Standby port waits for its guest's first frame; any
+// other Standby port (a departed migration source's) stays closed.
+func watched(plan Plan) []datapath.Port {
+	targets := map[string]bool{}
+	for _, t := range plan.MigrationTargets {
+		targets[switchKey(t.Network, t.MAC.String())] = true
+	}
+	out := slices.Clone(plan.State.Ports)
+	for i, p := range out {
+		if p.Standby && !targets[switchKey(p.Network, p.MAC.String())] {
+			out[i].Standby = false
+		}
+	}
+	return out
 }
 
 // input gathers Desired's input.

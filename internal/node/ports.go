@@ -10,6 +10,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/portalias"
 )
 
@@ -57,9 +58,17 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 				p.plan.Waiting++
 				continue
 			}
+			vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+			// Once KubeVirt names the target node, the source pod holds
+			// the inactive copy of the MAC until the migration ends: its
+			// guest left, so its port stays closed and is no migration
+			// target (a frame from the pod itself must not open it).
+			departed := h.migrating && !h.active && vmi != "" &&
+				p.in.Migrations[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
+			target := h.migrating && !h.active && !departed
 			port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
 				// A migration target waits for its guest's announce.
-				Standby: h.migrating && !h.active && !p.in.Announced[h.mac.String()]}
+				Standby: departed || target && !p.in.Announced[h.mac.String()]}
 			for _, s := range h.a.IPAddresses {
 				if pfx, err := netip.ParsePrefix(s); err == nil {
 					port.IPs = append(port.IPs, pfx)
@@ -67,7 +76,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			}
 			p.plan.State.Ports = append(p.plan.State.Ports, port)
 			standby = standby || port.Standby
-			if vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]; h.migrating && !h.active && vmi != "" {
+			if target && vmi != "" {
 				key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
 				p.plan.MigrationTargets = append(p.plan.MigrationTargets, MigrationTarget{Network: name, MAC: h.mac, VMI: key,
 					Pod: h.pod.Name, Source: p.in.VMINodes[key]})

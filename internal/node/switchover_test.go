@@ -188,3 +188,20 @@ func metricValue(t *testing.T, c prometheus.Counter) float64 {
 func observations(t *testing.T, o prometheus.Observer) uint64 {
 	return writeMetric(t, o.(prometheus.Metric)).GetHistogram().GetSampleCount()
 }
+
+// TestWatched: only a migration target's Standby port is watched for
+// its guest's first frame; another Standby port (a departed source's)
+// is not.
+func TestWatched(t *testing.T) {
+	departed := standby(swPort)
+	departed.MAC = net.HardwareAddr{2, 0, 0, 0, 0, 2}
+	plan := Plan{MigrationTargets: []MigrationTarget{swTarget}}
+	plan.State.Ports = []datapath.Port{standby(swPort), departed}
+	got := watched(plan)
+	if !got[0].Standby || got[1].Standby {
+		t.Fatalf("watched %+v, want the target's port on Standby and the departed one not", got)
+	}
+	if !plan.State.Ports[1].Standby {
+		t.Fatal("watched changed the plan's own ports")
+	}
+}

@@ -114,8 +114,8 @@ func kernelHasDummy(t *testing.T) bool {
 // checkMigrationHistograms wants Prometheus (scraping every kvnet-node
 // since before the VM scenarios) to count one observation of
 // kvnet_migration_target_wait_seconds per succeeded
-// VirtualMachineInstanceMigration (each switched its VM's network on its
-// target node, by either trigger), and in
+// VirtualMachineInstanceMigration of a VM on a primary UDN (each switched
+// its VM's network on its target node, by either trigger), and in
 // kvnet_migration_switchover_seconds one per switch-over at the guest's
 // first frame (kvnet_migration_switchovers_total{trigger="first-frame"}).
 // kvnet-node's counters restart with its pods (the scenarios roll it), so
@@ -130,14 +130,29 @@ func checkMigrationHistograms(ctx context.Context, t *testing.T, c *Cluster, pro
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Only VMs on kvnet's networks switch a kvnet port: those in
+	// namespaces with a primary UDN (the drain also moves a VM of the
+	// pod network).
 	succeeded := 0
+	primary := map[string]bool{}
 	for _, m := range l.Items {
-		if phase, _, _ := unstructured.NestedString(m.Object, "status", "phase"); phase == "Succeeded" {
+		if phase, _, _ := unstructured.NestedString(m.Object, "status", "phase"); phase != "Succeeded" {
+			continue
+		}
+		ns := m.GetNamespace()
+		if _, ok := primary[ns]; !ok {
+			n, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, primary[ns] = n.Labels["k8s.ovn.org/primary-user-defined-network"]
+		}
+		if primary[ns] {
 			succeeded++
 		}
 	}
 	if succeeded == 0 {
-		t.Fatal("no VirtualMachineInstanceMigration succeeded in the VM scenarios")
+		t.Fatal("no VirtualMachineInstanceMigration of a VM on a primary UDN succeeded in the VM scenarios")
 	}
 	sum := func(metric string) string {
 		return fmt.Sprintf("sum(max_over_time(%s[3h]))", metric)
