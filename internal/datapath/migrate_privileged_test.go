@@ -296,3 +296,45 @@ func TestStandbyPassesGuestFirstFrame(t *testing.T) {
 		t.Fatalf("after the activation: answered by %q (%v), want x2", token, err)
 	}
 }
+
+// TestDepartedPortPassesNothing: once the API names the target node, the
+// source pod's port is Departed until the migration ends: what the
+// source pod's own stack sends from the guest's address (a reset to the
+// guest's peers, say) reaches no one, and the bridges keep the guest on
+// the target; the guest there is reached.
+func TestDepartedPortPassesNothing(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 3)
+	rt := gatewayRoutes("10.1.1.1")
+	y := c.addPod(c.nodes[0], "y", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.2/24"), rt)
+	x := c.addPod(c.nodes[1], "x", "tenant-a_udn", nil, netiptest.MustPrefixes("10.1.1.3/24"), rt)
+	nets := []Network{tenantA}
+	c.applyAll(nets)
+	startEcho(t, y)
+	yIP := addr("10.1.1.2")
+	// Positive control: the source pod reaches y before it departs.
+	if token, err := echoSession(x, yIP, 1); err != nil || token != "y" {
+		t.Fatalf("before the migration: x reached %q (%v), want y", token, err)
+	}
+	x2 := c.addPod(c.nodes[2], "x2", "tenant-a_udn", x.mac, x.ips, rt)
+	for _, nd := range c.nodes {
+		s := c.migrationState(nd, nets, x, x2, true)
+		for i := range s.Ports {
+			if nd == x.node && s.Ports[i].MAC.String() == x.mac.String() {
+				s.Ports[i].Departed = true
+			}
+		}
+		if err := nd.dp.Apply(context.Background(), s); err != nil {
+			t.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+	if token, err := echoSession(x2, yIP, 1); err != nil || token != "y" {
+		t.Fatalf("the guest on the target: reached %q (%v), want y", token, err)
+	}
+	if token, err := echoSession(x, yIP, 1); err == nil {
+		t.Fatalf("the departed source pod reached %q", token)
+	}
+	if dump := nodeRuleDump(t, c.nodes[1].dp); !strings.Contains(dump, "departed: the guest left") {
+		t.Fatalf("no departed rule on the source node:\n%s", dump)
+	}
+}

@@ -26,6 +26,9 @@ func portRules(p Port) []nftRule {
 	c := func(what string) string { return fmt.Sprintf("port %s: %s", p.HostIfName, what) }
 	rules := []nftRule{newRule().etherSaddr(p.MAC, true).counter().drop(c("spoofed source MAC"))}
 	v4, v6 := portAddrs(p)
+	if p.Departed {
+		return append(rules, newRule().counter().drop(c("departed: the guest left for its migration's target")))
+	}
 	if p.Standby {
 		return append(rules, standbyRules(p, v4, v6, c)...)
 	}

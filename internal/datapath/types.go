@@ -154,6 +154,12 @@ type Port struct {
 	// alone sends (QEMU's RARP announce, unicast IP from the guest's
 	// addresses), until the node makes it an ordinary Migrating port.
 	Standby bool
+	// Departed marks a Migrating port whose guest left: the migration's
+	// source pod once the API names the target node, until the migration
+	// ends. Nothing it sends passes: its own stack still holds the
+	// guest's MAC and addresses, and would answer for them (a TCP reset
+	// to the guest's peers) and teach the bridges the old place.
+	Departed bool
 }
 
 // RemoteMAC is a pod on another node: a unicast FDB entry.

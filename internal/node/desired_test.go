@@ -266,12 +266,12 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 		t.Errorf("n2 once the VMI runs there: port %+v, migration targets %+v, want an open port and none", port(p), p.MigrationTargets)
 	}
 	// On n1 the source pod now holds the inactive copy (its guest left):
-	// its port stays closed and is no migration target, even with a frame
-	// of the pod's own seen there.
+	// its port passes nothing and is no migration target, even with a
+	// frame of the pod's own seen there.
 	for _, announced := range []map[string]bool{nil, {mac: true}} {
 		in.Node, in.Announced = "n1", announced
-		if p := Desired(in); port(p) == nil || !port(p).Standby || len(p.MigrationTargets) != 0 {
-			t.Errorf("n1, the departed source (announced %v): port %+v, migration targets %+v, want a closed (Standby) port and none",
+		if p := Desired(in); port(p) == nil || !port(p).Departed || port(p).Standby || len(p.MigrationTargets) != 0 {
+			t.Errorf("n1, the departed source (announced %v): port %+v, migration targets %+v, want a Departed port and none",
 				announced, port(p), p.MigrationTargets)
 		}
 	}

@@ -61,14 +61,14 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]
 			// Once KubeVirt names the target node, the source pod holds
 			// the inactive copy of the MAC until the migration ends: its
-			// guest left, so its port stays closed and is no migration
-			// target (a frame from the pod itself must not open it).
+			// guest left, so its port passes nothing (Departed) and is no
+			// migration target.
 			departed := h.migrating && !h.active && vmi != "" &&
 				p.in.Migrations[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
 			target := h.migrating && !h.active && !departed
 			port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
 				// A migration target waits for its guest's announce.
-				Standby: departed || target && !p.in.Announced[h.mac.String()]}
+				Standby: target && !p.in.Announced[h.mac.String()], Departed: departed}
 			for _, s := range h.a.IPAddresses {
 				if pfx, err := netip.ParsePrefix(s); err == nil {
 					port.IPs = append(port.IPs, pfx)
