@@ -207,17 +207,12 @@ func compareObjects(t *testing.T, got, want []*unstructured.Unstructured) {
 	}
 }
 
-// helmBinary is hack/build-tools.sh's helm ($KVNET_BIN_DIR, else
-// .cache/bin); make test builds it.
+// helmBinary is hack/build-tools.sh's helm; make test builds it.
 func helmBinary(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv(controlplane.BinDirEnv)
-	if dir == "" {
-		dir = filepath.Join(repoRoot(t), ".cache", "bin")
-	}
-	p := filepath.Join(dir, "helm")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helm: %v (hack/build-tools.sh builds it: make tools)", err)
+	p, err := controlplane.Tool("helm")
+	if err != nil {
+		t.Fatal(err)
 	}
 	return p
 }

@@ -245,13 +245,9 @@ func daemonSetRolled(ds *appsv1.DaemonSet) bool {
 // cache and configuration directories.
 func helmCLI(t *testing.T, c *Cluster) func(args ...string) (string, error) {
 	t.Helper()
-	dir := os.Getenv(controlplane.BinDirEnv)
-	if dir == "" {
-		dir = filepath.Join(repoRootT(t), ".cache", "bin")
-	}
-	bin := filepath.Join(dir, "helm")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("helm: %v (hack/build-tools.sh builds it: make tools)", err)
+	bin, err := controlplane.Tool("helm")
+	if err != nil {
+		t.Fatal(err)
 	}
 	home := t.TempDir()
 	return func(args ...string) (string, error) {

@@ -400,16 +400,40 @@ func (cp *ControlPlane) Stop() error {
 	return errors.Join(errs...)
 }
 
+// defaultBinDir is $KVNET_BIN_DIR, else <repo>/.cache/bin: where
+// hack/build-tools.sh puts what it builds.
+func defaultBinDir() (string, error) {
+	if dir := os.Getenv(BinDirEnv); dir != "" {
+		return dir, nil
+	}
+	root, err := repo.Root()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".cache", "bin"), nil
+}
+
+// Tool returns the path of hack/build-tools.sh's binary name (helm, say)
+// in $KVNET_BIN_DIR, else <repo>/.cache/bin, or an error naming where it
+// is missing and what builds it.
+func Tool(name string) (string, error) {
+	dir, err := defaultBinDir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s: %w (hack/build-tools.sh builds it: make tools)", name, err)
+	}
+	return p, nil
+}
+
 func resolveBinDir(dir string) (string, error) {
 	if dir == "" {
-		dir = os.Getenv(BinDirEnv)
-	}
-	if dir == "" {
-		root, err := repo.Root()
-		if err != nil {
+		var err error
+		if dir, err = defaultBinDir(); err != nil {
 			return "", err
 		}
-		dir = filepath.Join(root, ".cache", "bin")
 	}
 	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
 		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
