@@ -1,7 +1,9 @@
 package migration
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -45,4 +47,41 @@ func TestOf(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestLastFrames(t *testing.T) {
+	at := time.Date(2026, 11, 29, 12, 0, 0, 123456789, time.UTC)
+	v := MergeLastFrames("", map[string]LastFrame{"ns/udn": {Node: "n1", At: at, Frame: "RARP"}})
+	v = MergeLastFrames(v, map[string]LastFrame{"ns/sec": {Node: "n1", At: at.Add(time.Second), Frame: "IPv4 from 10.0.0.4"}})
+	got, err := ParseLastFrames(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got["ns/udn"].At.Equal(at) || got["ns/sec"].Frame != "IPv4 from 10.0.0.4" || got["ns/udn"].Node != "n1" {
+		t.Fatalf("ParseLastFrames(%s) = %+v", v, got)
+	}
+	for _, bad := range []string{"", "[]", `{"ns/udn":{"at":"2026-11-29T12:00:00Z"}}`, `{"ns/udn":{"node":"n1"}}`} {
+		if _, err := ParseLastFrames(bad); err == nil || !strings.Contains(err.Error(), LastFramesAnnotation) {
+			t.Errorf("ParseLastFrames(%q) = %v, want an error naming the annotation", bad, err)
+		}
+	}
+	if v := MergeLastFrames("{garbage", map[string]LastFrame{"a": {Node: "n", At: at}}); !strings.Contains(v, `"a"`) || strings.Contains(v, "garbage") {
+		t.Errorf("MergeLastFrames over an unreadable value = %s", v)
+	}
+}
+
+func FuzzParseLastFrames(f *testing.F) {
+	f.Add(`{"ns/udn":{"node":"n1","at":"2026-11-29T12:00:00.5Z","frame":"RARP"}}`)
+	f.Add(`{}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseLastFrames(s)
+		if err != nil {
+			return
+		}
+		for n, lf := range m {
+			if lf.Node == "" || lf.At.IsZero() {
+				t.Fatalf("accepted %q: network %q without node or time", s, n)
+			}
+		}
+	})
 }

@@ -102,9 +102,10 @@ type Agent struct {
 	dhcp    *dhcpServers
 	// announce watches migration targets' Standby ports for the guest.
 	announce *announcements
-	// switches follows migration targets to their switch-over (set by
-	// Start).
+	// switches follows migration targets to their switch-over, departs
+	// migration sources to their guest's last frame (set by Start).
 	switches *switchovers
+	departs  *departures
 	parsed   AnnotationCache          // owned by the loop
 	gwMemo   map[string]gatewayResult // owned by the loop: see gateways
 
@@ -258,6 +259,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.switches = newSwitchovers(a.cfg.NodeName, newSwitchoverReporter(ctx, a.mgr.GetClient(), a.mgr.GetEventRecorder("kvnet-node")))
 	a.announce.opened = a.switches.firstFrame
 	a.switches.probes = a.announce.probesSent
+	a.switches.lastFrame = a.lastFrameOf(ctx)
+	a.departs = newDepartures(a.cfg.NodeName, a.cfg.Datapath.NetNS, logger, newLastFramePublisher(ctx, a.mgr.GetClient(), a.mgr.GetAPIReader()))
+	defer a.departs.close()
 	a.writeStatus(ctx, false, nil, nil)
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()
@@ -527,6 +531,9 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 		a.switches.sync(plan.MigrationTargets, plan.State.Ports)
 	}
 	a.announce.sync(watched(plan), plan.Neighbours, plan.ProbeFrom)
+	if a.departs != nil {
+		a.departs.sync(plan.MigrationSources, plan.DepartedSources, plan.ProbeFrom)
+	}
 	a.dhcp.sync(ctx, plan.DHCP)
 	ok := applyErr == nil || isOnly(applyErr, datapath.ErrPortNotFound)
 	a.writeStatus(ctx, ok, plan.Exhausted, plan.Unserved)
@@ -534,6 +541,29 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	rulesSyncSeconds.WithLabelValues(a.cfg.NodeName).Observe(a.dp.RulesSyncDuration().Seconds())
 	a.report(ctx, plan, ok)
 	return plan.Waiting, applyErr
+}
+
+// lastFrameOf returns the guest's last frame on a network as the
+// source launcher pod's migration.LastFramesAnnotation has it, from the
+// cache.
+func (a *Agent) lastFrameOf(ctx context.Context) func(types.NamespacedName, string) (migration.LastFrame, bool) {
+	return func(key types.NamespacedName, network string) (migration.LastFrame, bool) {
+		var pod corev1.Pod
+		if err := a.mgr.GetCache().Get(ctx, key, &pod); err != nil {
+			return migration.LastFrame{}, false
+		}
+		v, ok := pod.Annotations[migration.LastFramesAnnotation]
+		if !ok {
+			return migration.LastFrame{}, false
+		}
+		frames, err := migration.ParseLastFrames(v)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "source pod's last frames unreadable", "pod", key.String())
+			return migration.LastFrame{}, false
+		}
+		f, ok := frames[network]
+		return f, ok
+	}
 }
 
 // watched is the plan's ports as the announcements take them: only a

@@ -179,8 +179,15 @@ func firstIPv4Prefix(ps []netip.Prefix) (netip.Addr, bool) {
 // open returns a packet socket receiving the frames on interface name, in
 // the datapath's namespace; read picks the guest's RARP out of them.
 func (w *announcements) open(name string) (*os.File, error) {
+	return openPortSocket(w.netns, name)
+}
+
+// openPortSocket returns a packet socket receiving the frames that host
+// interface name (in network namespace netns) receives from its pod, and
+// sending frames into the pod through it.
+func openPortSocket(netns, name string) (*os.File, error) {
 	var f *os.File
-	err := nl.Do(w.netns, func() error {
+	err := nl.Do(netns, func() error {
 		ifc, err := net.InterfaceByName(name)
 		if err != nil {
 			return err
@@ -264,14 +271,25 @@ func guestFrame(b []byte, p datapath.Port) string {
 	if len(b) < 14 || !bytes.Equal(b[6:12], p.MAC) {
 		return ""
 	}
+	if binary.BigEndian.Uint16(b[12:14]) == unix.ETH_P_IP && len(b) >= 34 && podsProbeReply(b) {
+		return ""
+	}
+	return portFrame(b, p)
+}
+
+// portFrame says what frame b, sent by port p's pod, is if only a guest
+// with p's MAC and addresses sends such frames ("" if not): its RARP, or
+// an IPv4 or IPv6 packet from one of its addresses to a unicast one
+// (guestFrame).
+func portFrame(b []byte, p datapath.Port) string {
+	if len(b) < 14 || !bytes.Equal(b[6:12], p.MAC) {
+		return ""
+	}
 	switch binary.BigEndian.Uint16(b[12:14]) {
 	case ethPRARP:
 		return "RARP"
 	case unix.ETH_P_IP:
 		if len(b) < 34 || b[14]>>4 != 4 {
-			return ""
-		}
-		if podsProbeReply(b) {
 			return ""
 		}
 		src, dst := netip.AddrFrom4([4]byte(b[26:30])), netip.AddrFrom4([4]byte(b[30:34]))

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -137,31 +138,9 @@ func TestAgentProbesStandbyPort(t *testing.T) {
 	l.runPod(nad, "peer", "n3", nil)
 	_, dst := migratingVM(t, l, nad, "vm-probe")
 	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, dst.a.MACAddress, true))
-	echoReplies := func() int {
-		b, err := exec.Command("ip", "netns", "exec", filepath.Base(dst.netns), "cat", "/proc/net/snmp").Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := string(b)
-		lines := strings.Split(out, "\n")
-		for i := 0; i+1 < len(lines); i++ {
-			if !strings.HasPrefix(lines[i], "Icmp: ") || !strings.HasPrefix(lines[i+1], "Icmp: ") {
-				continue
-			}
-			names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-			for j, n := range names {
-				if n == "OutEchoReps" && j < len(values) {
-					v, _ := strconv.Atoi(values[j])
-					return v
-				}
-			}
-		}
-		t.Fatalf("no Icmp OutEchoReps in the target pod's /proc/net/snmp:\n%s", out)
-		return 0
-	}
-	before := echoReplies()
+	before := echoReplies(t, dst)
 	testenv.Eventually(t, waitTimeout, "the target pod answering kvnet-node's probes itself", func() error {
-		if n := echoReplies() - before; n < 5 {
+		if n := echoReplies(t, dst) - before; n < 5 {
 			return fmt.Errorf("%d echo replies", n)
 		}
 		return nil
@@ -192,17 +171,59 @@ func TestAgentProbesStandbyPort(t *testing.T) {
 	})
 }
 
+// echoReplies returns how many ICMP echo replies pod p's stack sent.
+func echoReplies(t *testing.T, p *pod) int {
+	t.Helper()
+	b, err := exec.Command("ip", "netns", "exec", filepath.Base(p.netns), "cat", "/proc/net/snmp").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(b)
+	lines := strings.Split(out, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		if !strings.HasPrefix(lines[i], "Icmp: ") || !strings.HasPrefix(lines[i+1], "Icmp: ") {
+			continue
+		}
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		for j, n := range names {
+			if n == "OutEchoReps" && j < len(values) {
+				v, _ := strconv.Atoi(values[j])
+				return v
+			}
+		}
+	}
+	t.Fatalf("no Icmp OutEchoReps in pod %s's /proc/net/snmp:\n%s", p.name, out)
+	return 0
+}
+
 // TestAgentSwitchoverByAPI: a migration target whose guest never sends a
 // frame there is switched when the API names the target node; kvnet-node
 // says so on the VMI (a Warning: the guest's traffic went to the source
-// until then) and counts it as an API switch-over.
+// until then) and counts it as an API switch-over. The source node's
+// kvnet-node probes the guest until it pauses and publishes its last
+// frame on the source pod once the VMI moved; the target's report says
+// how long the network was dark from it.
 func TestAgentSwitchoverByAPI(t *testing.T) {
 	testenv.NeedsFixture(t, env != nil)
 	ctx := context.Background()
 	l := newLab(t, "n1", "n2")
 	nad := tenant(t, "agent-api-switch", "10.8.0.0/24", true)
-	_, dst := migratingVM(t, l, nad, "vm-api")
+	src, dst := migratingVM(t, l, nad, "vm-api")
 	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, dst.a.MACAddress, true))
+	darkBefore := darkCount(t, l.nodeName("n2"))
+	// The source's guest answers n1's probes until it pauses.
+	since := time.Now()
+	replies := echoReplies(t, src)
+	testenv.Eventually(t, waitTimeout, "the source pod answering n1's migration probes", func() error {
+		if n := echoReplies(t, src) - replies; n < 3 {
+			return fmt.Errorf("%d echo replies", n)
+		}
+		return nil
+	})
+	if err := nstest.Exec(src.netns, "ip", "link", "set", src.ifName, "down"); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
 	var vmi kubevirtv1.VirtualMachineInstance
 	if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: "vm-api"}, &vmi); err != nil {
 		t.Fatal(err)
@@ -232,7 +253,8 @@ func TestAgentSwitchoverByAPI(t *testing.T) {
 				continue
 			}
 			seen = append(seen, e.Reason+": "+e.Note)
-			if e.Reason == migration.EventSwitchedByAPI && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "by the API") {
+			if e.Reason == migration.EventSwitchedByAPI && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "by the API") &&
+				strings.Contains(e.Note, "the network was dark") && strings.Contains(e.Note, "last frame on node "+l.nodeName("n1")+" (IPv4 from "+src.ip()+")") {
 				return nil
 			}
 		}
@@ -247,6 +269,34 @@ func TestAgentSwitchoverByAPI(t *testing.T) {
 	if n != 1 {
 		t.Errorf("n2 counted %v switch-overs by the API, want 1", n)
 	}
+	if n := darkCount(t, l.nodeName("n2")) - darkBefore; n != 1 {
+		t.Errorf("n2 observed %d dark durations, want 1", n)
+	}
+	// The source pod holds the guest's last frame on n1: after the probes
+	// began, before the guest paused.
+	var p corev1.Pod
+	if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: src.name}, &p); err != nil {
+		t.Fatal(err)
+	}
+	frames, err := migration.ParseLastFrames(p.Annotations[migration.LastFramesAnnotation])
+	if err != nil || len(frames) != 1 {
+		t.Fatalf("source pod's last frames %v (%v), want one network's", frames, err)
+	}
+	for network, f := range frames {
+		if f.Node != l.nodeName("n1") || f.At.Before(since) || f.At.After(paused) {
+			t.Errorf("network %s: last frame %+v, want one on %s between %s and %s", network, f, l.nodeName("n1"), since, paused)
+		}
+	}
+}
+
+// darkCount is how many dark durations node has observed.
+func darkCount(t *testing.T, node string) uint64 {
+	t.Helper()
+	var n uint64
+	for _, m := range metricsOf(t, "kvnet_migration_dark_seconds", node) {
+		n += m.GetHistogram().GetSampleCount()
+	}
+	return n
 }
 
 // migratingVM starts VM vm's source pod on n1 and target pod on n2 of

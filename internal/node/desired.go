@@ -163,14 +163,21 @@ type Plan struct {
 	// network without a bridge mapping here, or with a VLAN the kernel
 	// cannot tag) to why; kvnet-cni refuses its pods with that reason.
 	Unserved map[string]string
-	// ProbeFrom maps each network with a port on Standby and an IPv4
-	// gateway to that gateway: kvnet-node's standby probes come from it
-	// (announce.go).
+	// ProbeFrom maps each network with a port on Standby or a migration
+	// source's port and an IPv4 gateway to that gateway: kvnet-node's
+	// standby and source probes come from it (announce.go, departure.go).
 	ProbeFrom map[string]Gateway
 	// MigrationTargets are the ports of live migrations' targets on this
 	// node while the API still names the source (open at the guest's
 	// first frame, or still on Standby): what switchovers follows.
 	MigrationTargets []MigrationTarget
+	// MigrationSources are the ports of live migrations' sources on this
+	// node while the guest still runs here: what departures follows.
+	MigrationSources []MigrationSource
+	// DepartedSources holds the network/MAC (switchKey) of each local
+	// launcher pod that was its VMI's last migration source while the
+	// VMI runs on another node: its guest left.
+	DepartedSources map[string]bool
 }
 
 // Gateway is a network's gateway address on this node and its MAC.

@@ -247,9 +247,22 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 		if len(p.MigrationTargets) != wantTargets {
 			t.Errorf("%s: migration targets %+v, want %d", n, p.MigrationTargets, wantTargets)
 		} else if n == "n2" {
-			if mt := p.MigrationTargets[0]; mt.VMI != key || mt.Pod != dst.Name || mt.Source != "n1" || mt.MAC.String() != mac || mt.Network != pt.Network {
+			if mt := p.MigrationTargets[0]; mt.VMI != key || mt.Pod != dst.Name || mt.Source != "n1" || mt.SourcePod != src.Name ||
+				mt.MAC.String() != mac || mt.Network != pt.Network {
 				t.Errorf("n2: migration target %+v", mt)
 			}
+		}
+		// The source's port is a migration source, followed (and probed
+		// from the gateway) until its guest leaves; the target's is not.
+		if n == "n1" {
+			if len(p.MigrationSources) != 1 || p.MigrationSources[0].VMI != key || p.MigrationSources[0].Pod != src.Name ||
+				p.MigrationSources[0].Port.HostIfName != pt.HostIfName {
+				t.Errorf("n1: migration sources %+v, want the source pod's port", p.MigrationSources)
+			} else if _, ok := p.ProbeFrom[pt.Network]; !ok {
+				t.Errorf("n1: no probe gateway for the source's network: %+v", p.ProbeFrom)
+			}
+		} else if len(p.MigrationSources) != 0 {
+			t.Errorf("%s: migration sources %+v, want none", n, p.MigrationSources)
 		}
 		if err := datapath.Validate(p.State); err != nil {
 			t.Error(err)
@@ -270,9 +283,10 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 	// frame of the pod's own seen there.
 	for _, announced := range []map[string]bool{nil, {mac: true}} {
 		in.Node, in.Announced = "n1", announced
-		if p := Desired(in); port(p) == nil || !port(p).Departed || port(p).Standby || len(p.MigrationTargets) != 0 {
-			t.Errorf("n1, the departed source (announced %v): port %+v, migration targets %+v, want a Departed port and none",
-				announced, port(p), p.MigrationTargets)
+		if p := Desired(in); port(p) == nil || !port(p).Departed || port(p).Standby || len(p.MigrationTargets) != 0 || len(p.MigrationSources) != 0 ||
+			!p.DepartedSources[switchKey(port(p).Network, mac)] {
+			t.Errorf("n1, the departed source (announced %v): port %+v, migration targets %+v, sources %+v, departed %v, want a Departed port and none",
+				announced, port(p), p.MigrationTargets, p.MigrationSources, p.DepartedSources)
 		}
 	}
 	in.VMINodes[key] = "n1"
@@ -296,6 +310,18 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 		t.Errorf("n1, migration to another pod: port %+v, want an ordinary one", pt)
 	}
 	in.Migrations[key].TargetPod = dst.Name
+	// Completed, the VMI on n2: the source pod on n1 holds nothing, and
+	// its guest departed.
+	in.Migrations[key].State, in.VMINodes[key], in.Node = migration.Succeeded, "n2", "n1"
+	if p := Desired(in); port(p) != nil || len(p.DepartedSources) != 1 || len(p.MigrationSources) != 0 {
+		t.Errorf("n1 after the migration completed: port %+v, departed %v, sources %+v, want no port, one departed, no source",
+			port(p), p.DepartedSources, p.MigrationSources)
+	}
+	in.Node = "n2"
+	if p := Desired(in); len(p.DepartedSources) != 0 {
+		t.Errorf("n2 after the migration completed: departed %v, want none", p.DepartedSources)
+	}
+	in.VMINodes[key] = "n1"
 	// Once the migration is over (completed or failed), ordinary state.
 	in.Migrations[key].State = migration.Failed
 	in.Node = "n2"
@@ -303,8 +329,9 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 		t.Errorf("n2 after a failed migration: port %+v, want none", pt)
 	}
 	in.Node = "n1"
-	if pt := port(Desired(in)); pt == nil || pt.Migrating {
-		t.Errorf("n1 after a failed migration: port %+v, want an ordinary one", pt)
+	if p := Desired(in); port(p) == nil || port(p).Migrating || len(p.DepartedSources) != 0 || len(p.MigrationSources) != 0 {
+		t.Errorf("n1 after a failed migration: port %+v, departed %v, sources %+v, want an ordinary port, not departed, no source",
+			port(p), p.DepartedSources, p.MigrationSources)
 	}
 }
 

@@ -67,6 +67,12 @@ var (
 		Help:    "From a live migration's target port being ready for the guest to its switch-over (either trigger): the migration's transfer as the network sees it.",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 14),
 	}, []string{"node", "network", "trigger"})
+	darkSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvnet_migration_dark_seconds",
+		Help: "From a migrated guest's last frame out of its port on the source node (as that node's kvnet-node read it) to its port on the target node forwarding its traffic: how long the VM's network was dark in the live migration.",
+		// 10 ms to about 82 s.
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+	}, []string{"node", "network"})
 	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvnet_node_ready",
 		Help: "1 once the agent has applied the datapath state since it started.",
@@ -75,7 +81,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
-		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds)
+		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds)
 }
 
 // policyCounts returns, per network of s, how many of its ports policies
@@ -112,5 +118,8 @@ func observeSwitchover(s Switchover) {
 	}
 	if w := s.Waited(); w > 0 {
 		switchoverWaitSeconds.WithLabelValues(s.Target, s.Network, s.Trigger).Observe(w.Seconds())
+	}
+	if d := s.Dark(); d > 0 {
+		darkSeconds.WithLabelValues(s.Target, s.Network).Observe(d.Seconds())
 	}
 }

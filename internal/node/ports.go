@@ -41,6 +41,7 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 		}
 	}
 	for _, h := range hs {
+		p.departedSource(name, h)
 		switch {
 		case !h.active && !(h.migrating && h.node == p.in.Node):
 			// The other copy of a migrating VM's MAC: nothing here,
@@ -66,6 +67,9 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			departed := h.migrating && !h.active && vmi != "" &&
 				p.in.Migrations[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
 			target := h.migrating && !h.active && !departed
+			key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
+			source := h.migrating && h.active && vmi != "" && p.in.Migrations[key].InProgress() &&
+				p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
 			port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
 				// A migration target waits for its guest's announce.
 				Standby: target && !p.in.Announced[h.mac.String()], Departed: departed}
@@ -77,9 +81,15 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			p.plan.State.Ports = append(p.plan.State.Ports, port)
 			standby = standby || port.Standby
 			if target && vmi != "" {
-				key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
-				p.plan.MigrationTargets = append(p.plan.MigrationTargets, MigrationTarget{Network: name, MAC: h.mac, VMI: key,
-					Pod: h.pod.Name, Source: p.in.VMINodes[key]})
+				t := MigrationTarget{Network: name, MAC: h.mac, VMI: key, Pod: h.pod.Name, Source: p.in.VMINodes[key]}
+				if m := p.in.Migrations[key]; m != nil {
+					t.SourcePod = m.SourcePod
+				}
+				p.plan.MigrationTargets = append(p.plan.MigrationTargets, t)
+			}
+			if source {
+				p.plan.MigrationSources = append(p.plan.MigrationSources, MigrationSource{Port: port, VMI: key, Pod: h.pod.Name})
+				p.probeFrom(n, dn)
 			}
 			if leases != nil && h.active {
 				if l, ok := lease(h, serverIP, n.conf.MTU, p.dnsServers, p.in); ok {
@@ -133,6 +143,44 @@ func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in In
 	return l, l.IP.IsValid() || l.IP6.IsValid()
 }
 
+// departedSource records h in Plan.DepartedSources if it is a local
+// launcher pod that was the source of its VMI's last live migration and
+// the VMI now runs on another node.
+func (p *planner) departedSource(network string, h *holder) {
+	if h.node != p.in.Node || h.mac == nil {
+		return
+	}
+	vmi := h.pod.Annotations[kubevirtv1.DomainAnnotation]
+	if vmi == "" {
+		return
+	}
+	key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
+	if on := p.in.VMINodes[key]; on == "" || on == p.in.Node || p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) != migration.Source {
+		return
+	}
+	if p.plan.DepartedSources == nil {
+		p.plan.DepartedSources = map[string]bool{}
+	}
+	p.plan.DepartedSources[switchKey(network, h.mac.String())] = true
+}
+
+// probeFrom records network n's first IPv4 gateway, if it has a router,
+// as the source of its migration probes (Plan.ProbeFrom).
+func (p *planner) probeFrom(n *network, dn datapath.Network) {
+	if _, ok := p.plan.ProbeFrom[n.conf.Name]; ok || !dn.HasRouter() {
+		return
+	}
+	for _, gw := range dn.Gateways {
+		if gw.Is4() {
+			if p.plan.ProbeFrom == nil {
+				p.plan.ProbeFrom = map[string]Gateway{}
+			}
+			p.plan.ProbeFrom[n.conf.Name] = Gateway{IP: gw, MAC: datapath.GatewayMAC(dn.ID)}
+			return
+		}
+	}
+}
+
 // neighbours records, for network n (one of whose ports on this node is
 // on Standby), the IPv4 addresses of its live holders and of its
 // gateways with their MACs (Plan.Neighbours).
@@ -152,15 +200,10 @@ func (p *planner) neighbours(n *network, dn datapath.Network, hs []*holder) {
 		for _, gw := range dn.Gateways {
 			if gw.Is4() {
 				m[gw] = datapath.GatewayMAC(dn.ID)
-				if _, ok := p.plan.ProbeFrom[n.conf.Name]; !ok {
-					if p.plan.ProbeFrom == nil {
-						p.plan.ProbeFrom = map[string]Gateway{}
-					}
-					p.plan.ProbeFrom[n.conf.Name] = Gateway{IP: gw, MAC: datapath.GatewayMAC(dn.ID)}
-				}
 			}
 		}
 	}
+	p.probeFrom(n, dn)
 	if p.plan.Neighbours == nil {
 		p.plan.Neighbours = map[string]map[netip.Addr]net.HardwareAddr{}
 	}

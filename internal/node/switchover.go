@@ -36,8 +36,9 @@ type MigrationTarget struct {
 	Network string
 	MAC     net.HardwareAddr
 	VMI     types.NamespacedName
-	// Pod is the target launcher pod; Source the node the VMI runs on.
-	Pod, Source string
+	// Pod is the target launcher pod; Source the node the VMI runs on
+	// and SourcePod its launcher pod there.
+	Pod, Source, SourcePod string
 }
 
 // Switchover is one network's switch-over to this node in a live
@@ -63,6 +64,22 @@ type Switchover struct {
 	// target port by an API switch-over (-1: not known): none says the
 	// guest was not asked, some that it did not answer in time.
 	Probes int
+	// SourcePod is the source launcher pod; Last the guest's last frame
+	// out of its port on the source node, as the source's kvnet-node
+	// published it on that pod (zero At: not known).
+	SourcePod string
+	Last      migration.LastFrame
+}
+
+// Dark is how long the VM's network was dark: from the guest's last
+// frame on the source node to its port on this node forwarding its
+// traffic (0 if the last frame is not known or the nodes' clocks put it
+// after the port opened).
+func (s Switchover) Dark() time.Duration {
+	if s.Last.At.IsZero() || s.Last.At.After(s.Opened) {
+		return 0
+	}
+	return s.Opened.Sub(s.Last.At)
 }
 
 // Waited is how long the target port waited for the guest: from Ready to
@@ -97,12 +114,25 @@ func (s Switchover) Message() string {
 		case s.Probes > 0:
 			probes = fmt.Sprintf("; %d standby probes had gone into the target port, none answered by the guest", s.Probes)
 		}
-		return fmt.Sprintf("network %s switched from node %s to node %s by the API (the VMI named node %s) at %s, not at the guest's first frame, which kvnet-node never saw there: until then the guest's traffic went to node %s%s%s",
-			s.Network, orUnknown(s.Source), s.Target, s.Target, s.Opened.UTC().Format(time.RFC3339Nano), orUnknown(s.Source), waited, probes)
+		return fmt.Sprintf("network %s switched from node %s to node %s by the API (the VMI named node %s) at %s, not at the guest's first frame, which kvnet-node never saw there: until then the guest's traffic went to node %s%s%s%s",
+			s.Network, orUnknown(s.Source), s.Target, s.Target, s.Opened.UTC().Format(time.RFC3339Nano), orUnknown(s.Source), s.darkNote(), waited, probes)
 	}
-	return fmt.Sprintf("network %s switched from node %s to node %s at the guest's first frame there (%s) at %s, its port open %.1f ms after it%s",
+	return fmt.Sprintf("network %s switched from node %s to node %s at the guest's first frame there (%s) at %s, its port open %.1f ms after it%s%s",
 		s.Network, orUnknown(s.Source), s.Target, s.Frame, s.FirstFrame.UTC().Format(time.RFC3339Nano),
-		float64(s.OpenedAfterFrame().Microseconds())/1000, waited)
+		float64(s.OpenedAfterFrame().Microseconds())/1000, s.darkNote(), waited)
+}
+
+// darkNote is the Message's part on the source's last frame.
+func (s Switchover) darkNote() string {
+	switch {
+	case s.Last.At.IsZero():
+		return "; the guest's last frame on node " + orUnknown(s.Source) + " is not known"
+	case s.Dark() == 0:
+		return fmt.Sprintf("; the guest's last frame on node %s (%s) is dated %s, after the port opened: the nodes' clocks disagree",
+			s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano))
+	}
+	return fmt.Sprintf("; the network was dark %.1f ms, from the guest's last frame on node %s (%s) at %s",
+		float64(s.Dark().Microseconds())/1000, s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano))
 }
 
 func orUnknown(s string) string {
@@ -125,14 +155,77 @@ type switchovers struct {
 	// known).
 	probes func(mac string) int
 
+	// lastFrame returns the guest's last frame on a network as a source
+	// pod's annotation has it (nil: none is waited for); a switch-over is
+	// reported once it is there, or lastFrameWait after it switched.
+	lastFrame     func(pod types.NamespacedName, network string) (migration.LastFrame, bool)
+	lastFrameWait time.Duration
+	// after runs f after d (time.AfterFunc).
+	after func(d time.Duration, f func())
+
 	mu      sync.Mutex
 	pending map[string]*Switchover // network/MAC -> target waiting or switched
-	// reported holds the keys of pending whose switch-over was reported.
+	// reported holds the keys of pending whose switch-over was reported
+	// (or waits for its source's last frame in awaiting).
 	reported map[string]bool
+	awaiting []awaitingSwitchover
 }
 
+// awaitingSwitchover is a switch-over waiting for its source's last frame
+// until deadline.
+type awaitingSwitchover struct {
+	s        Switchover
+	deadline time.Time
+}
+
+// defaultLastFrameWait bounds how long a switch-over's report waits for
+// the source node's kvnet-node to publish the guest's last frame there:
+// it does when the API moves the VMI, which KubeVirt does within seconds
+// of the guest running on the target.
+const defaultLastFrameWait = 30 * time.Second
+
 func newSwitchovers(node string, report func(Switchover)) *switchovers {
-	return &switchovers{node: node, now: time.Now, report: report, pending: map[string]*Switchover{}, reported: map[string]bool{}}
+	return &switchovers{node: node, now: time.Now, report: report, pending: map[string]*Switchover{}, reported: map[string]bool{},
+		lastFrameWait: defaultLastFrameWait, after: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
+}
+
+// settle reports each switch-over of ss whose source's last frame is
+// known, or not waited for, and keeps the others in awaiting; then it
+// reports the awaiting ones whose last frame came or whose wait is over.
+// Called without w.mu.
+func (w *switchovers) settle(ss ...Switchover) {
+	now := w.now()
+	var out []Switchover
+	w.mu.Lock()
+	for _, s := range ss {
+		w.awaiting = append(w.awaiting, awaitingSwitchover{s: s, deadline: now.Add(w.lastFrameWait)})
+		if w.lastFrame != nil && s.SourcePod != "" {
+			w.after(w.lastFrameWait, func() { w.settle() })
+		}
+	}
+	kept := w.awaiting[:0]
+	for _, a := range w.awaiting {
+		s := a.s
+		if w.lastFrame == nil || s.SourcePod == "" {
+			out = append(out, s)
+			continue
+		}
+		if lf, ok := w.lastFrame(types.NamespacedName{Namespace: s.VMI.Namespace, Name: s.SourcePod}, s.Network); ok && lf.Node == s.Source {
+			s.Last = lf
+			out = append(out, s)
+			continue
+		}
+		if !now.Before(a.deadline) {
+			out = append(out, s)
+			continue
+		}
+		kept = append(kept, a)
+	}
+	w.awaiting = kept
+	w.mu.Unlock()
+	for _, s := range out {
+		w.report(s)
+	}
 }
 
 func switchKey(network, mac string) string { return network + "/" + mac }
@@ -163,7 +256,7 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 		}
 		// A first frame may have come before the plan named the VMI: its
 		// switch-over is reported now.
-		s.VMI, s.Source = t.VMI, t.Source
+		s.VMI, s.Source, s.SourcePod = t.VMI, t.Source, t.SourcePod
 		if s.Trigger != "" && !w.reported[k] {
 			w.reported[k] = true
 			out = append(out, *s)
@@ -186,9 +279,7 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 		out = append(out, *s)
 	}
 	w.mu.Unlock()
-	for _, s := range out {
-		w.report(s)
-	}
+	w.settle(out...)
 }
 
 // firstFrame records that port p opened at its guest's first frame (frame,
@@ -214,7 +305,7 @@ func (w *switchovers) firstFrame(p datapath.Port, frame string, at, opened time.
 	r := *s
 	w.mu.Unlock()
 	if report {
-		w.report(r)
+		w.settle(r)
 	}
 }
 
@@ -227,7 +318,7 @@ func newSwitchoverReporter(ctx context.Context, c client.Reader, rec events.Even
 		observeSwitchover(s)
 		logger.Info("live migration: the network switched to this node", "vmi", s.VMI.String(), "network", s.Network, "mac", s.MAC,
 			"from", s.Source, "trigger", s.Trigger, "frame", s.Frame, "openedAfterFrameMs", float64(s.OpenedAfterFrame().Microseconds())/1000,
-			"waitedMs", s.Waited().Milliseconds())
+			"waitedMs", s.Waited().Milliseconds(), "darkMs", float64(s.Dark().Microseconds())/1000, "lastFrameAtSource", s.Last.Frame)
 		go func() {
 			var vmi kubevirtv1.VirtualMachineInstance
 			if err := c.Get(ctx, s.VMI, &vmi); err != nil {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
 )
 
 // switchClock is a clock the test advances.
@@ -156,8 +157,12 @@ func TestSwitchoverMigrationAbandoned(t *testing.T) {
 func TestObserveSwitchover(t *testing.T) {
 	base := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	s := Switchover{Network: "test_obs", Target: "node-obs", Trigger: TriggerFirstFrame, Ready: base, FirstFrame: base.Add(time.Second), Opened: base.Add(time.Second + time.Millisecond)}
+	s.Last = migration.LastFrame{Node: "node-src", At: base.Add(800 * time.Millisecond)}
 	observeSwitchover(s)
 	observeSwitchover(Switchover{Network: "test_obs", Target: "node-obs", Trigger: TriggerAPI, Ready: base, Opened: base.Add(2 * time.Second)})
+	if n := observations(t, darkSeconds.WithLabelValues("node-obs", "test_obs")); n != 1 {
+		t.Errorf("dark durations observed %d, want 1 (the API one has no last frame)", n)
+	}
 	if n := metricValue(t, switchoversTotal.WithLabelValues("node-obs", "test_obs", TriggerFirstFrame)); n != 1 {
 		t.Errorf("first-frame switch-overs %v, want 1", n)
 	}
@@ -203,5 +208,73 @@ func TestWatched(t *testing.T) {
 	}
 	if !plan.State.Ports[1].Standby {
 		t.Fatal("watched changed the plan's own ports")
+	}
+}
+
+// TestSwitchoverWaitsForLastFrame: a switch-over is reported once the
+// source pod's last frame is there (with how long the network was dark),
+// or when the wait for it is over (saying it is not known).
+func TestSwitchoverWaitsForLastFrame(t *testing.T) {
+	w, clock, got := newTestSwitchovers()
+	var timers []func()
+	w.after = func(d time.Duration, f func()) {
+		if d != w.lastFrameWait {
+			t.Errorf("timer of %s, want the wait %s", d, w.lastFrameWait)
+		}
+		timers = append(timers, f)
+	}
+	published := map[string]migration.LastFrame{} // pod/network -> last frame
+	w.lastFrame = func(pod types.NamespacedName, network string) (migration.LastFrame, bool) {
+		f, ok := published[pod.String()+"/"+network]
+		return f, ok
+	}
+	target := swTarget
+	target.SourcePod = "virt-launcher-vm-1-a"
+	w.sync([]MigrationTarget{target}, []datapath.Port{standby(swPort)})
+	clock.t = clock.t.Add(5 * time.Second)
+	last := clock.t
+	clock.t = clock.t.Add(200 * time.Millisecond)
+	w.firstFrame(swPort, "RARP", clock.t, clock.t.Add(time.Millisecond))
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 0 || len(timers) != 1 {
+		t.Fatalf("reported %+v (timers %d) before the source's last frame was published", *got, len(timers))
+	}
+	// Another node's frame on the same pod is not the source's.
+	published["ns/virt-launcher-vm-1-a/ns_udn"] = migration.LastFrame{Node: "node-3", At: last, Frame: "RARP"}
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 0 {
+		t.Fatalf("reported %+v with a last frame of another node", *got)
+	}
+	published["ns/virt-launcher-vm-1-a/ns_udn"] = migration.LastFrame{Node: "node-1", At: last, Frame: "IPv4 from 10.0.0.4"}
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 1 {
+		t.Fatalf("reported %+v once the last frame was published, want one", *got)
+	}
+	s := (*got)[0]
+	if s.Dark() != 201*time.Millisecond || s.Last.Frame != "IPv4 from 10.0.0.4" {
+		t.Fatalf("dark %s, last frame %+v; want 201ms after IPv4 from 10.0.0.4", s.Dark(), s.Last)
+	}
+	if msg, want := s.Message(), "the network was dark 201.0 ms, from the guest's last frame on node node-1 (IPv4 from 10.0.0.4) at 2026-11-29T12:00:05Z"; !strings.Contains(msg, want) {
+		t.Errorf("message %q lacks %q", msg, want)
+	}
+
+	// A source that never publishes: reported when the wait is over.
+	*got = nil
+	w.sync([]MigrationTarget{target}, []datapath.Port{standby(swPort)})
+	clock.t = clock.t.Add(time.Second)
+	delete(published, "ns/virt-launcher-vm-1-a/ns_udn")
+	w.sync(nil, []datapath.Port{swPort}) // the API switched it
+	clock.t = clock.t.Add(w.lastFrameWait - time.Millisecond)
+	timers[len(timers)-1]()
+	if len(*got) != 0 {
+		t.Fatalf("reported %+v before the wait was over", *got)
+	}
+	clock.t = clock.t.Add(time.Millisecond)
+	timers[len(timers)-1]()
+	if len(*got) != 1 || (*got)[0].Trigger != TriggerAPI || (*got)[0].Dark() != 0 {
+		t.Fatalf("reported %+v when the wait was over, want the API switch-over without a last frame", *got)
+	}
+	if msg := (*got)[0].Message(); !strings.Contains(msg, "the guest's last frame on node node-1 is not known") {
+		t.Errorf("message %q does not say the last frame is not known", msg)
 	}
 }

@@ -382,7 +382,7 @@ func TestLabMigrationKeepsConnections(t *testing.T) {
 	// guest's first frame normally; a switch by the API (this machine too
 	// loaded for the guest to send a frame before simvirt completes the
 	// migration) is said in the same place, and logged here.
-	testenv.Eventually(t, 30*time.Second, "kvnet why vm shows the switch-over", func() error {
+	testenv.Eventually(t, time.Minute, "kvnet why vm shows the switch-over", func() error {
 		rep, err := why.Diagnose(ctx, c, "vm", ns, "vm-1", why.Options{})
 		if err != nil {
 			return err

@@ -985,11 +985,11 @@ type migrationStep struct {
 // observed by the histograms of the target port's wait (either trigger)
 // and of first frame to open port (first-frame only).
 type switchoverMetrics struct {
-	total, waits, frames float64
+	total, waits, frames, darks float64
 }
 
 func (m switchoverMetrics) String() string {
-	return fmt.Sprintf("%v (wait histogram %v, first-frame histogram %v)", m.total, m.waits, m.frames)
+	return fmt.Sprintf("%v (wait histogram %v, first-frame histogram %v, dark histogram %v)", m.total, m.waits, m.frames, m.darks)
 }
 
 // migrateWithEcho live-migrates v to node (migrate), checks that its VMI
@@ -1045,10 +1045,15 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 	// kvnet-node on the target reports the switch-over: an event on the
 	// VMI, its counter and histograms up by one (the first-frame one only
 	// for a switch at the guest's first frame), and kvnet why vm says it.
+	// The event says how long the network was dark, from the guest's last
+	// frame that the source's kvnet-node published on the source pod.
 	step.switchedBefore = switchedBefore
 	err = poll(ctx, time.Minute, func(ctx context.Context) error {
 		if step.switchEvent, err = s.switchoverEvent(ctx, v, node, since); err != nil {
 			return err
+		}
+		if !strings.Contains(step.switchEvent, "the network was dark ") {
+			return fmt.Errorf("the switch-over event does not say how long the network was dark: %s", step.switchEvent)
 		}
 		if step.switchedAfter, err = s.switchoverCount(ctx, node); err != nil {
 			return err
@@ -1056,6 +1061,7 @@ func (s *vmScenarios) migrateWithEcho(ctx context.Context, v *runningVM, name, n
 		want := switchedBefore
 		want.total++
 		want.waits++
+		want.darks++
 		if strings.HasPrefix(step.switchEvent, migration.EventSwitchover+":") {
 			want.frames++
 		}
@@ -1159,6 +1165,7 @@ func (s *vmScenarios) switchoverCount(ctx context.Context, node string) (switcho
 		total:  sumMetric(string(b), "kvnet_migration_switchovers_total"),
 		waits:  sumMetric(string(b), "kvnet_migration_target_wait_seconds_count"),
 		frames: sumMetric(string(b), "kvnet_migration_switchover_seconds_count"),
+		darks:  sumMetric(string(b), "kvnet_migration_dark_seconds_count"),
 	}, nil
 }
 

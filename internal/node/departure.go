@@ -1,0 +1,203 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/migration"
+)
+
+// MigrationSource is a live migration's source port on this node while
+// its guest still runs here (Plan.MigrationSources).
+type MigrationSource struct {
+	Port datapath.Port
+	VMI  types.NamespacedName
+	Pod  string // the source launcher pod
+}
+
+// departures follows this node's live-migration source ports until the
+// guest leaves: it reads what each port's pod sends, remembers the last
+// frame only the guest sends (portFrame), and probes the guest from the
+// network's gateway every probeInterval so that a quiet guest answers
+// until it pauses. When the API moves the VMI away (the port Departed),
+// the last frame per network is published on the source pod
+// (migration.LastFramesAnnotation), where the target's kvnet-node reads
+// it. A source that stops migrating without departing (a failed or
+// cancelled migration) is forgotten.
+type departures struct {
+	node  string
+	netns string
+	log   logr.Logger
+	now   func() time.Time
+	// publish is handed each source pod's last frames once its guest
+	// left; it must not block.
+	publish func(pod types.NamespacedName, frames map[string]migration.LastFrame)
+
+	mu       sync.Mutex
+	tracking map[string]*departing // network/MAC -> source port followed
+	wg       sync.WaitGroup
+}
+
+// departing is one source port followed.
+type departing struct {
+	src MigrationSource
+	f   *os.File
+	// last is the last guest frame read (zero: none yet); guarded by
+	// departures.mu.
+	last migration.LastFrame
+}
+
+func newDepartures(node, netns string, log logr.Logger, publish func(types.NamespacedName, map[string]migration.LastFrame)) *departures {
+	return &departures{node: node, netns: netns, log: log, now: time.Now, publish: publish, tracking: map[string]*departing{}}
+}
+
+// sync follows exactly the plan's migration sources (probing each from
+// probeFrom's gateway of its network) and publishes the last frames of
+// those whose guest left (departed: Plan.DepartedSources).
+func (d *departures) sync(sources []MigrationSource, departed map[string]bool, probeFrom map[string]Gateway) {
+	want := map[string]MigrationSource{}
+	for _, s := range sources {
+		want[switchKey(s.Port.Network, s.Port.MAC.String())] = s
+	}
+	out := map[types.NamespacedName]map[string]migration.LastFrame{}
+	d.mu.Lock()
+	for k, t := range d.tracking {
+		if w, ok := want[k]; ok && w.Port.HostIfName == t.src.Port.HostIfName {
+			continue
+		}
+		t.f.Close() // ends its reader and prober
+		delete(d.tracking, k)
+		if !departed[k] || t.last.At.IsZero() {
+			continue
+		}
+		pod := types.NamespacedName{Namespace: t.src.VMI.Namespace, Name: t.src.Pod}
+		if out[pod] == nil {
+			out[pod] = map[string]migration.LastFrame{}
+		}
+		out[pod][t.src.Port.Network] = t.last
+	}
+	for k, s := range want {
+		if _, ok := d.tracking[k]; ok {
+			continue
+		}
+		f, err := openPortSocket(d.netns, s.Port.HostIfName)
+		if err != nil {
+			d.log.Error(err, "follow a migration source port; the switch-over's report will lack the guest's last frame here", "port", s.Port.HostIfName)
+			continue
+		}
+		t := &departing{src: s, f: f}
+		d.tracking[k] = t
+		d.wg.Go(func() { d.read(t) })
+		if gw, ok := probeFrom[s.Port.Network]; ok {
+			if dst, ok := firstIPv4Prefix(s.Port.IPs); ok {
+				d.wg.Go(func() { d.probe(t, gw, dst) })
+			}
+		}
+	}
+	d.mu.Unlock()
+	for pod, frames := range out {
+		d.publish(pod, frames)
+	}
+}
+
+// read records the last frame on t's socket that only its guest sends,
+// until the socket is closed.
+func (d *departures) read(t *departing) {
+	buf := make([]byte, 128)
+	for {
+		n, err := t.f.Read(buf)
+		if errors.Is(err, unix.ENETDOWN) {
+			continue // the pod's end went down (reported once); it may come back
+		}
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				d.log.Error(err, "read a migration source port", "port", t.src.Port.HostIfName)
+			}
+			return
+		}
+		what := portFrame(buf[:n], t.src.Port)
+		if what == "" {
+			continue
+		}
+		at := d.now()
+		d.mu.Lock()
+		t.last = migration.LastFrame{Node: d.node, At: at, Frame: what}
+		d.mu.Unlock()
+	}
+}
+
+// probe sends an echo request from gw to dst into t's port every
+// probeInterval until the socket is closed: the guest's answers keep its
+// last frame current while it runs here.
+func (d *departures) probe(t *departing, gw Gateway, dst netip.Addr) {
+	tick := time.NewTicker(probeInterval)
+	defer tick.Stop()
+	for seq := uint16(1); ; seq++ {
+		if _, err := t.f.Write(probeFrame(t.src.Port.MAC, gw.MAC, gw.IP, dst, seq)); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			d.log.V(1).Info("migration source probe not sent", "port", t.src.Port.HostIfName, "error", err.Error())
+		}
+		<-tick.C
+	}
+}
+
+// close stops following every source port and waits for the readers.
+func (d *departures) close() {
+	d.mu.Lock()
+	for k, t := range d.tracking {
+		t.f.Close()
+		delete(d.tracking, k)
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+}
+
+// newLastFramePublisher writes a source pod's last frames into its
+// migration.LastFramesAnnotation (merged with what it holds), reading the
+// pod from the API (r) and patching it with its resourceVersion, again on
+// a conflict. It returns at once.
+func newLastFramePublisher(ctx context.Context, c client.Client, r client.Reader) func(types.NamespacedName, map[string]migration.LastFrame) {
+	logger := log.FromContext(ctx)
+	return func(key types.NamespacedName, frames map[string]migration.LastFrame) {
+		go func() {
+			err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+				var pod corev1.Pod
+				if err := r.Get(ctx, key, &pod); err != nil {
+					return err
+				}
+				patch := map[string]any{"metadata": map[string]any{
+					"resourceVersion": pod.ResourceVersion,
+					"annotations":     map[string]string{migration.LastFramesAnnotation: migration.MergeLastFrames(pod.Annotations[migration.LastFramesAnnotation], frames)},
+				}}
+				b, err := json.Marshal(patch)
+				if err != nil {
+					return err
+				}
+				return c.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, b))
+			})
+			if err != nil {
+				logger.Error(err, "live migration: cannot publish the guest's last frames on its source pod; the target's switch-over report will lack them", "pod", key.String())
+				return
+			}
+			for network, f := range frames {
+				logger.Info("live migration: the guest left this node", "pod", key.String(), "network", network, "lastFrame", f.Frame, "at", f.At)
+			}
+		}()
+	}
+}
