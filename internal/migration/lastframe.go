@@ -19,23 +19,22 @@ const LastFramesAnnotation = "kvnet.io/migration-last-frames"
 // on one network, as that node's kvnet-node read it.
 type LastFrame struct {
 	Node string `json:"node"`
-	// At is when kvnet-node read the frame; Frame says what it was
-	// ("IPv4 from 10.0.0.4").
-	At    time.Time `json:"at"`
-	Frame string    `json:"frame"`
+	// At is when kvnet-node read the frame (zero: it saw none while the
+	// guest migrated); Frame says what it was ("IPv4 from 10.0.0.4").
+	At    time.Time `json:"at,omitzero"`
+	Frame string    `json:"frame,omitempty"`
 }
 
 // ParseLastFrames reads a LastFramesAnnotation value: network name ->
-// LastFrame. An entry without a node or a time is an error naming the
-// network.
+// LastFrame. An entry without a node is an error naming the network.
 func ParseLastFrames(s string) (map[string]LastFrame, error) {
 	var m map[string]LastFrame
 	if err := json.Unmarshal([]byte(s), &m); err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", LastFramesAnnotation, err)
 	}
 	for n, f := range m {
-		if f.Node == "" || f.At.IsZero() {
-			return nil, fmt.Errorf("annotation %s: network %q: node and at are required, got %+v", LastFramesAnnotation, n, f)
+		if f.Node == "" {
+			return nil, fmt.Errorf("annotation %s: network %q: node is required, got %+v", LastFramesAnnotation, n, f)
 		}
 	}
 	return m, nil

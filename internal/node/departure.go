@@ -81,14 +81,16 @@ func (d *departures) sync(sources []MigrationSource, departed map[string]bool, p
 		}
 		t.f.Close() // ends its reader and prober
 		delete(d.tracking, k)
-		if !departed[k] || t.last.At.IsZero() {
+		if !departed[k] {
 			continue
 		}
+		last := t.last
+		last.Node = d.node // also when no frame was seen
 		pod := types.NamespacedName{Namespace: t.src.VMI.Namespace, Name: t.src.Pod}
 		if out[pod] == nil {
 			out[pod] = map[string]migration.LastFrame{}
 		}
-		out[pod][t.src.Port.Network] = t.last
+		out[pod][t.src.Port.Network] = last
 	}
 	for k, s := range want {
 		if _, ok := d.tracking[k]; ok {

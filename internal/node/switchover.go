@@ -125,8 +125,10 @@ func (s Switchover) Message() string {
 // darkNote is the Message's part on the source's last frame.
 func (s Switchover) darkNote() string {
 	switch {
-	case s.Last.At.IsZero():
+	case s.Last.Node == "":
 		return "; the guest's last frame on node " + orUnknown(s.Source) + " is not known"
+	case s.Last.At.IsZero():
+		return "; kvnet-node on node " + s.Last.Node + " saw no frame of the guest while it migrated (no gateway to probe it from)"
 	case s.Dark() == 0:
 		return fmt.Sprintf("; the guest's last frame on node %s (%s) is dated %s, after the port opened: the nodes' clocks disagree",
 			s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano))

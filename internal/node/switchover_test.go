@@ -278,3 +278,23 @@ func TestSwitchoverWaitsForLastFrame(t *testing.T) {
 		t.Errorf("message %q does not say the last frame is not known", msg)
 	}
 }
+
+// TestSwitchoverSourceSawNoFrame: a source that saw no frame of its
+// guest (no gateway to probe it from) says so; the report need not wait.
+func TestSwitchoverSourceSawNoFrame(t *testing.T) {
+	w, _, got := newTestSwitchovers()
+	w.after = func(time.Duration, func()) {}
+	w.lastFrame = func(types.NamespacedName, string) (migration.LastFrame, bool) {
+		return migration.LastFrame{Node: "node-1"}, true
+	}
+	target := swTarget
+	target.SourcePod = "virt-launcher-vm-1-a"
+	w.sync([]MigrationTarget{target}, []datapath.Port{standby(swPort)})
+	w.sync(nil, []datapath.Port{swPort})
+	if len(*got) != 1 || (*got)[0].Dark() != 0 {
+		t.Fatalf("reported %+v, want one switch-over without a dark time", *got)
+	}
+	if msg := (*got)[0].Message(); !strings.Contains(msg, "kvnet-node on node node-1 saw no frame of the guest while it migrated") {
+		t.Errorf("message %q does not say the source saw no frame", msg)
+	}
+}
