@@ -23,6 +23,35 @@ type LastFrame struct {
 	// guest migrated); Frame says what it was ("IPv4 from 10.0.0.4").
 	At    time.Time `json:"at,omitzero"`
 	Frame string    `json:"frame,omitempty"`
+	// Earlier are the frames read before it, oldest first, at most
+	// MaxEarlierFrames: the source pod may send frames from the guest's
+	// MAC and address after the guest left (its own stack), and the
+	// target takes the last one before the guest ran there (Before).
+	Earlier []SeenFrame `json:"earlier,omitempty"`
+}
+
+// SeenFrame is one frame read on a source port.
+type SeenFrame struct {
+	At    time.Time `json:"at"`
+	Frame string    `json:"frame"`
+}
+
+// MaxEarlierFrames bounds LastFrame.Earlier.
+const MaxEarlierFrames = 64
+
+// Before returns the newest frame of f read at or before t, and how many
+// of f's frames were read after t; ok is false if none was read by t.
+func (f LastFrame) Before(t time.Time) (last SeenFrame, after int, ok bool) {
+	if f.At.IsZero() {
+		return SeenFrame{}, 0, false
+	}
+	all := append(f.Earlier[:len(f.Earlier):len(f.Earlier)], SeenFrame{At: f.At, Frame: f.Frame})
+	for i := len(all) - 1; i >= 0; i-- {
+		if !all[i].At.After(t) {
+			return all[i], len(all) - 1 - i, true
+		}
+	}
+	return SeenFrame{}, len(all), false
 }
 
 // ParseLastFrames reads a LastFramesAnnotation value: network name ->

@@ -60,6 +60,23 @@ func TestLastFrames(t *testing.T) {
 	if len(got) != 2 || !got["ns/udn"].At.Equal(at) || got["ns/sec"].Frame != "IPv4 from 10.0.0.4" || got["ns/udn"].Node != "n1" {
 		t.Fatalf("ParseLastFrames(%s) = %+v", v, got)
 	}
+	f := LastFrame{Node: "n1", At: at.Add(3 * time.Second), Frame: "IPv4 from 10.0.0.4 (the pod's)",
+		Earlier: []SeenFrame{{At: at, Frame: "RARP"}, {At: at.Add(time.Second), Frame: "IPv4 from 10.0.0.4"}}}
+	for _, tc := range []struct {
+		t     time.Time
+		want  string
+		after int
+		ok    bool
+	}{
+		{at.Add(-time.Second), "", 3, false},
+		{at, "RARP", 2, true},
+		{at.Add(2 * time.Second), "IPv4 from 10.0.0.4", 1, true},
+		{at.Add(time.Hour), "IPv4 from 10.0.0.4 (the pod's)", 0, true},
+	} {
+		if got, after, ok := f.Before(tc.t); got.Frame != tc.want || after != tc.after || ok != tc.ok {
+			t.Errorf("Before(%s) = %+v, %d, %v; want %q, %d, %v", tc.t, got, after, ok, tc.want, tc.after, tc.ok)
+		}
+	}
 	if m, err := ParseLastFrames(`{"ns/udn":{"node":"n1"}}`); err != nil || !m["ns/udn"].At.IsZero() {
 		t.Errorf("a network without a frame seen: %+v, %v", m, err)
 	}

@@ -31,7 +31,8 @@ type MigrationSource struct {
 
 // departures follows this node's live-migration source ports until the
 // guest leaves: it reads what each port's pod sends, remembers the last
-// frame only the guest sends (portFrame), and probes the guest from the
+// frames only the guest sends (guestFrame: the source pod's own answers
+// to the probes do not count), and probes the guest from the
 // network's gateway every probeInterval so that a quiet guest answers
 // until it pauses. When the API moves the VMI away (the port Departed),
 // the last frame per network is published on the source pod
@@ -131,13 +132,21 @@ func (d *departures) read(t *departing) {
 			}
 			return
 		}
-		what := portFrame(buf[:n], t.src.Port)
+		// The pod's own answers to the probes (TTL 64) are not the
+		// guest's: the source pod answers them once its guest left.
+		what := guestFrame(buf[:n], t.src.Port)
 		if what == "" {
 			continue
 		}
 		at := d.now()
 		d.mu.Lock()
-		t.last = migration.LastFrame{Node: d.node, At: at, Frame: what}
+		if !t.last.At.IsZero() {
+			t.last.Earlier = append(t.last.Earlier, migration.SeenFrame{At: t.last.At, Frame: t.last.Frame})
+			if n := len(t.last.Earlier); n > migration.MaxEarlierFrames {
+				t.last.Earlier = append(t.last.Earlier[:0], t.last.Earlier[n-migration.MaxEarlierFrames:]...)
+			}
+		}
+		t.last.Node, t.last.At, t.last.Frame = d.node, at, what
 		d.mu.Unlock()
 	}
 }

@@ -69,6 +69,12 @@ type Switchover struct {
 	// published it on that pod (zero At: not known).
 	SourcePod string
 	Last      migration.LastFrame
+	// LaterFrames counts the frames the source published that were read
+	// after the guest ran here (its first frame here, or the API's
+	// switch-over): the source pod's own, not the guest's; Last is the
+	// last frame before them.
+	LaterFrames int
+	Later       migration.SeenFrame
 }
 
 // Dark is how long the VM's network was dark: from the guest's last
@@ -122,19 +128,42 @@ func (s Switchover) Message() string {
 		float64(s.OpenedAfterFrame().Microseconds())/1000, s.darkNote(), waited)
 }
 
+// guestsLastFrame returns the source's last frame of the guest before it
+// ran on the target (its first frame there, or the port opened by the
+// API), with LaterFrames set on s.
+func guestsLastFrame(lf migration.LastFrame, s *Switchover) migration.LastFrame {
+	bound := s.FirstFrame
+	if bound.IsZero() {
+		bound = s.Opened
+	}
+	last, after, ok := lf.Before(bound)
+	s.LaterFrames = after
+	if !ok {
+		return migration.LastFrame{Node: lf.Node}
+	}
+	return migration.LastFrame{Node: lf.Node, At: last.At, Frame: last.Frame}
+}
+
 // darkNote is the Message's part on the source's last frame.
 func (s Switchover) darkNote() string {
+	later := ""
+	if s.LaterFrames > 0 {
+		later = fmt.Sprintf("; the source pod sent %d frames from the guest's MAC and address after the guest ran here, the last (%s) at %s",
+			s.LaterFrames, s.Later.Frame, s.Later.At.UTC().Format(time.RFC3339Nano))
+	}
 	switch {
 	case s.Last.Node == "":
 		return "; the guest's last frame on node " + orUnknown(s.Source) + " is not known"
-	case s.Last.At.IsZero():
+	case s.Last.At.IsZero() && s.LaterFrames == 0:
 		return "; kvnet-node on node " + s.Last.Node + " saw no frame of the guest while it migrated (no gateway to probe it from)"
+	case s.Last.At.IsZero():
+		return "; the guest's last frame on node " + s.Last.Node + " is not known" + later
 	case s.Dark() == 0:
-		return fmt.Sprintf("; the guest's last frame on node %s (%s) is dated %s, after the port opened: the nodes' clocks disagree",
-			s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano))
+		return fmt.Sprintf("; the guest's last frame on node %s (%s) is dated %s, after the port opened: the nodes' clocks disagree%s",
+			s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano), later)
 	}
-	return fmt.Sprintf("; the network was dark %.1f ms, from the guest's last frame on node %s (%s) at %s",
-		float64(s.Dark().Microseconds())/1000, s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano))
+	return fmt.Sprintf("; the network was dark %.1f ms, from the guest's last frame on node %s (%s) at %s%s",
+		float64(s.Dark().Microseconds())/1000, s.Last.Node, s.Last.Frame, s.Last.At.UTC().Format(time.RFC3339Nano), later)
 }
 
 func orUnknown(s string) string {
@@ -213,7 +242,10 @@ func (w *switchovers) settle(ss ...Switchover) {
 			continue
 		}
 		if lf, ok := w.lastFrame(types.NamespacedName{Namespace: s.VMI.Namespace, Name: s.SourcePod}, s.Network); ok && lf.Node == s.Source {
-			s.Last = lf
+			s.Last = guestsLastFrame(lf, &s)
+			if s.LaterFrames > 0 {
+				s.Later = migration.SeenFrame{At: lf.At, Frame: lf.Frame}
+			}
 			out = append(out, s)
 			continue
 		}
