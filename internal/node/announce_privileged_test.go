@@ -211,7 +211,12 @@ func TestAgentSwitchoverByAPI(t *testing.T) {
 	src, dst := migratingVM(t, l, nad, "vm-api")
 	testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, dst.a.MACAddress, true))
 	darkBefore := darkCount(t, l.nodeName("n2"))
-	// The source's guest answers n1's probes until it pauses.
+	// The source's guest answers n1's probes until it pauses: with the
+	// pod's TTL at 63 its answers look as a guest's forwarded through
+	// the pod's NAT do (the pod's own, TTL 64, do not count).
+	if err := nstest.Exec(src.netns, "sysctl", "-q", "-w", "net.ipv4.ip_default_ttl=63"); err != nil {
+		t.Fatal(err)
+	}
 	since := time.Now()
 	replies := echoReplies(t, src)
 	testenv.Eventually(t, waitTimeout, "the source pod answering n1's migration probes", func() error {
