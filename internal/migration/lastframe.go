@@ -15,6 +15,14 @@ import (
 // traffic).
 const LastFramesAnnotation = "kvnet.io/migration-last-frames"
 
+// GuestArrivedAnnotation is set by kvnet-node on a live migration's target
+// launcher pod when the guest's first frame reached its port there (the
+// value: that frame's time, RFC 3339). The source node's kvnet-node then
+// shuts the source pod's port (the guest left it) without waiting for
+// KubeVirt to move the VMI: the source pod's own stack answers the
+// guest's peers from the guest's address once the guest left.
+const GuestArrivedAnnotation = "kvnet.io/migration-guest-arrived"
+
 // LastFrame is the last frame a migrated guest sent on its source node,
 // on one network, as that node's kvnet-node read it.
 type LastFrame struct {

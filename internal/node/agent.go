@@ -260,6 +260,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.announce.opened = a.switches.firstFrame
 	a.switches.probes = a.announce.probesSent
 	a.switches.lastFrame = a.lastFrameOf(ctx)
+	a.switches.arrived = newArrivalPublisher(ctx, a.mgr.GetClient())
 	a.departs = newDepartures(a.cfg.NodeName, a.cfg.Datapath.NetNS, logger, newLastFramePublisher(ctx, a.mgr.GetClient(), a.mgr.GetAPIReader()))
 	defer a.departs.close()
 	a.writeStatus(ctx, false, nil, nil)
@@ -599,6 +600,14 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		return in, err
 	}
 	in.Pods = pods.Items
+	for _, pod := range in.Pods {
+		if _, ok := pod.Annotations[migration.GuestArrivedAnnotation]; ok {
+			if in.GuestArrived == nil {
+				in.GuestArrived = map[types.NamespacedName]bool{}
+			}
+			in.GuestArrived[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}] = true
+		}
+	}
 	var nodes corev1.NodeList
 	if err := c.List(ctx, &nodes); err != nil {
 		return in, err

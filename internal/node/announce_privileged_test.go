@@ -89,6 +89,23 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 				return arping(peer, tc.dst.ip())
 			})
 			testenv.Eventually(t, waitTimeout, "n2's plan keeps the target's port open", targetPort(l, guestMAC, false))
+			// n2 marks the target pod, and n1 shuts the source's port
+			// before anything moved the VMI.
+			testenv.Eventually(t, waitTimeout, "n1's plan has the source's port departed", func() error {
+				for _, p := range l.agent("n1").LastPlan().State.Ports {
+					if p.MAC.String() == guestMAC && p.Departed {
+						return nil
+					}
+				}
+				return fmt.Errorf("no departed port of %s in n1's plan", guestMAC)
+			})
+			var target corev1.Pod
+			if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: tc.dst.name}, &target); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := target.Annotations[migration.GuestArrivedAnnotation]; !ok {
+				t.Errorf("target pod %s lacks %s: %v", tc.dst.name, migration.GuestArrivedAnnotation, target.Annotations)
+			}
 			// Nothing moved the VMI: the frame alone did it.
 			var vmi kubevirtv1.VirtualMachineInstance
 			if err := c.Get(ctx, client.ObjectKey{Namespace: nad.Namespace, Name: tc.vm}, &vmi); err != nil {

@@ -212,3 +212,25 @@ func newLastFramePublisher(ctx context.Context, c client.Client, r client.Reader
 		}()
 	}
 }
+
+// newArrivalPublisher marks a migration target pod (on this node) with
+// migration.GuestArrivedAnnotation: the guest's first frame reached its
+// port at at. It returns at once.
+func newArrivalPublisher(ctx context.Context, c client.Client) func(types.NamespacedName, time.Time) {
+	logger := log.FromContext(ctx)
+	return func(key types.NamespacedName, at time.Time) {
+		go func() {
+			b, err := json.Marshal(map[string]any{"metadata": map[string]any{
+				"annotations": map[string]string{migration.GuestArrivedAnnotation: at.UTC().Format(time.RFC3339Nano)},
+			}})
+			if err == nil {
+				pod := &corev1.Pod{}
+				pod.Namespace, pod.Name = key.Namespace, key.Name
+				err = c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, b))
+			}
+			if err != nil {
+				logger.Error(err, "live migration: cannot mark the target pod's guest arrived; the source node keeps its port open until KubeVirt moves the VMI", "pod", key.String())
+			}
+		}()
+	}
+}

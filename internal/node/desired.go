@@ -55,6 +55,10 @@ type Input struct {
 	// still names the source node (the switch-over's second place, see
 	// package migration).
 	Announced map[string]bool
+	// GuestArrived holds the migration target launcher pods whose guest's
+	// first frame reached their port (migration.GuestArrivedAnnotation,
+	// written by the target node's kvnet-node).
+	GuestArrived map[types.NamespacedName]bool
 	// Links maps the alias of each local link (portalias.Format) to its name.
 	Links map[string]string
 	// Services are the cluster's Services: those of a primary network's

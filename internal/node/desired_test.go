@@ -273,6 +273,15 @@ func TestDesiredMigrationInProgress(t *testing.T) {
 	if p := Desired(in); port(p) == nil || !port(p).Migrating || port(p).Standby || len(p.MigrationTargets) != 1 {
 		t.Errorf("n2 after the announce: port %+v, want Migrating, not Standby, still a migration target (%+v)", port(p), p.MigrationTargets)
 	}
+	// n2 marked the target pod: the guest arrived. n1 shuts the source's
+	// port at once (the source pod's own stack must not answer for the
+	// guest), publishes its last frames, and follows it no more.
+	in.Node, in.GuestArrived = "n1", map[types.NamespacedName]bool{{Namespace: "a", Name: dst.Name}: true}
+	if p := Desired(in); port(p) == nil || !port(p).Departed || len(p.MigrationSources) != 0 || !p.DepartedSources[switchKey(port(p).Network, mac)] {
+		t.Errorf("n1 once the guest arrived on n2: port %+v, sources %+v, departed %v, want a Departed port, no source, departed",
+			port(p), p.MigrationSources, p.DepartedSources)
+	}
+	in.Node, in.GuestArrived = "n2", nil
 	// The API names n2: an ordinary port, no migration target.
 	in.VMINodes[key] = "n2"
 	if p := Desired(in); port(p) == nil || port(p).Standby || len(p.MigrationTargets) != 0 {

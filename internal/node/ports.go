@@ -64,12 +64,13 @@ func (p *planner) ports(n *network, dn datapath.Network, hs []*holder) {
 			// the inactive copy of the MAC until the migration ends: its
 			// guest left, so its port passes nothing (Departed) and is no
 			// migration target.
-			departed := h.migrating && !h.active && vmi != "" &&
-				p.in.Migrations[types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
-			target := h.migrating && !h.active && !departed
+			// So is it once the guest's first frame reached the target
+			// (guestArrived), before KubeVirt moves the VMI.
 			key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
-			source := h.migrating && h.active && vmi != "" && p.in.Migrations[key].InProgress() &&
-				p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
+			isSource := h.migrating && vmi != "" && p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) == migration.Source
+			departed := isSource && (!h.active || p.guestArrived(key))
+			target := h.migrating && !h.active && !departed
+			source := isSource && h.active && !departed && p.in.Migrations[key].InProgress()
 			port := datapath.Port{Network: name, HostIfName: ifName, MAC: h.mac, Migrating: h.migrating,
 				// A migration target waits for its guest's announce.
 				Standby: target && !p.in.Announced[h.mac.String()], Departed: departed}
@@ -145,7 +146,8 @@ func lease(h *holder, router netip.Addr, mtu int, clusterDNS []netip.Addr, in In
 
 // departedSource records h in Plan.DepartedSources if it is a local
 // launcher pod that was the source of its VMI's last live migration and
-// the VMI now runs on another node.
+// the VMI now runs on another node, or its guest's first frame reached
+// the target.
 func (p *planner) departedSource(network string, h *holder) {
 	if h.node != p.in.Node || h.mac == nil {
 		return
@@ -155,13 +157,22 @@ func (p *planner) departedSource(network string, h *holder) {
 		return
 	}
 	key := types.NamespacedName{Namespace: h.pod.Namespace, Name: vmi}
-	if on := p.in.VMINodes[key]; on == "" || on == p.in.Node || p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) != migration.Source {
+	on := p.in.VMINodes[key]
+	moved := on != "" && on != p.in.Node
+	if !(moved || p.guestArrived(key)) || p.in.Migrations[key].RoleOf(h.pod.Namespace, h.pod.Name) != migration.Source {
 		return
 	}
 	if p.plan.DepartedSources == nil {
 		p.plan.DepartedSources = map[string]bool{}
 	}
 	p.plan.DepartedSources[switchKey(network, h.mac.String())] = true
+}
+
+// guestArrived reports whether VMI key's migration in progress has its
+// guest's first frame on the target (Input.GuestArrived).
+func (p *planner) guestArrived(key types.NamespacedName) bool {
+	m := p.in.Migrations[key]
+	return m.InProgress() && p.in.GuestArrived[types.NamespacedName{Namespace: key.Namespace, Name: m.TargetPod}]
 }
 
 // probeFrom records network n's first IPv4 gateway, if it has a router,

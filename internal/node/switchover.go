@@ -68,6 +68,8 @@ type Switchover struct {
 	// out of its port on the source node, as the source's kvnet-node
 	// published it on that pod (zero At: not known).
 	SourcePod string
+	// TargetPod is the target launcher pod (on this node).
+	TargetPod string
 	Last      migration.LastFrame
 	// LaterFrames counts the frames the source published that were read
 	// after the guest ran here (its first frame here, or the API's
@@ -193,6 +195,10 @@ type switchovers struct {
 	lastFrameWait time.Duration
 	// after runs f after d (time.AfterFunc).
 	after func(d time.Duration, f func())
+	// arrived is told, once per switch-over at a first frame, the target
+	// pod and the frame's time, as soon as both are known (nil: not
+	// told); it must not block.
+	arrived func(pod types.NamespacedName, at time.Time)
 
 	mu      sync.Mutex
 	pending map[string]*Switchover // network/MAC -> target waiting or switched
@@ -280,7 +286,7 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 			open[switchKey(p.Network, p.MAC.String())] = true
 		}
 	}
-	var out []Switchover
+	var out, arrivals []Switchover
 	w.mu.Lock()
 	for k, t := range want {
 		s := w.pending[k]
@@ -290,10 +296,13 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 		}
 		// A first frame may have come before the plan named the VMI: its
 		// switch-over is reported now.
-		s.VMI, s.Source, s.SourcePod = t.VMI, t.Source, t.SourcePod
+		s.VMI, s.Source, s.SourcePod, s.TargetPod = t.VMI, t.Source, t.SourcePod, t.Pod
 		if s.Trigger != "" && !w.reported[k] {
 			w.reported[k] = true
 			out = append(out, *s)
+			if s.Trigger == TriggerFirstFrame {
+				arrivals = append(arrivals, *s)
+			}
 		}
 	}
 	for k, s := range w.pending {
@@ -313,7 +322,17 @@ func (w *switchovers) sync(targets []MigrationTarget, ports []datapath.Port) {
 		out = append(out, *s)
 	}
 	w.mu.Unlock()
+	for _, s := range arrivals {
+		w.tellArrived(s)
+	}
 	w.settle(out...)
+}
+
+// tellArrived tells arrived of s's guest's first frame on its target pod.
+func (w *switchovers) tellArrived(s Switchover) {
+	if w.arrived != nil && s.TargetPod != "" {
+		w.arrived(types.NamespacedName{Namespace: s.VMI.Namespace, Name: s.TargetPod}, s.FirstFrame)
+	}
 }
 
 // firstFrame records that port p opened at its guest's first frame (frame,
@@ -339,6 +358,7 @@ func (w *switchovers) firstFrame(p datapath.Port, frame string, at, opened time.
 	r := *s
 	w.mu.Unlock()
 	if report {
+		w.tellArrived(r)
 		w.settle(r)
 	}
 }
