@@ -39,7 +39,9 @@ func standby(p datapath.Port) datapath.Port { p.Standby = true; return p }
 func TestSwitchoverAtFirstFrame(t *testing.T) {
 	w, clock, got := newTestSwitchovers()
 	var arrived []string
-	w.arrived = func(pod types.NamespacedName, at time.Time) { arrived = append(arrived, pod.String()+"@"+at.Format(time.RFC3339)) }
+	w.arrived = func(pod types.NamespacedName, at time.Time) {
+		arrived = append(arrived, pod.String()+"@"+at.Format(time.RFC3339))
+	}
 	defer func() {
 		if want := "ns/virt-launcher-vm-1-b@2026-11-29T12:00:08Z"; len(arrived) != 1 || arrived[0] != want {
 			t.Errorf("arrivals told %q, want one: %s", arrived, want)
