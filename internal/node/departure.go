@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -87,6 +88,9 @@ func (d *departures) sync(sources []MigrationSource, departed map[string]bool, p
 		}
 		last := t.last
 		last.Node = d.node // also when no frame was seen
+		// Its reader may still append to (or compact) t.last.Earlier
+		// until it sees the socket closed.
+		last.Earlier = slices.Clone(last.Earlier)
 		pod := types.NamespacedName{Namespace: t.src.VMI.Namespace, Name: t.src.Pod}
 		if out[pod] == nil {
 			out[pod] = map[string]migration.LastFrame{}
