@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"net/netip"
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -58,6 +60,9 @@ type departures struct {
 type departing struct {
 	src MigrationSource
 	f   *os.File
+	// closed is set before f is closed: its reader's error is then no
+	// news.
+	closed atomic.Bool
 	// last is the last guest frame read (zero: none yet); guarded by
 	// departures.mu.
 	last migration.LastFrame
@@ -81,6 +86,7 @@ func (d *departures) sync(sources []MigrationSource, departed map[string]bool, p
 		if w, ok := want[k]; ok && w.Port.HostIfName == t.src.Port.HostIfName {
 			continue
 		}
+		t.closed.Store(true)
 		t.f.Close() // ends its reader and prober
 		delete(d.tracking, k)
 		if !departed[k] {
@@ -102,6 +108,12 @@ func (d *departures) sync(sources []MigrationSource, departed map[string]bool, p
 			continue
 		}
 		f, err := openPortSocket(d.netns, s.Port.HostIfName)
+		if err == nil {
+			err = stampReceived(f)
+			if err != nil {
+				f.Close()
+			}
+		}
 		if err != nil {
 			d.log.Error(err, "follow a migration source port; the switch-over's report will lack the guest's last frame here", "port", s.Port.HostIfName)
 			continue
@@ -122,16 +134,16 @@ func (d *departures) sync(sources []MigrationSource, departed map[string]bool, p
 }
 
 // read records the last frame on t's socket that only its guest sends,
-// until the socket is closed.
+// with the time the kernel received it, until the socket is closed.
 func (d *departures) read(t *departing) {
-	buf := make([]byte, 128)
+	buf, oob := make([]byte, 128), make([]byte, 64)
 	for {
-		n, err := t.f.Read(buf)
+		n, at, err := readStamped(t.f, buf, oob)
 		if errors.Is(err, unix.ENETDOWN) {
 			continue // the pod's end went down (reported once); it may come back
 		}
 		if err != nil {
-			if !errors.Is(err, os.ErrClosed) {
+			if !t.closed.Load() {
 				d.log.Error(err, "read a migration source port", "port", t.src.Port.HostIfName)
 			}
 			return
@@ -142,7 +154,9 @@ func (d *departures) read(t *departing) {
 		if what == "" {
 			continue
 		}
-		at := d.now()
+		if at.IsZero() {
+			at = d.now()
+		}
 		d.mu.Lock()
 		if !t.last.At.IsZero() {
 			t.last.Earlier = append(t.last.Earlier, migration.SeenFrame{At: t.last.At, Frame: t.last.Frame})
@@ -153,6 +167,54 @@ func (d *departures) read(t *departing) {
 		t.last.Node, t.last.At, t.last.Frame = d.node, at, what
 		d.mu.Unlock()
 	}
+}
+
+// stampReceived has the kernel time each frame f receives
+// (SO_TIMESTAMPNS): a reader late under load still dates the frame right.
+func stampReceived(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// readStamped reads one frame from f into buf, with the time the kernel
+// received it (zero if the control message oob has none).
+func readStamped(f *os.File, buf, oob []byte) (n int, at time.Time, err error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var oobn int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+		return !errors.Is(rerr, unix.EAGAIN)
+	}); err != nil {
+		return 0, time.Time{}, err
+	}
+	if rerr != nil {
+		return 0, time.Time{}, rerr
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return n, time.Time{}, nil
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
+			sec := int64(binary.NativeEndian.Uint64(m.Data[0:8]))
+			nsec := int64(binary.NativeEndian.Uint64(m.Data[8:16]))
+			return n, time.Unix(sec, nsec), nil
+		}
+	}
+	return n, time.Time{}, nil
 }
 
 // probe sends an echo request from gw to dst into t's port every
@@ -176,6 +238,7 @@ func (d *departures) probe(t *departing, gw Gateway, dst netip.Addr) {
 func (d *departures) close() {
 	d.mu.Lock()
 	for k, t := range d.tracking {
+		t.closed.Store(true)
 		t.f.Close()
 		delete(d.tracking, k)
 	}
