@@ -222,6 +222,12 @@ func (w *announcements) read(f *os.File, p datapath.Port) {
 	buf := make([]byte, 256)
 	for {
 		n, err := f.Read(buf)
+		if errors.Is(err, unix.ENETDOWN) {
+			// The port went down (the socket reports it once) and may come
+			// back up: the guest's first frame is still to be read.
+			w.log.Info("a migration target port went down; still waiting for its guest's first frame", "port", name)
+			continue
+		}
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
 				w.log.Error(err, "read announces", "port", name)

@@ -75,6 +75,12 @@ func TestAgentOpensTargetOnGuestFrame(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			guestMAC := tc.dst.a.MACAddress
 			testenv.Eventually(t, waitTimeout, "the target's port on n2 on standby", targetPort(l, guestMAC, true))
+			if tc.name == "RARP" {
+				// The target's port goes down and up again while on
+				// standby: its reader is told once (ENETDOWN) and must
+				// still see the guest's first frame after.
+				flapTargetPort(t, l, guestMAC)
+			}
 			// The source guest pauses: only the target can answer now.
 			if err := nstest.Exec(tc.src.netns, "ip", "link", "set", tc.src.ifName, "down"); err != nil {
 				t.Fatal(err)
@@ -424,6 +430,24 @@ func targetPort(l *lab, guestMAC string, standby bool) func() error {
 		}
 		return fmt.Errorf("no port of %s in n2's plan", guestMAC)
 	}
+}
+
+// flapTargetPort sets the host end of n2's port of guestMAC down, then
+// up.
+func flapTargetPort(t *testing.T, l *lab, guestMAC string) {
+	t.Helper()
+	for _, p := range l.agent("n2").LastPlan().State.Ports {
+		if p.MAC.String() != guestMAC {
+			continue
+		}
+		for _, state := range []string{"down", "up"} {
+			if err := nstest.Exec(l.node("n2").NS, "ip", "link", "set", p.HostIfName, state); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return
+	}
+	t.Fatalf("no port of %s in n2's plan", guestMAC)
 }
 
 // arping asks, from p, for ip's MAC once and fails unless answered.
