@@ -197,18 +197,15 @@ func findMultus(ctx context.Context, c client.Client) (Finding, error) {
 func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
 	const what = "KubeVirt l2bridge binding"
 	fix := `kubectl patch kubevirt -n <ns> <name> --type merge -p '{"spec":{"configuration":{"network":{"binding":{"l2bridge":{"domainAttachmentType":"managedTap","migration":{}}}}}}}'`
-	l := &unstructured.UnstructuredList{}
-	l.SetGroupVersionKind(kubevirtGVK)
-	if err := c.List(ctx, l); err != nil {
-		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
-			return Finding{Status: Warning, What: what, Detail: "no KubeVirt CRD (kubevirts.kubevirt.io)", Fix: "install virt-operator"}, nil
-		}
-		return Finding{}, fmt.Errorf("list KubeVirt: %w", err)
-	}
-	if len(l.Items) == 0 {
+	kv, crd, err := firstKubeVirt(ctx, c)
+	switch {
+	case err != nil:
+		return Finding{}, err
+	case !crd:
+		return Finding{Status: Warning, What: what, Detail: "no KubeVirt CRD (kubevirts.kubevirt.io)", Fix: "install virt-operator"}, nil
+	case kv == nil:
 		return Finding{Status: Warning, What: what, Detail: "no KubeVirt CR", Fix: "create the KubeVirt CR"}, nil
 	}
-	kv := l.Items[0]
 	b, found, _ := unstructured.NestedMap(kv.Object, "spec", "configuration", "network", "binding", "l2bridge")
 	if !found {
 		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers no l2bridge binding: VMs on a primary UDN cannot start", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
@@ -220,6 +217,23 @@ func checkBinding(ctx context.Context, c client.Client) (Finding, error) {
 		return Finding{Status: Warning, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s: l2bridge has no migration: {} (VMs using it cannot migrate)", kv.GetNamespace(), kv.GetName()), Fix: fix}, nil
 	}
 	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("KubeVirt %s/%s registers l2bridge (managedTap, migration)", kv.GetNamespace(), kv.GetName())}, nil
+}
+
+// firstKubeVirt returns the cluster's first KubeVirt CR (nil when there
+// is none) and whether its CRD is installed.
+func firstKubeVirt(ctx context.Context, c client.Client) (kv *unstructured.Unstructured, crd bool, err error) {
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(kubevirtGVK)
+	if err := c.List(ctx, l); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("list KubeVirt: %w", err)
+	}
+	if len(l.Items) == 0 {
+		return nil, true, nil
+	}
+	return &l.Items[0], true, nil
 }
 
 // KubeVirtVersionCheck is the What of the finding on the versions of
@@ -234,18 +248,10 @@ func checkKubeVirtVersion(ctx context.Context, c client.Client, kubernetes strin
 	if kubernetes == "" {
 		return nil, nil
 	}
-	l := &unstructured.UnstructuredList{}
-	l.SetGroupVersionKind(kubevirtGVK)
-	if err := c.List(ctx, l); err != nil {
-		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("list KubeVirt: %w", err)
+	kv, _, err := firstKubeVirt(ctx, c)
+	if err != nil || kv == nil {
+		return nil, err
 	}
-	if len(l.Items) == 0 {
-		return nil, nil
-	}
-	kv := l.Items[0]
 	kubevirt, _, _ := unstructured.NestedString(kv.Object, "status", "observedKubeVirtVersion")
 	if kubevirt == "" {
 		return nil, nil
