@@ -96,6 +96,39 @@ func kvnetActivatedTime(log, mac string, since time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// kvnetNodeNotes returns, from kvnet-node's log (JSON lines), at most
+// max lines at or after since that are errors or speak of a migration
+// target port: what may tell why a target port did not open at its
+// guest's first frame.
+func kvnetNodeNotes(log string, since time.Time, max int) []string {
+	var notes []string
+	sc := bufio.NewScanner(strings.NewReader(log))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			TS    string `json:"ts"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil || (l.Level != "error" && !strings.Contains(l.Msg, "migration target port")) {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, l.TS)
+		if err != nil || t.Before(since) {
+			continue
+		}
+		line := sc.Text()
+		if len(line) > 400 {
+			line = line[:400] + "…"
+		}
+		notes = append(notes, line)
+		if len(notes) == max {
+			break
+		}
+	}
+	return notes
+}
+
 // pingSeqs returns the icmp_seq of every reply in busybox ping's output,
 // in order (duplicates left out).
 func pingSeqs(out string) []int {
@@ -162,6 +195,9 @@ func (s *vmScenarios) kvnetNodeLog(ctx context.Context, node string) (string, er
 type blackout struct {
 	suspended, resumed, activated time.Time
 	pingGap                       time.Duration
+	// nodeNotes: without an activation, the target kvnet-node's errors
+	// and lines on migration target ports since the migration started.
+	nodeNotes []string
 }
 
 // guestPause is the guest's pause, source suspend to target resume.
@@ -191,7 +227,11 @@ func (b blackout) String() string {
 	if d, ok := b.switchOver(); ok {
 		parts = append(parts, "kvnet opened the target port "+millis(d)+" after the resume")
 	} else {
-		parts = append(parts, "no port activation in kvnet-node's log")
+		p := "no port activation in kvnet-node's log"
+		if len(b.nodeNotes) > 0 {
+			p += " (its errors and target-port lines since the start: " + strings.Join(b.nodeNotes, " | ") + ")"
+		}
+		parts = append(parts, p)
 	}
 	parts = append(parts, "longest ping gap "+millis(b.pingGap))
 	return strings.Join(parts, ", ")
@@ -221,7 +261,10 @@ func (s *vmScenarios) migrationBlackout(ctx context.Context, ns, sourcePod, targ
 	}
 	b.suspended, _ = launcherEventTime(src, domainEventSuspended, domainEventSuspendedMigrate, since)
 	b.resumed, _ = launcherEventTime(dst, domainEventResumed, domainEventResumedMigrated, since)
-	b.activated, _ = kvnetActivatedTime(node, mac, since)
+	var ok bool
+	if b.activated, ok = kvnetActivatedTime(node, mac, since); !ok {
+		b.nodeNotes = kvnetNodeNotes(node, since, 5)
+	}
 	return b, nil
 }
 

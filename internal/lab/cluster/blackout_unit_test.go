@@ -90,3 +90,21 @@ func TestPingGaps(t *testing.T) {
 		t.Errorf("after seq 41: gap %s, last %d; want 0, 41", gap, last)
 	}
 }
+
+func TestKvnetNodeNotes(t *testing.T) {
+	since := time.Date(2026, 11, 27, 19, 20, 0, 0, time.UTC)
+	log := `{"level":"error","ts":"2026-11-27T19:19:00Z","msg":"read announces","error":"before"}
+{"level":"info","ts":"2026-11-27T19:20:01Z","msg":"applied"}
+{"level":"info","ts":"2026-11-27T19:20:02Z","msg":"a migration target port went down; still waiting for its guest's first frame","port":"kvp1"}
+{"level":"error","ts":"2026-11-27T19:20:03Z","msg":"read announces","error":"network is down"}
+{"level":"error","ts":"2026-11-27T19:20:04Z","msg":"third"}
+`
+	got := kvnetNodeNotes(log, since, 2)
+	if len(got) != 2 || !strings.Contains(got[0], "went down") || !strings.Contains(got[1], "network is down") {
+		t.Errorf("kvnetNodeNotes = %q, want the target-port line and the error after since, at most 2", got)
+	}
+	b := blackout{nodeNotes: got}
+	if s := b.String(); !strings.Contains(s, "no port activation in kvnet-node's log (its errors") || !strings.Contains(s, "network is down") {
+		t.Errorf("blackout without activation: %q", s)
+	}
+}

@@ -111,6 +111,51 @@ func (s *vmScenarios) rollKvnetNode(ctx context.Context, image string) (time.Dur
 	return time.Since(start), err
 }
 
+// killKvnetNode force-deletes (no grace period) the kvnet-node pod on
+// each of nodes and waits until the DaemonSet runs a new one there,
+// Ready. It returns how long that took.
+func (s *vmScenarios) killKvnetNode(ctx context.Context, nodes []string) (time.Duration, error) {
+	const selector = "app.kubernetes.io/name=kvnet-node"
+	pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return 0, err
+	}
+	killed := map[string]types.UID{} // node -> the killed pod
+	for _, n := range nodes {
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != n {
+				continue
+			}
+			if err := s.t.Client.CoreV1().Pods(KvnetNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+				return 0, fmt.Errorf("kill kvnet-node pod %s on %s: %w", p.Name, n, err)
+			}
+			killed[n] = p.UID
+		}
+		if _, ok := killed[n]; !ok {
+			return 0, fmt.Errorf("no kvnet-node pod on node %s", n)
+		}
+	}
+	s.logf("kvnet-node killed on %v (pods force-deleted)", nodes)
+	start := time.Now()
+	err = poll(ctx, 5*time.Minute, func(ctx context.Context) error {
+		pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return err
+		}
+		back := map[string]bool{}
+		for _, p := range pods.Items {
+			if old, ok := killed[p.Spec.NodeName]; ok && p.UID != old && p.DeletionTimestamp == nil && PodReady(&p) {
+				back[p.Spec.NodeName] = true
+			}
+		}
+		if len(back) != len(killed) {
+			return fmt.Errorf("new kvnet-node pods Ready on %v, killed on %v", back, nodes)
+		}
+		return nil
+	})
+	return time.Since(start), err
+}
+
 // echoServerPod is a pod on node serving TCP echo on port 7 (busybox
 // nc, one cat per connection), Ready once the port accepts.
 func echoServerPod(ns, name, node, image string) *corev1.Pod {
@@ -130,11 +175,12 @@ func echoServerPod(ns, name, node, image string) *corev1.Pod {
 	}
 }
 
-// kvnetNodeRoll: kvnet-node rolled to a new image on every node while
-// two TCP streams run, one to the VM (the migration scenario's echo
-// client, still connected) and one to a pod on the UDN: both go on with
-// every line echoed in order, and the VM's address and MAC, its claim
-// and the pod's address stay.
+// kvnetNodeRoll: kvnet-node rolled to a new image on every node, then
+// killed on the VM's node and the pod server's, while two TCP streams
+// run, one to the VM (the migration scenario's echo client, still
+// connected) and one to a pod on the UDN: both go on with every line
+// echoed in order, and the VM's address and MAC, its claim and the
+// pod's address stay.
 func (s *vmScenarios) kvnetNodeRoll(ctx context.Context) (string, error) {
 	v, err := s.vm(nsVM + "/vm-m")
 	if err != nil {
@@ -199,6 +245,24 @@ func (s *vmScenarios) kvnetNodeRoll(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the echo stream to pod %s after the roll: %w", srv[0], err)
 	}
+
+	// Then kvnet-node is killed where the VM and the pod server run: its
+	// pods force-deleted, no grace period, as a crash or an OOM kill
+	// leaves it. The streams must go on across the restart and after the
+	// new agents reconciled.
+	killedOn := []string{v.node, srvNode}
+	back, err := s.killKvnetNode(ctx, killedOn)
+	if err != nil {
+		return "", err
+	}
+	for i := 0; i < 2; i++ {
+		if vmAfter, err = s.waitEchoGrows(ctx, nsVM, "echo", vmAfter); err != nil {
+			return "", fmt.Errorf("the echo stream to VM %s after kvnet-node was killed on %v: %w", v, killedOn, err)
+		}
+		if podAfter, err = s.waitEchoGrows(ctx, nsVM, "echo-pod", podAfter); err != nil {
+			return "", fmt.Errorf("the echo stream to pod %s after kvnet-node was killed on %v: %w", srv[0], killedOn, err)
+		}
+	}
 	vmGap, err := s.echoGap(ctx, nsVM, "echo", vmLines)
 	if err != nil {
 		return "", err
@@ -228,7 +292,7 @@ func (s *vmScenarios) kvnetNodeRoll(ctx context.Context) (string, error) {
 	if a, err := srv[0].addr(primaryInterface, tenantSubnet); err != nil || a != srvIP {
 		return "", fmt.Errorf("after the roll pod %s has %s (%v) on %s, before %s", srv[0], a, err, primaryInterface, srvIP)
 	}
-	return fmt.Sprintf("kvnet-node rolled from %s to %s on %d nodes in %s; echo to VM %s at %s: lines %d -> %d in order, longest pause %s; echo to pod %s at %s: lines %d -> %d in order, longest pause %s; VM kept IP %s (claim) and MAC %s, pod kept %s",
-		from, to, ds.Status.DesiredNumberScheduled, took.Round(time.Second), v, v.ip, vmLines, vmAfter, vmGap, srv[0], srvIP, podLines, podAfter, podGap,
-		claim, v.mac, srvIP), nil
+	return fmt.Sprintf("kvnet-node rolled from %s to %s on %d nodes in %s, then killed on %s and Ready again after %s; echo to VM %s at %s: lines %d -> %d in order, longest pause %s; echo to pod %s at %s: lines %d -> %d in order, longest pause %s; VM kept IP %s (claim) and MAC %s, pod kept %s",
+		from, to, ds.Status.DesiredNumberScheduled, took.Round(time.Second), strings.Join(killedOn, " and "), back.Round(time.Second),
+		v, v.ip, vmLines, vmAfter, vmGap, srv[0], srvIP, podLines, podAfter, podGap, claim, v.mac, srvIP), nil
 }
