@@ -57,7 +57,7 @@ lint: ## Run golangci-lint with the import boundaries (installs the pinned versi
 # The system packages and the guest image serve only the privileged tests
 # (cluster-deps: the real-cluster e2e's containerd, runc, ...): as any other
 # user make test runs the unit tests without them.
-PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps)
+PRIVILEGED_TEST_DEPS := $(if $(filter 0,$(shell id -u)),deps guest-image cluster-deps kubevirt-deps)
 
 .PHONY: test
 test: tools $(PRIVILEGED_TEST_DEPS) ## Run the whole test suite (real apiserver; as root, also the datapath, lab, QEMU and real-cluster tests)

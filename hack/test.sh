@@ -11,11 +11,17 @@
 # installed from its images, the pod scenarios. Its first run on a machine
 # builds kubelet & co. (hack/build-cluster-tools.sh, cached outside the
 # clone after: in the background, below); it runs after the rest, alone,
-# because it starts a whole cluster on the machine's two cores.
+# because it starts a whole cluster on the machine's two cores. Last comes
+# the real-KubeVirt e2e (build tags "cluster,kubevirt", docs/kubevirt.md):
+# KubeVirt v1.8.4 built from its Go module and installed on a new real
+# cluster, the VM scenarios, a drain, a rollback and upgrade of kvnet.
+# KubeVirt's binaries and root file system are built in the background
+# too, after the cluster's binaries, and cached outside the clone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 cluster_e2e=(-tags cluster -run '^TestCluster' ./internal/lab/cluster/)
+kubevirt_e2e=(-tags cluster,kubevirt -run '^TestClusterKubeVirt$' ./internal/lab/cluster/)
 
 if [ "$(id -u)" = 0 ]; then
 	# The cluster's binaries build in the background at the lowest CPU
@@ -27,6 +33,17 @@ if [ "$(id -u)" = 0 ]; then
 	prebuild_log=$(mktemp)
 	nice -n 19 hack/build-cluster-tools.sh >/dev/null 2>"$prebuild_log" &
 	prebuild=$!
+	# KubeVirt's binaries (Go, some cgo) and its images' Debian root file
+	# system (downloads, mostly), one after the other, after the cluster's
+	# binaries so that those are ready first. The KubeVirt e2e builds what
+	# this did not (the scripts take locks, and cache what they built).
+	kv_prebuild_log=$(mktemp)
+	(
+		wait_for=$prebuild
+		while kill -0 "$wait_for" 2>/dev/null; do sleep 5; done
+		nice -n 19 hack/build-kubevirt.sh >/dev/null && nice -n 19 hack/build-kubevirt-rootfs.sh >/dev/null
+	) 2>"$kv_prebuild_log" &
+	kv_prebuild=$!
 fi
 "$GO" test "$@" ./...
 rc=$?
@@ -41,11 +58,20 @@ if [ "$(id -u)" = 0 ]; then
 	fi
 	rm -f "$prebuild_log"
 	"$GO" test "$@" "${cluster_e2e[@]}" || rc=1
+	if wait "$kv_prebuild"; then
+		grep -E '^build-kubevirt(-rootfs)?: ' "$kv_prebuild_log" | grep -E 'up to date|took|CPU|built' || true
+	else
+		echo "kvnet: KubeVirt's background build failed (the KubeVirt e2e builds again):"
+		tail -n 40 "$kv_prebuild_log"
+	fi
+	rm -f "$kv_prebuild_log"
+	"$GO" test "$@" "${kubevirt_e2e[@]}" || rc=1
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
 	pkgs=$(grep -rlE --include='*_test.go' --exclude-dir=.cache 'NeedsRoot\(|NeedsFixture\(|needRoot\(|requirePrivileged\(' . | xargs -n1 dirname | sort -u | sed 's#^\./##' | tr '\n' ' ')
 	echo "kvnet: privileged tests NOT RUN (need root; CI runs them as root) in: ${pkgs% }"
 	echo "kvnet: the real-cluster e2e NOT RUN (needs root; CI runs it as root): go test ${cluster_e2e[*]}"
+	echo "kvnet: the real-KubeVirt e2e NOT RUN (needs root; CI runs it as root): go test ${kubevirt_e2e[*]}"
 fi
 exit $rc
