@@ -33,15 +33,20 @@ if [ "$(id -u)" = 0 ]; then
 	prebuild_log=$(mktemp)
 	nice -n 19 hack/build-cluster-tools.sh >/dev/null 2>"$prebuild_log" &
 	prebuild=$!
-	# KubeVirt's binaries (Go, some cgo) and its images' Debian root file
-	# system (downloads, mostly), one after the other, after the cluster's
-	# binaries so that those are ready first. The KubeVirt e2e builds what
-	# this did not (the scripts take locks, and cache what they built).
+	# KubeVirt's binaries (Go, some cgo) after the cluster's binaries, so
+	# that those are ready first; its images' Debian root file system
+	# (downloads, mostly) at once, beside them. The KubeVirt e2e builds
+	# what these did not (the scripts take locks, and cache what they
+	# built).
 	kv_prebuild_log=$(mktemp)
 	(
+		nice -n 19 hack/build-kubevirt-rootfs.sh >/dev/null &
+		rootfs=$!
 		wait_for=$prebuild
 		while kill -0 "$wait_for" 2>/dev/null; do sleep 5; done
-		nice -n 19 hack/build-kubevirt.sh >/dev/null && nice -n 19 hack/build-kubevirt-rootfs.sh >/dev/null
+		nice -n 19 hack/build-kubevirt.sh >/dev/null
+		bin=$?
+		wait "$rootfs" && [ "$bin" = 0 ]
 	) 2>"$kv_prebuild_log" &
 	kv_prebuild=$!
 fi
