@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+
+	"kvnet.io/kvnet/internal/migration"
 )
 
 // drainVMs are the VMs the drain scenario adds beside vm-m, on vm-m's
@@ -220,6 +222,11 @@ func (s *vmScenarios) drain(ctx context.Context) (string, error) {
 			return strings.Join(parts, "; "), fmt.Errorf("VM %s after the drain: %w", d.v, err)
 		}
 		reason, _, _ := strings.Cut(event, ":")
+		if reason == migration.EventSwitchedByAPI {
+			// A finding: the Event says how long the target port waited
+			// and what the source saw last.
+			reason = event
+		}
 		parts = append(parts, fmt.Sprintf("%s %s -> %s, %s %s kept, echo lines %d -> %d in order, longest pause %s, %s, kvnet-node's event %s",
 			d.v, from, node, claim, mac, d.lines, n, gap, switchOver, reason))
 		d.v.node = node
