@@ -3,7 +3,11 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -111,49 +116,106 @@ func (s *vmScenarios) rollKvnetNode(ctx context.Context, image string) (time.Dur
 	return time.Since(start), err
 }
 
-// killKvnetNode force-deletes (no grace period) the kvnet-node pod on
-// each of nodes and waits until the DaemonSet runs a new one there,
-// Ready. It returns how long that took.
+// killKvnetNode kills kvnet-node on each of nodes as a crash or the
+// OOM killer does: SIGKILL to its process (found by its name in the
+// node's network namespace: kvnet-node runs in the host network), no
+// signal handler, no clean-up. It waits until the kubelet restarted the
+// container (its restart count up) and the pod is Ready again, and
+// returns how long that took.
 func (s *vmScenarios) killKvnetNode(ctx context.Context, nodes []string) (time.Duration, error) {
+	if s.t.NodeNetns == nil {
+		return 0, errors.New("no way to reach the nodes' processes (ScenarioTarget.NodeNetns)")
+	}
 	const selector = "app.kubernetes.io/name=kvnet-node"
 	pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return 0, err
 	}
-	killed := map[string]types.UID{} // node -> the killed pod
-	for _, n := range nodes {
-		for _, p := range pods.Items {
-			if p.Spec.NodeName != n {
-				continue
-			}
-			if err := s.t.Client.CoreV1().Pods(KvnetNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-				return 0, fmt.Errorf("kill kvnet-node pod %s on %s: %w", p.Name, n, err)
-			}
-			killed[n] = p.UID
-		}
-		if _, ok := killed[n]; !ok {
-			return 0, fmt.Errorf("no kvnet-node pod on node %s", n)
+	type killedPod struct {
+		uid      types.UID
+		restarts int32
+	}
+	killed := map[string]killedPod{} // node -> its kvnet-node pod before the kill
+	for _, p := range pods.Items {
+		if slices.Contains(nodes, p.Spec.NodeName) && p.DeletionTimestamp == nil && len(p.Status.ContainerStatuses) > 0 {
+			killed[p.Spec.NodeName] = killedPod{p.UID, p.Status.ContainerStatuses[0].RestartCount}
 		}
 	}
-	s.logf("kvnet-node killed on %v (pods force-deleted)", nodes)
+	for _, n := range nodes {
+		if _, ok := killed[n]; !ok {
+			return 0, fmt.Errorf("no running kvnet-node pod on node %s", n)
+		}
+		netns, err := s.t.NodeNetns(n)
+		if err != nil {
+			return 0, err
+		}
+		if err := sigkillIn(netns, "kvnet-node"); err != nil {
+			return 0, fmt.Errorf("node %s: %w", n, err)
+		}
+	}
+	s.logf("kvnet-node killed (SIGKILL) on %v", nodes)
 	start := time.Now()
 	err = poll(ctx, 5*time.Minute, func(ctx context.Context) error {
 		pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return err
 		}
-		back := map[string]bool{}
-		for _, p := range pods.Items {
-			if old, ok := killed[p.Spec.NodeName]; ok && p.UID != old && p.DeletionTimestamp == nil && PodReady(&p) {
-				back[p.Spec.NodeName] = true
+		var waiting []string
+		for n, k := range killed {
+			back := false
+			for _, p := range pods.Items {
+				if p.Spec.NodeName != n || !PodReady(&p) || len(p.Status.ContainerStatuses) == 0 {
+					continue
+				}
+				// Restarted in place by the kubelet, or a new pod.
+				back = back || p.UID != k.uid || p.Status.ContainerStatuses[0].RestartCount > k.restarts
+			}
+			if !back {
+				waiting = append(waiting, n)
 			}
 		}
-		if len(back) != len(killed) {
-			return fmt.Errorf("new kvnet-node pods Ready on %v, killed on %v", back, nodes)
+		if len(waiting) > 0 {
+			return fmt.Errorf("kvnet-node not restarted and Ready yet on %v", waiting)
 		}
 		return nil
 	})
 	return time.Since(start), err
+}
+
+// sigkillIn sends SIGKILL to every process of this host named comm whose
+// network namespace is the one at path netns; none is an error.
+func sigkillIn(netns, comm string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(netns, &st); err != nil {
+		return fmt.Errorf("network namespace %s: %w", netns, err)
+	}
+	want := fmt.Sprintf("net:[%d]", st.Ino)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		name, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(name)) != comm {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || ns != want {
+			continue
+		}
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("kill %s (pid %d): %w", comm, pid, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("no process %s in network namespace %s", comm, netns)
+	}
+	return nil
 }
 
 // echoServerPod is a pod on node serving TCP echo on port 7 (busybox
@@ -246,10 +308,9 @@ func (s *vmScenarios) kvnetNodeRoll(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("the echo stream to pod %s after the roll: %w", srv[0], err)
 	}
 
-	// Then kvnet-node is killed where the VM and the pod server run: its
-	// pods force-deleted, no grace period, as a crash or an OOM kill
-	// leaves it. The streams must go on across the restart and after the
-	// new agents reconciled.
+	// Then kvnet-node is killed where the VM and the pod server run, as a
+	// crash or the OOM killer does (SIGKILL). The streams must go on
+	// across the restart and after the restarted agents reconciled.
 	killedOn := []string{v.node, srvNode}
 	back, err := s.killKvnetNode(ctx, killedOn)
 	if err != nil {
@@ -292,7 +353,7 @@ func (s *vmScenarios) kvnetNodeRoll(ctx context.Context) (string, error) {
 	if a, err := srv[0].addr(primaryInterface, tenantSubnet); err != nil || a != srvIP {
 		return "", fmt.Errorf("after the roll pod %s has %s (%v) on %s, before %s", srv[0], a, err, primaryInterface, srvIP)
 	}
-	return fmt.Sprintf("kvnet-node rolled from %s to %s on %d nodes in %s, then killed on %s and Ready again after %s; echo to VM %s at %s: lines %d -> %d in order, longest pause %s; echo to pod %s at %s: lines %d -> %d in order, longest pause %s; VM kept IP %s (claim) and MAC %s, pod kept %s",
+	return fmt.Sprintf("kvnet-node rolled from %s to %s on %d nodes in %s, then killed (SIGKILL) on %s and restarted and Ready after %s; echo to VM %s at %s: lines %d -> %d in order, longest pause %s; echo to pod %s at %s: lines %d -> %d in order, longest pause %s; VM kept IP %s (claim) and MAC %s, pod kept %s",
 		from, to, ds.Status.DesiredNumberScheduled, took.Round(time.Second), strings.Join(killedOn, " and "), back.Round(time.Second),
 		v, v.ip, vmLines, vmAfter, vmGap, srv[0], srvIP, podLines, podAfter, podGap, claim, v.mac, srvIP), nil
 }

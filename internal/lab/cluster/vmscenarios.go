@@ -59,8 +59,8 @@ const (
 	// every line it sent comes back, in order, after each migration.
 	ScenarioVMMigration = "vm-live-migration-tcp"
 	// ScenarioVMKvnetNodeRoll: kvnet-node rolled to a new image on every
-	// node (a DaemonSet rolling update), then killed (its pods
-	// force-deleted) on the VM's node and the pod server's, while the
+	// node (a DaemonSet rolling update), then killed (SIGKILL, as a
+	// crash does) on the VM's node and the pod server's, while the
 	// migration scenario's echo client keeps its TCP connection to the VM
 	// and another streams to a pod of the UDN: every line of both comes
 	// back in order, and the VM keeps its IP, MAC and claim, the pod its
