@@ -73,27 +73,45 @@ func launcherEventTime(log string, id, reason int, since time.Time) (at time.Tim
 	return at, ok
 }
 
-// kvnetActivatedTime returns when kvnet-node's log (JSON lines) first
-// reported activating the port of mac at or after since.
-func kvnetActivatedTime(log, mac string, since time.Time) (time.Time, bool) {
+// kvnetLogLine is what the scenarios read of a line of kvnet-node's log.
+type kvnetLogLine struct {
+	Level string `json:"level"`
+	Msg   string `json:"msg"`
+	TS    string `json:"ts"`
+	MAC   string `json:"mac"`
+}
+
+// eachKvnetLogLine calls each, in order, with every line of kvnet-node's
+// log (JSON lines) logged at or after since, parsed and raw, until each
+// returns false.
+func eachKvnetLogLine(log string, since time.Time, each func(l kvnetLogLine, at time.Time, raw string) bool) {
 	sc := bufio.NewScanner(strings.NewReader(log))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var l struct {
-			Msg string `json:"msg"`
-			TS  string `json:"ts"`
-			MAC string `json:"mac"`
-		}
-		if json.Unmarshal(sc.Bytes(), &l) != nil || l.Msg != kvnetActivatedMsg || !strings.EqualFold(l.MAC, mac) {
+		var l kvnetLogLine
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
 			continue
 		}
 		t, err := time.Parse(time.RFC3339Nano, l.TS)
 		if err != nil || t.Before(since) {
 			continue
 		}
-		return t, true
+		if !each(l, t, sc.Text()) {
+			return
+		}
 	}
-	return time.Time{}, false
+}
+
+// kvnetActivatedTime returns when kvnet-node's log (JSON lines) first
+// reported activating the port of mac at or after since.
+func kvnetActivatedTime(log, mac string, since time.Time) (at time.Time, ok bool) {
+	eachKvnetLogLine(log, since, func(l kvnetLogLine, t time.Time, _ string) bool {
+		if l.Msg == kvnetActivatedMsg && strings.EqualFold(l.MAC, mac) {
+			at, ok = t, true
+		}
+		return !ok
+	})
+	return at, ok
 }
 
 // kvnetNodeNotes returns, from kvnet-node's log (JSON lines), at most
@@ -102,30 +120,16 @@ func kvnetActivatedTime(log, mac string, since time.Time) (time.Time, bool) {
 // guest's first frame.
 func kvnetNodeNotes(log string, since time.Time, max int) []string {
 	var notes []string
-	sc := bufio.NewScanner(strings.NewReader(log))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var l struct {
-			Level string `json:"level"`
-			Msg   string `json:"msg"`
-			TS    string `json:"ts"`
+	eachKvnetLogLine(log, since, func(l kvnetLogLine, _ time.Time, raw string) bool {
+		if l.Level != "error" && !strings.Contains(l.Msg, "migration target port") {
+			return true
 		}
-		if json.Unmarshal(sc.Bytes(), &l) != nil || (l.Level != "error" && !strings.Contains(l.Msg, "migration target port")) {
-			continue
+		if len(raw) > 400 {
+			raw = strings.ToValidUTF8(raw[:400], "") + "…"
 		}
-		t, err := time.Parse(time.RFC3339Nano, l.TS)
-		if err != nil || t.Before(since) {
-			continue
-		}
-		line := sc.Text()
-		if len(line) > 400 {
-			line = line[:400] + "…"
-		}
-		notes = append(notes, line)
-		if len(notes) == max {
-			break
-		}
-	}
+		notes = append(notes, raw)
+		return len(notes) < max
+	})
 	return notes
 }
 
