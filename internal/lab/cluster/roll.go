@@ -117,40 +117,53 @@ func (s *vmScenarios) rollKvnetNode(ctx context.Context, image string) (time.Dur
 }
 
 // killKvnetNode kills kvnet-node on each of nodes as a crash or the
-// OOM killer does: SIGKILL to its process (found by its name in the
-// node's network namespace: kvnet-node runs in the host network), no
-// signal handler, no clean-up. It waits until the kubelet restarted the
-// container (its restart count up) and the pod is Ready again, and
-// returns how long that took.
+// OOM killer does: SIGKILL to the processes of its container (found by
+// the container's ID in their cgroup), no signal handler, no clean-up.
+// It first waits for each node's kvnet-node to be Ready and running, and
+// reports any restart it had before as a finding; after the kill it waits
+// until the kubelet restarted the container (its restart count up) and
+// the pod is Ready again, and returns how long that took.
 func (s *vmScenarios) killKvnetNode(ctx context.Context, nodes []string) (time.Duration, error) {
-	if s.t.NodeNetns == nil {
-		return 0, errors.New("no way to reach the nodes' processes (ScenarioTarget.NodeNetns)")
-	}
 	const selector = "app.kubernetes.io/name=kvnet-node"
-	pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	type killedPod struct {
+		name, containerID string
+		uid               types.UID
+		restarts          int32
+	}
+	killed := map[string]killedPod{} // node -> its kvnet-node pod before the kill
+	err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
+		pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return err
+		}
+		clear(killed)
+		for _, p := range pods.Items {
+			if !slices.Contains(nodes, p.Spec.NodeName) || p.DeletionTimestamp != nil || !PodReady(&p) || len(p.Status.ContainerStatuses) == 0 {
+				continue
+			}
+			cs := p.Status.ContainerStatuses[0]
+			if cs.State.Running == nil || cs.ContainerID == "" {
+				continue
+			}
+			killed[p.Spec.NodeName] = killedPod{p.Name, cs.ContainerID, p.UID, cs.RestartCount}
+		}
+		for _, n := range nodes {
+			if _, ok := killed[n]; !ok {
+				return fmt.Errorf("no Ready, running kvnet-node pod on node %s", n)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}
-	type killedPod struct {
-		uid      types.UID
-		restarts int32
-	}
-	killed := map[string]killedPod{} // node -> its kvnet-node pod before the kill
-	for _, p := range pods.Items {
-		if slices.Contains(nodes, p.Spec.NodeName) && p.DeletionTimestamp == nil && len(p.Status.ContainerStatuses) > 0 {
-			killed[p.Spec.NodeName] = killedPod{p.UID, p.Status.ContainerStatuses[0].RestartCount}
-		}
-	}
 	for _, n := range nodes {
-		if _, ok := killed[n]; !ok {
-			return 0, fmt.Errorf("no running kvnet-node pod on node %s", n)
+		k := killed[n]
+		if k.restarts > 0 {
+			s.logf("FINDING: kvnet-node %s on node %s restarted %d times before the kill: %s", k.name, n, k.restarts, s.lastTermination(ctx, k.name))
 		}
-		netns, err := s.t.NodeNetns(n)
-		if err != nil {
-			return 0, err
-		}
-		if err := sigkillIn(netns, "kvnet-node"); err != nil {
-			return 0, fmt.Errorf("node %s: %w", n, err)
+		if err := sigkillContainer(k.containerID); err != nil {
+			return 0, fmt.Errorf("node %s: pod %s: %w", n, k.name, err)
 		}
 	}
 	s.logf("kvnet-node killed (SIGKILL) on %v", nodes)
@@ -182,14 +195,36 @@ func (s *vmScenarios) killKvnetNode(ctx context.Context, nodes []string) (time.D
 	return time.Since(start), err
 }
 
-// sigkillIn sends SIGKILL to every process of this host named comm whose
-// network namespace is the one at path netns; none is an error.
-func sigkillIn(netns, comm string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(netns, &st); err != nil {
-		return fmt.Errorf("network namespace %s: %w", netns, err)
+// lastTermination describes how kvnet-node pod name's container last
+// ended, with the last lines its previous instance logged.
+func (s *vmScenarios) lastTermination(ctx context.Context, name string) string {
+	p, err := s.t.Client.CoreV1().Pods(KvnetNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
 	}
-	want := fmt.Sprintf("net:[%d]", st.Ino)
+	desc := "no last state"
+	if len(p.Status.ContainerStatuses) > 0 {
+		if t := p.Status.ContainerStatuses[0].LastTerminationState.Terminated; t != nil {
+			desc = fmt.Sprintf("exit code %d, reason %q, signal %d, at %s", t.ExitCode, t.Reason, t.Signal, t.FinishedAt.UTC().Format(time.RFC3339))
+		}
+	}
+	tail := int64(15)
+	b, err := s.t.Client.CoreV1().Pods(KvnetNamespace).GetLogs(name, &corev1.PodLogOptions{Previous: true, TailLines: &tail}).DoRaw(ctx)
+	if err != nil {
+		return desc + "; previous log: " + err.Error()
+	}
+	return desc + "; previous log:\n" + strings.TrimRight(string(b), "\n")
+}
+
+// sigkillContainer sends SIGKILL to every process of this host in the
+// container whose runtime ID is containerID ("containerd://<id>"): the
+// processes whose cgroup path names the ID, as the cgroupfs and the
+// systemd drivers both do. None is an error naming what was searched.
+func sigkillContainer(containerID string) error {
+	_, id, ok := strings.Cut(containerID, "://")
+	if !ok || len(id) < 12 {
+		return fmt.Errorf("container ID %q: not <runtime>://<id>", containerID)
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return err
@@ -200,20 +235,17 @@ func sigkillIn(netns, comm string) error {
 		if err != nil {
 			continue
 		}
-		name, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err != nil || strings.TrimSpace(string(name)) != comm {
-			continue
-		}
-		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || ns != want {
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !strings.Contains(string(cg), id) {
 			continue
 		}
 		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("kill %s (pid %d): %w", comm, pid, err)
+			return fmt.Errorf("kill pid %d of container %s: %w", pid, id, err)
 		}
 		n++
 	}
 	if n == 0 {
-		return fmt.Errorf("no process %s in network namespace %s", comm, netns)
+		return fmt.Errorf("no process of this host in container %s (searched /proc/*/cgroup)", id)
 	}
 	return nil
 }
