@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -496,6 +497,18 @@ func (b *ruleBuilder) markService() *ruleBuilder {
 
 // ctStatusDstNAT is IPS_DST_NAT (linux/netfilter/nf_conntrack_common.h).
 const ctStatusDstNAT = 1 << 5
+
+// srcUpdate adds the source address to dynamic set name, or refreshes
+// it there: it expires timeout after (update @name { ip saddr }).
+func (b *ruleBuilder) srcUpdate(v6 bool, name string, timeout time.Duration) *ruleBuilder {
+	off, l, kw := uint32(ip4SaddrOff), uint32(4), "ip saddr"
+	if v6 {
+		off, l, kw = ip6SaddrOff, 16, "ip6 saddr"
+	}
+	return b.add(fmt.Sprintf("update @%s { %s timeout %ds }", name, kw, int64(timeout/time.Second)),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+		&expr.Dynset{SrcRegKey: 1, SetName: name, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout})
+}
 
 // dnat translates the destination to ep and ends the rule.
 func (b *ruleBuilder) dnat(ep netip.AddrPort, comment string) nftRule {

@@ -236,6 +236,25 @@ func nftExprText(e map[string]json.RawMessage) string {
 				return "reject with tcp reset"
 			}
 			return "reject with " + r.Type + " " + r.Expr
+		case "set":
+			var u struct {
+				Op   string
+				Elem struct {
+					Elem struct {
+						Val     json.RawMessage
+						Timeout int
+					}
+				}
+				Set string
+			}
+			if json.Unmarshal(v, &u) != nil || u.Op != "update" {
+				return raw()
+			}
+			val, _ := nftLeftText(u.Elem.Elem.Val)
+			if val == "" {
+				return raw()
+			}
+			return fmt.Sprintf("update %s { %s timeout %ds }", u.Set, val, u.Elem.Elem.Timeout)
 		case "match":
 			var m struct {
 				Op          string
@@ -336,6 +355,8 @@ var nftElided = strings.NewReplacer(
 	"ether type arp arp ", "arp ",
 	"meta nfproto ipv4 ip ", "ip ",
 	"meta nfproto ipv6 ip6 ", "ip6 ",
+	"meta nfproto ipv4 update ", "update ",
+	"meta nfproto ipv6 update ", "update ",
 	"meta l4proto udp udp ", "udp ",
 	"meta l4proto tcp tcp ", "tcp ",
 )
@@ -535,7 +556,9 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "svc-ooakdqon-a/web_http", `numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
 			{"inet", "svc-ooakdqon-a/web_http", `meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.4:8080`},
 			{"inet", "prerouting", `iifname "gw" ip6 daddr . meta l4proto . th dport vmap @service-ips6`},
-			{"inet", "svc-3amfmddj-a/web6_http", `meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			// Client affinity (sessionAffinity: ClientIP).
+			{"inet", "svc-3amfmddj-a/web6_http", `ip6 saddr @aff-ukt3eztysonuzjsq update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "svc-3amfmddj-a/web6_http", `update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
 			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -21,12 +22,15 @@ import (
 // and output devices are the network's bridge, so a port is recognised by
 // its addresses, which its anti-spoofing chain guarantees.
 
-// nftSet is a named set of addresses (IPv4 or IPv6, no intervals).
+// nftSet is a named set of addresses (IPv4 or IPv6, no intervals). With
+// a timeout it is dynamic: rules add its elements (dynsetUpdate), each
+// expiring timeout after its last update, and it has no elems.
 type nftSet struct {
 	name    string
 	keyType nftables.SetDatatype
 	elems   []netip.Addr // sorted
 	comment string
+	timeout time.Duration
 }
 
 // policyChain is the regular chain the inet forward chain sends bridged

@@ -59,7 +59,7 @@ func routerRules(n Network, services []Service, rp *routerPolicy) []nftTable {
 		}}}
 	}
 	forward := []nftRule{newRule().ctEstRel(false).accept(fmt.Sprintf("network %s: replies", n.Name))}
-	dnat, svcMaps, svcChains, refuse := serviceRules(services)
+	dnat, svcMaps, svcChains, svcSets, refuse := serviceRules(services)
 	forward = append(forward, refuse...)
 	for _, p := range n.ServiceCIDRs {
 		b := newRule().iifname(routerGwIf).oifname(routerTransitIf).nfproto(p.Addr().Is6())
@@ -130,5 +130,5 @@ func routerRules(n Network, services []Service, rp *routerPolicy) []nftTable {
 	chains = append(chains, nftChain{name: "postrouting", base: &baseChain{typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting,
 		priority: *nftables.ChainPriorityNATSource, policy: nftables.ChainPolicyAccept}, rules: postrouting})
 	chains = append(chains, polChains...)
-	return []nftTable{{family: nftables.TableFamilyINet, chains: chains, vmaps: svcMaps, sets: polSets}}
+	return []nftTable{{family: nftables.TableFamilyINet, chains: chains, vmaps: svcMaps, sets: slices.Concat(svcSets, polSets)}}
 }

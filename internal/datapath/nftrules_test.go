@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"kvnet.io/kvnet/internal/testenv/golden"
 )
@@ -50,7 +51,7 @@ func goldenServices() []Service {
 			External:  []netip.Addr{netip.MustParseAddr("203.0.113.10")},
 			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")}},
 		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53"), NodePort: 30053},
-		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080,
+		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080, Affinity: 3 * time.Hour,
 			External:  []netip.Addr{netip.MustParseAddr("2001:db8::10")},
 			Endpoints: []netip.AddrPort{ap("[fd00:1::2]:8080")}},
 		{Network: "tenant-a_udn", Name: "kube-system/kube-dns:dns", Protocol: "UDP", VIP: ap("10.96.0.10:53"), ViaNode: true,
@@ -103,6 +104,9 @@ func TestValidateServices(t *testing.T) {
 		{"unknown network", func(sv *Service) { sv.Network = "zz" }, `services[0] "a/web:http": unknown network "zz"`},
 		{"secondary network", func(sv *Service) { sv.Network = "l2net" }, `network "l2net" is not primary`},
 		{"protocol", func(sv *Service) { sv.Protocol = "SCTP" }, `protocol "SCTP": must be TCP or UDP`},
+		{"affinity too long", func(sv *Service) { sv.Affinity = 25 * time.Hour }, `service "a/web:http": affinity 25h0m0s: must be whole seconds from 0 to 24h0m0s`},
+		{"affinity negative", func(sv *Service) { sv.Affinity = -time.Second }, `affinity -1s: must be whole seconds`},
+		{"affinity fraction", func(sv *Service) { sv.Affinity = 1500 * time.Millisecond }, `affinity 1.5s: must be whole seconds`},
 		{"no port", func(sv *Service) { sv.VIP = netip.AddrPortFrom(sv.VIP.Addr(), 0) }, `address "10.96.0.10:0" is not an IP and port`},
 		{"endpoint family", func(sv *Service) { sv.Endpoints[0] = ap("[fd00:1::2]:8080") }, `endpoint "[fd00:1::2]:8080" is not an address of the service's family`},
 		{"endpoint outside", func(sv *Service) { sv.Endpoints[0] = ap("10.9.9.9:8080") }, `endpoint "10.9.9.9:8080" outside network "tenant-a_udn"'s subnets`},

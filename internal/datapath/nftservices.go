@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -30,7 +31,15 @@ import (
 // A change of one service's endpoints thus changes only that service's
 // chain, and adding or removing a service one map element and one chain:
 // syncTables rewrites only those.
-func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chains []nftChain, refuse []nftRule) {
+//
+// A service with client affinity (Service.Affinity) has, in sets, a
+// dynamic set per endpoint of the clients that endpoint served last,
+// each address expiring Affinity after that: its chain first sends a
+// client found in an endpoint's set to that endpoint, and every rule that
+// picks an endpoint records the client in the endpoint's set, as
+// kube-proxy's nftables mode does. An endpoint's set goes with it, so
+// its clients are spread afresh.
+func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chains []nftChain, sets []nftSet, refuse []nftRule) {
 	var v4, v6, np4, np6 nftVMap
 	for _, sv := range services {
 		if len(sv.Endpoints) == 0 {
@@ -48,11 +57,34 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 		if sv.NodePort != 0 {
 			np.elems = append(np.elems, nodePortElem(sv, name))
 		}
-		rules := make([]nftRule, 0, len(sv.Endpoints))
+		v6 := sv.VIP.Addr().Is6()
+		var affinity []string // set name per endpoint
+		rules := make([]nftRule, 0, 2*len(sv.Endpoints))
+		if sv.Affinity > 0 {
+			for _, ep := range sv.Endpoints {
+				set := affinitySetName(name, ep)
+				affinity = append(affinity, set)
+				sets = append(sets, nftSet{name: set, keyType: addrType(v6), timeout: sv.Affinity,
+					comment: cutComment(fmt.Sprintf("service %s: clients of endpoint %s", sv.Name, ep))})
+				b := newRule().nfproto(v6).addrLookup(v6, true, set).srcUpdate(v6, set, sv.Affinity)
+				if !sv.ViaNode {
+					b.markService()
+				}
+				rules = append(rules, b.dnat(ep, fmt.Sprintf("service %s: endpoint %s, its client's", sv.Name, ep)))
+			}
+		}
 		for i, ep := range sv.Endpoints {
 			b := newRule()
+			if affinity != nil {
+				// Names the family for the source address (nft lists
+				// the rule as `ip saddr`, not as a raw payload).
+				b.nfproto(v6)
+			}
 			if left := len(sv.Endpoints) - i; left > 1 {
 				b.numgenZero(uint32(left))
+			}
+			if affinity != nil {
+				b.srcUpdate(v6, affinity[i], sv.Affinity)
 			}
 			if !sv.ViaNode { // leaves through the service port
 				b.markService()
@@ -88,7 +120,17 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 		dispatch = append(dispatch, newRule().iifname(routerTransitIf).nfproto(f.v6).portLookup(f.m.name).
 			done(fmt.Sprintf("%s node ports: to the service's chain", familyName(f.v6))))
 	}
-	return dispatch, maps, chains, refuse
+	return dispatch, maps, chains, sets, refuse
+}
+
+// affinitySetPrefix starts the name of every client affinity set.
+const affinitySetPrefix = "aff-"
+
+// affinitySetName names the client affinity set of endpoint ep of the
+// service whose chain is chain: a hash of both, unique in a router.
+func affinitySetName(chain string, ep netip.AddrPort) string {
+	sum := sha256.Sum256([]byte(chain + " " + ep.String()))
+	return affinitySetPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:10]))
 }
 
 // serviceMapName names the verdict map of the router's services of one IP

@@ -21,14 +21,15 @@ import (
 // ID).
 func addrSet(t *nftables.Table, ws nftSet) *nftables.Set {
 	return &nftables.Set{Table: t, Name: ws.name, ID: setIDs.Add(1), KeyType: ws.keyType,
-		Comment: ws.comment}
+		Comment: ws.comment, HasTimeout: ws.timeout > 0, Dynamic: ws.timeout > 0, Timeout: ws.timeout}
 }
 
-// sameSetSpec reports whether the existing set hs is a plain set of ws's
-// key type, as kvnet makes them.
+// sameSetSpec reports whether the existing set hs is a set of ws's key
+// type, as kvnet makes them: plain, or dynamic with ws's timeout.
 func sameSetSpec(hs *nftables.Set, ws nftSet) bool {
-	return !hs.IsMap && !hs.Interval && !hs.Concatenation && !hs.Constant && !hs.HasTimeout &&
-		!hs.Dynamic && hs.KeyType.Name == ws.keyType.Name
+	dynamic := ws.timeout > 0
+	return !hs.IsMap && !hs.Interval && !hs.Concatenation && !hs.Constant && hs.HasTimeout == dynamic &&
+		hs.Dynamic == dynamic && (!dynamic || hs.Timeout == ws.timeout) && hs.KeyType.Name == ws.keyType.Name
 }
 
 // syncSet queues the changes that make set hs (nil: missing) hold exactly
@@ -39,6 +40,9 @@ func sameSetSpec(hs *nftables.Set, ws nftSet) bool {
 // wrote them, which the kernel still has (see knownTables): they are not
 // read.
 func syncSet(conn *nftables.Conn, t *nftables.Table, ws nftSet, hs *nftables.Set, known map[string]bool) error {
+	if ws.timeout > 0 && hs != nil && sameSetSpec(hs, ws) {
+		return nil // a dynamic set: its rules fill it, and its elements time out
+	}
 	if hs != nil && known != nil && len(known) == len(ws.elems) && sameSetSpec(hs, ws) &&
 		!slices.ContainsFunc(ws.elems, func(a netip.Addr) bool { return !known[string(a.AsSlice())] }) {
 		return nil // as the last sync left it
@@ -94,7 +98,11 @@ func syncSet(conn *nftables.Conn, t *nftables.Table, ws nftSet, hs *nftables.Set
 
 // setText renders ws for golden files.
 func setText(ws nftSet) string {
-	s := fmt.Sprintf("\tset %s {\n\t\ttype %s\n\t\tcomment %q\n", ws.name, ws.keyType.Name, ws.comment)
+	s := fmt.Sprintf("\tset %s {\n\t\ttype %s\n", ws.name, ws.keyType.Name)
+	if ws.timeout > 0 {
+		s += fmt.Sprintf("\t\tflags dynamic,timeout\n\t\ttimeout %ds\n", int64(ws.timeout/time.Second))
+	}
+	s += fmt.Sprintf("\t\tcomment %q\n", ws.comment)
 	if len(ws.elems) > 0 {
 		s += "\t\telements = { "
 		for i, a := range ws.elems {

@@ -77,6 +77,77 @@ func TestServices(t *testing.T) {
 	}
 }
 
+// TestServiceAffinity: a service with client affinity (sessionAffinity:
+// ClientIP) over endpoints a1 and a2 sends every connection of one client
+// to one endpoint, where a service without it over the same endpoints
+// spreads them; a no-op Apply leaves the router's nftables alone (the
+// affinity sets' elements stay); when the client's endpoint leaves, its
+// connections go to the other one; the client affinity sets of a service
+// that drops affinity are gone.
+func TestServiceAffinity(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	ap := netip.MustParseAddrPort
+	eps := []netip.AddrPort{ap("10.1.1.2:7"), ap("10.1.1.3:7")}
+	sticky, spread := ap("10.96.0.20:80"), ap("10.96.0.21:80")
+	svcs := []Service{
+		{Network: "tenant-a_udn", Name: "a/sticky:echo", Protocol: "TCP", VIP: sticky, Endpoints: eps, Affinity: 3 * time.Hour},
+		{Network: "tenant-a_udn", Name: "a/spread:echo", Protocol: "TCP", VIP: spread, Endpoints: eps},
+	}
+	c.applyServices(nets, svcs)
+	answers := func(client string, vip netip.AddrPort, n int) map[string]int {
+		t.Helper()
+		seen := map[string]int{}
+		for range n {
+			token, err := echoSessionTo(pods[client], vip, 1)
+			if err != nil {
+				t.Fatalf("%s to %s: %v", client, vip, err)
+			}
+			seen[token]++
+		}
+		return seen
+	}
+	// The positive control: without affinity both endpoints answer.
+	if seen := answers("a1", spread, 24); len(seen) != 2 {
+		t.Fatalf("a1's 24 connections to %s (no affinity) were answered by %v, want a1 and a2", spread, seen)
+	}
+	first := answers("a1", sticky, 1)
+	var pinned string
+	for token := range first {
+		pinned = token
+	}
+	if seen := answers("a1", sticky, 24); len(seen) != 1 || seen[pinned] != 24 {
+		t.Fatalf("a1's 24 connections to %s (client affinity) were answered by %v, want %s only", sticky, seen, pinned)
+	}
+	nd := c.nodes[0] // a1's node
+	gen := routerGenID(t, nd.dp, nets[0].ID)
+	c.applyServices(nets, svcs)
+	if g := routerGenID(t, nd.dp, nets[0].ID); g != gen {
+		t.Errorf("a no-op Apply committed to the router's nftables: generation %d, was %d", g, gen)
+	}
+	if seen := answers("a1", sticky, 6); len(seen) != 1 || seen[pinned] != 6 {
+		t.Errorf("after a no-op Apply a1's connections to %s were answered by %v, want %s only", sticky, seen, pinned)
+	}
+	// The pinned endpoint leaves: the other one takes the client.
+	other := map[string]string{"a1": "a2", "a2": "a1"}[pinned]
+	addrOf := map[string]netip.Addr{"a1": eps[0].Addr(), "a2": eps[1].Addr()}
+	left := slices.DeleteFunc(slices.Clone(eps), func(ep netip.AddrPort) bool { return ep.Addr() == addrOf[pinned] })
+	svcs[0].Endpoints = left
+	c.applyServices(nets, svcs)
+	if seen := answers("a1", sticky, 6); len(seen) != 1 || seen[other] != 6 {
+		t.Errorf("after %s left, a1's connections to %s were answered by %v, want %s only", pinned, sticky, seen, other)
+	}
+	// Affinity dropped: no client affinity set is left in the router.
+	svcs[0].Endpoints, svcs[0].Affinity = eps, 0
+	c.applyServices(nets, svcs)
+	if sets := routerSetNames(t, nd.dp, nets[0].ID); slices.ContainsFunc(sets, func(n string) bool { return strings.HasPrefix(n, affinitySetPrefix) }) {
+		t.Errorf("client affinity sets left after the service dropped affinity: %v", sets)
+	}
+	if seen := answers("a1", sticky, 24); len(seen) != 2 {
+		t.Errorf("a1's 24 connections to %s after it dropped affinity were answered by %v, want a1 and a2", sticky, seen)
+	}
+}
+
 // transit16 is the /16 of the default transit subnet, 100.88.0.0/16.
 var transit16 = [2]byte{100, 88}
 
@@ -258,6 +329,39 @@ func nsGenID(t *testing.T, path string) uint32 {
 		t.Fatal(err)
 	}
 	return gen
+}
+
+// routerSetNames returns the names of the named sets and maps of
+// network id's router.
+func routerSetNames(t *testing.T, dp *Datapath, id int) []string {
+	t.Helper()
+	var names []string
+	if err := withNS(nl.NSPath(RouterNSName(dp.cfg, id)), func(fd int) error {
+		conn, err := nftConn(fd)
+		if err != nil {
+			return err
+		}
+		tables, err := conn.ListTables()
+		if err != nil {
+			return err
+		}
+		for _, tb := range tables {
+			if tb.Name != tableName {
+				continue
+			}
+			sets, err := conn.GetSets(tb)
+			if err != nil {
+				return err
+			}
+			for _, s := range sets {
+				names = append(names, s.Name)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return names
 }
 
 // routerRulesByChain returns the kvnet rules of network id's router, each

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // NodeConfig describes the node a Datapath runs on. It does not change over
@@ -206,7 +207,17 @@ type Service struct {
 	// takes the service at VIP's port and handles it as NodePort (which
 	// they need).
 	External []netip.Addr
+	// Affinity, when not 0, keeps each client on one endpoint, as
+	// sessionAffinity: ClientIP does: a client's new connections go to
+	// the endpoint its last one went to while less than Affinity has
+	// passed since (whole seconds, at most MaxServiceAffinity). The
+	// client is the connection's source address as the router sees it.
+	Affinity time.Duration
 }
+
+// MaxServiceAffinity bounds Service.Affinity, as Kubernetes bounds
+// sessionAffinityConfig.clientIP.timeoutSeconds (one day).
+const MaxServiceAffinity = 24 * time.Hour
 
 // State is what the node's datapath should look like. Apply makes the node
 // match it exactly within what kvnet owns.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 )
 
 // This file validates a State: validate runs one function per type
@@ -297,6 +298,9 @@ func validateService(i int, sv Service, byName map[string]*Network, sc *serviceC
 		bad("service %q: a service reached through the node has no node port nor external addresses", sv.Name)
 	case !sv.ViaNode && !slices.ContainsFunc(n.ServiceAddrs, func(p netip.Prefix) bool { return p.Addr().Is4() == sv.VIP.Addr().Is4() }):
 		bad("service %q: network %q has no service address of its family", sv.Name, sv.Network)
+	}
+	if sv.Affinity < 0 || sv.Affinity > MaxServiceAffinity || sv.Affinity%time.Second != 0 {
+		bad("service %q: affinity %s: must be whole seconds from 0 to %s", sv.Name, sv.Affinity, MaxServiceAffinity)
 	}
 	if sv.Protocol != "TCP" && sv.Protocol != "UDP" {
 		bad("service %q: protocol %q: must be TCP or UDP", sv.Name, sv.Protocol)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -121,7 +122,8 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 				if !ok {
 					continue
 				}
-				ds := datapath.Service{Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)), Name: portName(svc, port)}
+				ds := datapath.Service{Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)), Name: portName(svc, port),
+					Affinity: clientAffinity(svc, n.problem)}
 				if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) &&
 					port.NodePort > 0 && port.NodePort < 65536 {
 					ds.NodePort = uint16(port.NodePort)
@@ -152,6 +154,26 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 		}
 	}
 	return out
+}
+
+// clientAffinity returns how long svc keeps a client on one endpoint:
+// with sessionAffinity ClientIP, its timeoutSeconds (Kubernetes' default,
+// 3 hours, when not set); otherwise 0. A timeout out of Kubernetes'
+// bounds (the API server refuses it) is a problem, and the default.
+func clientAffinity(svc *corev1.Service, problem func(string, ...any)) time.Duration {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	secs := int32(corev1.DefaultClientIPServiceAffinitySeconds)
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		secs = *c.ClientIP.TimeoutSeconds
+	}
+	if d := time.Duration(secs) * time.Second; secs > 0 && d <= datapath.MaxServiceAffinity {
+		return d
+	}
+	problem("Service %s/%s: sessionAffinityConfig.clientIP.timeoutSeconds %d: must be from 1 to %d; using %d",
+		svc.Namespace, svc.Name, secs, int(datapath.MaxServiceAffinity/time.Second), corev1.DefaultClientIPServiceAffinitySeconds)
+	return time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
 }
 
 // nodeAddrClaims makes the node ports and external addresses of services

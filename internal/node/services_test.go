@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/datapath"
@@ -129,6 +130,41 @@ func TestDesiredServices(t *testing.T) {
 	if len(plan.State.Services) != 0 || len(plan.State.Networks[0].ServiceAddrs) != 0 ||
 		len(plan.Problems) != 2 || !strings.Contains(plan.Problems[0], "network a_udn: this node has no node ID yet (annotation k8s.ovn.org/node-id") {
 		t.Errorf("without a node ID: services %v, problems %v", plan.State.Services, plan.Problems)
+	}
+}
+
+// TestClientAffinity: sessionAffinity ClientIP keeps a client for its
+// timeoutSeconds, Kubernetes' 3 hours when not set; None keeps none; a
+// timeout out of Kubernetes' bounds is a problem naming the field and
+// value, and the default.
+func TestClientAffinity(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		affinity corev1.ServiceAffinity
+		timeout  *int32
+		want     time.Duration
+		problem  string
+	}{
+		{"none", corev1.ServiceAffinityNone, nil, 0, ""},
+		{"unset", "", ptr.To[int32](60), 0, ""},
+		{"default timeout", corev1.ServiceAffinityClientIP, nil, 3 * time.Hour, ""},
+		{"timeout", corev1.ServiceAffinityClientIP, ptr.To[int32](60), time.Minute, ""},
+		{"longest", corev1.ServiceAffinityClientIP, ptr.To[int32](86400), 24 * time.Hour, ""},
+		{"zero", corev1.ServiceAffinityClientIP, ptr.To[int32](0), 3 * time.Hour, "sessionAffinityConfig.clientIP.timeoutSeconds 0: must be from 1 to 86400"},
+		{"too long", corev1.ServiceAffinityClientIP, ptr.To[int32](86401), 3 * time.Hour, "Service a/web: sessionAffinityConfig.clientIP.timeoutSeconds 86401"},
+	} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"}, Spec: corev1.ServiceSpec{SessionAffinity: tt.affinity}}
+		if tt.timeout != nil {
+			svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: tt.timeout}}
+		}
+		var problems []string
+		got := clientAffinity(svc, func(f string, a ...any) { problems = append(problems, fmt.Sprintf(f, a...)) })
+		if got != tt.want {
+			t.Errorf("%s: affinity %s, want %s", tt.name, got, tt.want)
+		}
+		if tt.problem == "" && len(problems) > 0 || tt.problem != "" && (len(problems) != 1 || !strings.Contains(problems[0], tt.problem)) {
+			t.Errorf("%s: problems %q, want one containing %q", tt.name, problems, tt.problem)
+		}
 	}
 }
 
