@@ -556,6 +556,9 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "svc-ooakdqon-a/web_http", `numgen random mod 3 0 meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.2:8080`},
 			{"inet", "svc-ooakdqon-a/web_http", `meta mark set 19286 ct mark set 19286 dnat ip to 10.1.1.4:8080`},
 			{"inet", "prerouting", `iifname "gw" ip6 daddr . meta l4proto . th dport vmap @service-ips6`},
+			// externalTrafficPolicy Local: node ports to local endpoints, unmarked.
+			{"inet", "svcl-ooakdqon-a/web_http", `numgen random mod 2 0 dnat ip to 10.1.1.2:8080`},
+			{"inet", "forward", `iifname "transit" oifname "gw" ct status dnat accept`},
 			// Client affinity (sessionAffinity: ClientIP).
 			{"inet", "svc-3amfmddj-a/web6_http", `ip6 saddr @aff-ukt3eztysonuzjsq update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
 			{"inet", "svc-3amfmddj-a/web6_http", `update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},

@@ -99,6 +99,10 @@ func routerRules(n Network, services []Service, rp *routerPolicy) []nftTable {
 			fmt.Sprintf("network %s: service connections, and replies to other nodes' routers", n.Name)))
 	}
 	nodePorts := slices.ContainsFunc(services, func(sv Service) bool { return sv.NodePort != 0 })
+	if slices.ContainsFunc(services, func(sv Service) bool { return sv.NodePort != 0 && sv.ExternalLocal }) {
+		forward = append(forward, newRule().iifname(routerTransitIf).oifname(routerGwIf).ctStatusDNAT().accept(
+			fmt.Sprintf("network %s: node port connections to local endpoints (externalTrafficPolicy Local)", n.Name)))
+	}
 	if nodePorts {
 		forward = append(forward, newRule().iifname(routerTransitIf).oifname(routerSvcIf).ctStatusDNAT().accept(
 			fmt.Sprintf("network %s: node port and load balancer connections", n.Name)))

@@ -49,7 +49,8 @@ func goldenServices() []Service {
 	return []Service{
 		{Network: "tenant-a_udn", Name: "a/web:http", Protocol: "TCP", VIP: ap("10.96.0.10:80"), NodePort: 30080,
 			External:  []netip.Addr{netip.MustParseAddr("203.0.113.10")},
-			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")}},
+			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")},
+			ExternalLocal: true, LocalEndpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.4:8080")}},
 		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53"), NodePort: 30053},
 		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080, Affinity: 3 * time.Hour,
 			External:  []netip.Addr{netip.MustParseAddr("2001:db8::10")},
@@ -104,6 +105,8 @@ func TestValidateServices(t *testing.T) {
 		{"unknown network", func(sv *Service) { sv.Network = "zz" }, `services[0] "a/web:http": unknown network "zz"`},
 		{"secondary network", func(sv *Service) { sv.Network = "l2net" }, `network "l2net" is not primary`},
 		{"protocol", func(sv *Service) { sv.Protocol = "SCTP" }, `protocol "SCTP": must be TCP or UDP`},
+		{"local endpoint elsewhere", func(sv *Service) { sv.LocalEndpoints = []netip.AddrPort{ap("10.1.1.9:8080")} }, `service "a/web:http": local endpoint "10.1.1.9:8080" is not one of its endpoints`},
+		{"local endpoints, policy Cluster", func(sv *Service) { sv.ExternalLocal = false }, `local endpoints [10.1.1.2:8080 10.1.1.4:8080] without externalTrafficPolicy Local`},
 		{"affinity too long", func(sv *Service) { sv.Affinity = 25 * time.Hour }, `service "a/web:http": affinity 25h0m0s: must be whole seconds from 0 to 24h0m0s`},
 		{"affinity negative", func(sv *Service) { sv.Affinity = -time.Second }, `affinity -1s: must be whole seconds`},
 		{"affinity fraction", func(sv *Service) { sv.Affinity = 1500 * time.Millisecond }, `affinity 1.5s: must be whole seconds`},

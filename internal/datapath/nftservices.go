@@ -54,7 +54,11 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 			m, np = &v6, &np6
 		}
 		m.elems = append(m.elems, serviceElem(sv, name))
-		if sv.NodePort != 0 {
+		if sv.NodePort != 0 && sv.ExternalLocal {
+			local := localChainName(sv)
+			np.elems = append(np.elems, nodePortElem(sv, local))
+			chains = append(chains, nftChain{name: local, rules: localRules(sv)})
+		} else if sv.NodePort != 0 {
 			np.elems = append(np.elems, nodePortElem(sv, name))
 		}
 		v6 := sv.VIP.Addr().Is6()
@@ -121,6 +125,37 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 			done(fmt.Sprintf("%s node ports: to the service's chain", familyName(f.v6))))
 	}
 	return dispatch, maps, chains, sets, refuse
+}
+
+// localChainPrefix starts the name of the chain of a service's node
+// port connections under externalTrafficPolicy Local (localRules).
+const localChainPrefix = "svcl-"
+
+// localChainName returns the name of sv's chain of node port connections
+// under externalTrafficPolicy Local.
+func localChainName(sv Service) string {
+	return hashedChainName(localChainPrefix, sv.Protocol+" "+sv.VIP.String(), sv.Name)
+}
+
+// localRules spreads the node port (and external address) connections of
+// sv, whose externalTrafficPolicy is Local, over its endpoints on this
+// node at random, without the service mark: they go to the endpoint
+// straight through the gateway port, unmasqueraded, so it sees the
+// client's address and answers through this router. Without local
+// endpoints they are dropped, counted, as kube-proxy drops them.
+func localRules(sv Service) []nftRule {
+	if len(sv.LocalEndpoints) == 0 {
+		return []nftRule{newRule().counter().drop(fmt.Sprintf("service %s: no local endpoints (externalTrafficPolicy Local)", sv.Name))}
+	}
+	rules := make([]nftRule, 0, len(sv.LocalEndpoints))
+	for i, ep := range sv.LocalEndpoints {
+		b := newRule()
+		if left := len(sv.LocalEndpoints) - i; left > 1 {
+			b.numgenZero(uint32(left))
+		}
+		rules = append(rules, b.dnat(ep, fmt.Sprintf("service %s: local endpoint %s", sv.Name, ep)))
+	}
+	return rules
 }
 
 // affinitySetPrefix starts the name of every client affinity set.

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -467,6 +468,132 @@ func TestNodePorts(t *testing.T) {
 	if token, err := echoSessionTo(pods["a1"], ap("10.96.0.10:80"), 1); err != nil || (token != "a1" && token != "a2") {
 		t.Errorf("a1 to the cluster IP after the node port went: %q, %v", token, err)
 	}
+}
+
+// TestNodePortsLocal: tenant A's NodePort service over a1 (node 1) and
+// a2 (node 2) with externalTrafficPolicy Local is answered at node 1's
+// address by a1 only and at node 2's by a2 only, each seeing the client's
+// own address; node 3, without a local endpoint, drops the connection
+// (no answer, no refusal). The control, the same service with policy
+// Cluster: node 1 answers from both endpoints, which see the router's
+// address instead of the client's. The cluster IP keeps both endpoints.
+func TestNodePortsLocal(t *testing.T) {
+	t.Parallel()
+	c, pods, nets := twoTenants(t)
+	for _, name := range []string{"a1", "a2"} {
+		startWhoami(t, pods[name])
+	}
+	ap := netip.MustParseAddrPort
+	eps := []netip.AddrPort{ap("10.1.1.2:8"), ap("10.1.1.3:8")} // a1, a2's whoami
+	svc := Service{Network: "tenant-a_udn", Name: "a/web:whoami", Protocol: "TCP", VIP: ap("10.96.0.30:80"), NodePort: 30090, Endpoints: eps}
+	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
+	ask := func(at netip.Addr) (who string, seen, client netip.Addr, err error) {
+		return whoamiFrom(c.ext, netip.AddrPortFrom(at, 30090))
+	}
+
+	// The control: policy Cluster.
+	c.applyServices(nets, []Service{svc})
+	answered := map[string]bool{}
+	for range 16 {
+		who, seen, client, err := ask(n1.ip)
+		if err != nil {
+			t.Fatalf("control, outside to node 1's node port: %v", err)
+		}
+		answered[who] = true
+		if seen == client {
+			t.Fatalf("control (policy Cluster): %s saw the client's own address %s, want the router's", who, seen)
+		}
+	}
+	if !answered["a1"] || !answered["a2"] {
+		t.Fatalf("control (policy Cluster): node 1's node port answered by %v, want a1 and a2", answered)
+	}
+
+	// Policy Local: each node's state has its own local endpoints.
+	local := map[*node][]netip.AddrPort{n1: eps[:1], n2: eps[1:]}
+	for i, nd := range c.nodes {
+		s := c.state(nd, nets)
+		for j := range s.Networks {
+			setServicePort(&s.Networks[j], transit16, i)
+		}
+		for _, other := range c.nodes {
+			s.NodeAddrs = append(s.NodeAddrs, other.ip)
+		}
+		sv := svc
+		sv.ExternalLocal, sv.LocalEndpoints = true, local[nd]
+		s.Services = []Service{sv}
+		if err := nd.dp.Apply(context.Background(), s); err != nil {
+			t.Fatalf("apply on %s: %v", nd.name, err)
+		}
+	}
+	for _, x := range []struct {
+		nd   *node
+		want string
+	}{{n1, "a1"}, {n2, "a2"}} {
+		for range 8 {
+			who, seen, client, err := ask(x.nd.ip)
+			if err != nil {
+				t.Fatalf("outside to %s's node port (policy Local): %v", x.nd.name, err)
+			}
+			if who != x.want || seen != client {
+				t.Fatalf("outside to %s's node port (policy Local): answered by %s seeing %s, want %s seeing the client's %s", x.nd.name, who, seen, x.want, client)
+			}
+		}
+	}
+	if who, _, _, err := ask(n3.ip); err == nil {
+		t.Errorf("node 3, without a local endpoint, answered its node port (policy Local): by %s", who)
+	} else if errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("node 3, without a local endpoint: %v, want the connection dropped as kube-proxy drops it", err)
+	}
+	// The cluster IP is not affected by the policy.
+	seen := map[string]bool{}
+	for range 16 {
+		who, _, _, err := whoamiFrom(pods["a1"].ns, ap("10.96.0.30:80"))
+		if err != nil {
+			t.Fatalf("a1 to the cluster IP: %v", err)
+		}
+		seen[who] = true
+	}
+	if !seen["a1"] || !seen["a2"] {
+		t.Errorf("cluster IP under policy Local answered by %v, want a1 and a2", seen)
+	}
+}
+
+// whoamiPort is where startWhoami serves.
+const whoamiPort = 8
+
+// startWhoami serves, at whoamiPort in p, one line per connection: p's
+// name and the client's address as p sees it.
+func startWhoami(tb testing.TB, p *pod) {
+	ln := nstest.Listen(tb, p.ns, fmt.Sprintf(":%d", whoamiPort))
+	nstest.Serve(ln, func(conn net.Conn) {
+		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+		fmt.Fprintf(conn, "%s %s\n", p.name, host)
+	})
+}
+
+// whoamiFrom connects from the namespace at ns to a whoami server at dst
+// and returns who answered, the client address it saw, and the client's
+// own address.
+func whoamiFrom(ns string, dst netip.AddrPort) (who string, seen, client netip.Addr, err error) {
+	conn, err := nstest.Dial(ns, dst.String(), 2*time.Second)
+	if err != nil {
+		return "", seen, client, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return "", seen, client, fmt.Errorf("read whoami: %w", err)
+	}
+	name, addr, ok := strings.Cut(strings.TrimSpace(line), " ")
+	if seen, err = netip.ParseAddr(addr); !ok || err != nil {
+		return "", seen, client, fmt.Errorf("whoami line %q", line)
+	}
+	local, err := netip.ParseAddrPort(conn.LocalAddr().String())
+	if err != nil {
+		return "", seen, client, err
+	}
+	return name, seen.Unmap(), local.Addr().Unmap(), nil
 }
 
 // TestServicesViaNode: tenant A's pods reach a service of the cluster

@@ -213,6 +213,15 @@ type Service struct {
 	// passed since (whole seconds, at most MaxServiceAffinity). The
 	// client is the connection's source address as the router sees it.
 	Affinity time.Duration
+	// ExternalLocal (externalTrafficPolicy: Local) sends the connections
+	// to NodePort and External to LocalEndpoints only, without
+	// masquerading their source, so that the endpoint sees the client's
+	// address; without local endpoints they are dropped, as kube-proxy
+	// drops them. Connections to VIP are not affected.
+	ExternalLocal bool
+	// LocalEndpoints are those of Endpoints on this node (ExternalLocal
+	// only).
+	LocalEndpoints []netip.AddrPort
 }
 
 // MaxServiceAffinity bounds Service.Affinity, as Kubernetes bounds

@@ -302,6 +302,17 @@ func validateService(i int, sv Service, byName map[string]*Network, sc *serviceC
 	if sv.Affinity < 0 || sv.Affinity > MaxServiceAffinity || sv.Affinity%time.Second != 0 {
 		bad("service %q: affinity %s: must be whole seconds from 0 to %s", sv.Name, sv.Affinity, MaxServiceAffinity)
 	}
+	if len(sv.LocalEndpoints) > 0 && !sv.ExternalLocal {
+		bad("service %q: local endpoints %v without externalTrafficPolicy Local", sv.Name, sv.LocalEndpoints)
+	}
+	for _, ep := range sv.LocalEndpoints {
+		if !slices.Contains(sv.Endpoints, ep) {
+			bad("service %q: local endpoint %q is not one of its endpoints", sv.Name, ep)
+		}
+	}
+	if sv.ExternalLocal && sv.ViaNode {
+		bad("service %q: a service reached through the node has no externalTrafficPolicy Local", sv.Name)
+	}
 	if sv.Protocol != "TCP" && sv.Protocol != "UDP" {
 		bad("service %q: protocol %q: must be TCP or UDP", sv.Name, sv.Protocol)
 	}

@@ -73,6 +73,7 @@ func nodeAddrs(key, v string, def []string, nodeID int) ([]netip.Prefix, net.Har
 
 // serviceInput is what servicesOf needs of one primary network.
 type serviceInput struct {
+	node       string // this node's name
 	name       string
 	conf       *netconf.NetConf
 	subnets    []netip.Prefix
@@ -136,6 +137,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 						ds.External = external
 					}
 				}
+				ds.ExternalLocal = ds.NodePort != 0 && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 				for _, h := range picked {
 					target, ok := targetPort(h.pod, port)
 					if !ok {
@@ -143,12 +145,18 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 					}
 					for _, s := range h.a.IPAddresses {
 						if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() == vip.Is4() {
-							ds.Endpoints = append(ds.Endpoints, netip.AddrPortFrom(p.Addr(), target))
+							ep := netip.AddrPortFrom(p.Addr(), target)
+							ds.Endpoints = append(ds.Endpoints, ep)
+							if ds.ExternalLocal && h.node == n.node {
+								ds.LocalEndpoints = append(ds.LocalEndpoints, ep)
+							}
 						}
 					}
 				}
-				slices.SortFunc(ds.Endpoints, netip.AddrPort.Compare)
-				ds.Endpoints = slices.Compact(ds.Endpoints)
+				for _, eps := range []*[]netip.AddrPort{&ds.Endpoints, &ds.LocalEndpoints} {
+					slices.SortFunc(*eps, netip.AddrPort.Compare)
+					*eps = slices.Compact(*eps)
+				}
 				out = append(out, ds)
 			}
 		}
@@ -399,7 +407,7 @@ func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, names
 	if n.topology == layer3 {
 		subnets = dn.Layer3.ClusterSubnets // endpoints on every node
 	}
-	services := servicesOf(serviceInput{name: name, conf: n.conf, subnets: subnets, namespaces: namespaces, holders: hs, problem: p.problem}, p.in.Services)
+	services := servicesOf(serviceInput{node: p.in.Node, name: name, conf: n.conf, subnets: subnets, namespaces: namespaces, holders: hs, problem: p.problem}, p.in.Services)
 	var viaNode []datapath.Service
 	if len(namespaces) > 0 {
 		viaNode = viaNodeServices(name, subnets, namespaces, p.clusterSvcs, p.in.EndpointSlices, p.problem)

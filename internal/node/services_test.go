@@ -263,6 +263,28 @@ func TestDesiredNodePorts(t *testing.T) {
 	if err := datapath.Validate(plan.State); err != nil {
 		t.Error(err)
 	}
+
+	// externalTrafficPolicy Local: each node's local endpoints, none on
+	// node 2; the cluster IP keeps them all.
+	in.Services[0].Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	for _, x := range []struct{ node, local string }{{"n2", "[]"}, {"n1", "[10.1.1.2:80]"}} {
+		in.Node, in.Links = x.node, nil
+		if x.node == "n1" {
+			in.Links = links(e1)
+		}
+		plan = Desired(in)
+		if len(plan.State.Services) == 0 {
+			t.Fatalf("%s: no services (problems %v)", x.node, plan.Problems)
+		}
+		sv := plan.State.Services[0]
+		if !sv.ExternalLocal || fmt.Sprint(sv.LocalEndpoints) != x.local || fmt.Sprint(sv.Endpoints) != "[10.1.1.2:80]" {
+			t.Errorf("%s, externalTrafficPolicy Local: external local %v, local endpoints %v, endpoints %v; want true, %s, [10.1.1.2:80]",
+				x.node, sv.ExternalLocal, sv.LocalEndpoints, sv.Endpoints, x.local)
+		}
+		if err := datapath.Validate(plan.State); err != nil {
+			t.Errorf("%s: %v", x.node, err)
+		}
+	}
 }
 
 // TestDesiredClusterServices: a primary network's router gets the cluster
