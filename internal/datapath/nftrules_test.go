@@ -48,8 +48,8 @@ func goldenServices() []Service {
 	ap := netip.MustParseAddrPort
 	return []Service{
 		{Network: "tenant-a_udn", Name: "a/web:http", Protocol: "TCP", VIP: ap("10.96.0.10:80"), NodePort: 30080,
-			External:  []netip.Addr{netip.MustParseAddr("203.0.113.10")},
-			Endpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")},
+			External:      []netip.Addr{netip.MustParseAddr("203.0.113.10")},
+			Endpoints:     []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.3:8080"), ap("10.1.1.4:8080")},
 			ExternalLocal: true, LocalEndpoints: []netip.AddrPort{ap("10.1.1.2:8080"), ap("10.1.1.4:8080")}},
 		{Network: "tenant-a_udn", Name: "a/dns:dns", Protocol: "UDP", VIP: ap("10.96.0.53:53"), NodePort: 30053},
 		{Network: "tenant-a_udn", Name: "a/web6:http", Protocol: "TCP", VIP: ap("[fd00:96::10]:80"), NodePort: 30080, Affinity: 3 * time.Hour,

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -49,6 +50,11 @@ const (
 	// at its name (CoreDNS) from a pod of the UDN, from each of its two
 	// backends.
 	ScenarioServiceDNS = "udn-service-by-name"
+	// ScenarioServiceAffinity: a Service with sessionAffinity ClientIP
+	// over the same two backends answers every connection of one client
+	// from one backend, where Service web (the control) answers from
+	// both.
+	ScenarioServiceAffinity = "udn-service-affinity"
 	// ScenarioEgress: a pod of the UDN reaches HTTP servers outside the
 	// cluster through its network's router, not through eth0: its node
 	// translated the router's transit address, where a default-network
@@ -69,7 +75,7 @@ const (
 // reports them: one result each.
 var PodScenarios = []string{
 	ScenarioPrimaryReady, ScenarioPrimaryReach, ScenarioEth0Isolated, ScenarioTenantIsolation,
-	ScenarioServiceDNS, ScenarioEgress, ScenarioSecondary, ScenarioCUDN, ScenarioLayer3,
+	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioEgress, ScenarioSecondary, ScenarioCUDN, ScenarioLayer3,
 }
 
 // ScenarioLabel marks every namespace and ClusterUserDefinedNetwork the
@@ -355,6 +361,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioEth0Isolated, s.eth0Isolated)
 	run(ScenarioTenantIsolation, s.tenantIsolation)
 	run(ScenarioServiceDNS, s.serviceByName)
+	run(ScenarioServiceAffinity, s.serviceAffinity)
 	run(ScenarioEgress, s.egress)
 	run(ScenarioSecondary, s.secondary)
 	run(ScenarioCUDN, s.cudn)
@@ -539,6 +546,12 @@ func (s *scenarios) create(ctx context.Context) error {
 	}
 	if _, err := cs.CoreV1().Services(nsTenantA).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("scenarios: create Service %s/web: %w", nsTenantA, err)
+	}
+	sticky := svc.DeepCopy()
+	sticky.Name = "web-sticky"
+	sticky.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	if _, err := cs.CoreV1().Services(nsTenantA).Create(ctx, sticky, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("scenarios: create Service %s/web-sticky: %w", nsTenantA, err)
 	}
 
 	// Each namespace needs its default ServiceAccount, and a namespace
@@ -980,6 +993,56 @@ func (s *scenarios) serviceByName(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("service %s/web (cluster IP %s): %w", nsTenantA, svc.Spec.ClusterIP, err)
 	}
 	return fmt.Sprintf("a-1 fetched %s (cluster IP %s) from both backends: %s", url, svc.Spec.ClusterIP, seen), nil
+}
+
+// affinityTries is how many connections serviceAffinity makes to the
+// Service with client affinity: without it, all of them reaching one of
+// two backends has a chance of 2^-(affinityTries-1).
+const affinityTries = 16
+
+// serviceAffinity: a-1 fetches Service web until both backends have
+// answered (the control: they both serve), then Service web-sticky
+// (sessionAffinity: ClientIP, the same backends) affinityTries times:
+// every answer must come from one backend.
+func (s *scenarios) serviceAffinity(ctx context.Context) (string, error) {
+	ps, err := s.need(ctx, nsTenantA+"/a-1", nsTenantA+"/a-2")
+	if err != nil {
+		return "", err
+	}
+	fetch := func(url string) func(ctx context.Context) (string, error) {
+		return func(ctx context.Context) (string, error) {
+			out, errOut, err := s.fetch(ctx, ps[0], url, reachTry)
+			if err != nil {
+				return "", fmt.Errorf("%s: httpget %s: %v: %s", ps[0], url, err, strings.TrimSpace(errOut))
+			}
+			return strings.TrimSpace(out), nil
+		}
+	}
+	want := []string{"hello from a-1", "hello from a-2"}
+	control, err := reachAll(ctx, serviceTries, fetch("http://web."+nsTenantA+".svc.cluster.local/"), want)
+	if err != nil {
+		return "", fmt.Errorf("control, Service %s/web without affinity: %w", nsTenantA, err)
+	}
+	sticky := fetch("http://web-sticky." + nsTenantA + ".svc.cluster.local/")
+	count := map[string]int{}
+	for range affinityTries {
+		body, err := sticky(ctx)
+		if err != nil {
+			return "", fmt.Errorf("Service %s/web-sticky: %w", nsTenantA, err)
+		}
+		if !slices.Contains(want, body) {
+			return "", fmt.Errorf("Service %s/web-sticky: got %q, want one of %q", nsTenantA, body, want)
+		}
+		count[body]++
+	}
+	if len(count) != 1 {
+		return "", fmt.Errorf("Service %s/web-sticky (sessionAffinity: ClientIP): a-1's %d connections were answered by %v, want one backend only", nsTenantA, affinityTries, count)
+	}
+	var pinned string
+	for body := range count {
+		pinned = body
+	}
+	return fmt.Sprintf("a-1's %d connections to web-sticky (ClientIP affinity) all answered %q; web without it answered %s", affinityTries, pinned, control), nil
 }
 
 // serviceTries bounds the fetches reachAll makes: with two endpoints
