@@ -7,12 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +59,12 @@ const (
 	// from one backend, where Service web (the control) answers from
 	// both.
 	ScenarioServiceAffinity = "udn-service-affinity"
+	// ScenarioNodePortLocal: NodePort Service web-local
+	// (externalTrafficPolicy Local) over the same backends is answered,
+	// from this host, at a-1's node by a-1 only and at a-2's by a-2 only;
+	// a node with neither drops the connection, where Service web-np
+	// (policy Cluster, the control) answers there from both.
+	ScenarioNodePortLocal = "udn-nodeport-local"
 	// ScenarioEgress: a pod of the UDN reaches HTTP servers outside the
 	// cluster through its network's router, not through eth0: its node
 	// translated the router's transit address, where a default-network
@@ -75,7 +85,7 @@ const (
 // reports them: one result each.
 var PodScenarios = []string{
 	ScenarioPrimaryReady, ScenarioPrimaryReach, ScenarioEth0Isolated, ScenarioTenantIsolation,
-	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioEgress, ScenarioSecondary, ScenarioCUDN, ScenarioLayer3,
+	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioNodePortLocal, ScenarioEgress, ScenarioSecondary, ScenarioCUDN, ScenarioLayer3,
 }
 
 // ScenarioLabel marks every namespace and ClusterUserDefinedNetwork the
@@ -362,6 +372,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioTenantIsolation, s.tenantIsolation)
 	run(ScenarioServiceDNS, s.serviceByName)
 	run(ScenarioServiceAffinity, s.serviceAffinity)
+	run(ScenarioNodePortLocal, s.nodePortLocal)
 	run(ScenarioEgress, s.egress)
 	run(ScenarioSecondary, s.secondary)
 	run(ScenarioCUDN, s.cudn)
@@ -552,6 +563,15 @@ func (s *scenarios) create(ctx context.Context) error {
 	sticky.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 	if _, err := cs.CoreV1().Services(nsTenantA).Create(ctx, sticky, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("scenarios: create Service %s/web-sticky: %w", nsTenantA, err)
+	}
+	for name, policy := range map[string]corev1.ServiceExternalTrafficPolicy{
+		"web-np": corev1.ServiceExternalTrafficPolicyCluster, "web-local": corev1.ServiceExternalTrafficPolicyLocal,
+	} {
+		np := svc.DeepCopy()
+		np.Name, np.Spec.Type, np.Spec.ExternalTrafficPolicy = name, corev1.ServiceTypeNodePort, policy
+		if _, err := cs.CoreV1().Services(nsTenantA).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("scenarios: create Service %s/%s: %w", nsTenantA, name, err)
+		}
 	}
 
 	// Each namespace needs its default ServiceAccount, and a namespace
@@ -1043,6 +1063,120 @@ func (s *scenarios) serviceAffinity(ctx context.Context) (string, error) {
 		pinned = body
 	}
 	return fmt.Sprintf("a-1's %d connections to web-sticky (ClientIP affinity) all answered %q; web without it answered %s", affinityTries, pinned, control), nil
+}
+
+// nodePortLocal: this host fetches Service web-np (NodePort, policy
+// Cluster: the control) at a node with neither backend until both have
+// answered, then Service web-local (NodePort, policy Local) at a-1's and
+// a-2's nodes, each answered by its own backend only, affinityTries
+// times, and at the node with neither: the connection must be dropped
+// (no answer, and no refusal either).
+func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
+	ps, err := s.need(ctx, nsTenantA+"/a-1", nsTenantA+"/a-2")
+	if err != nil {
+		return "", err
+	}
+	nodes, err := s.t.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	addrOf := map[string]string{} // node -> InternalIP
+	var other string               // a node with neither backend
+	for _, n := range nodes.Items {
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP && addrOf[n.Name] == "" {
+				addrOf[n.Name] = a.Address
+			}
+		}
+		if n.Name != ps[0].pod.Spec.NodeName && n.Name != ps[1].pod.Spec.NodeName && addrOf[n.Name] != "" {
+			other = n.Name
+		}
+	}
+	if other == "" {
+		return "", fmt.Errorf("no node without a-1 and a-2 to try policy Local's drop at (nodes %d)", len(nodes.Items))
+	}
+	nodePort := func(name string) (int32, error) {
+		svc, err := s.t.Client.CoreV1().Services(nsTenantA).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return 0, err
+		}
+		if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].NodePort == 0 {
+			return 0, fmt.Errorf("Service %s/%s has no node port", nsTenantA, name)
+		}
+		return svc.Spec.Ports[0].NodePort, nil
+	}
+	fetch := func(node string, port int32, timeout time.Duration) func(context.Context) (string, error) {
+		url := fmt.Sprintf("http://%s/", net.JoinHostPort(addrOf[node], strconv.Itoa(int(port))))
+		return func(ctx context.Context) (string, error) {
+			body, err := hostFetch(ctx, url, timeout)
+			if err != nil {
+				return "", fmt.Errorf("this host to %s (node %s): %w", url, node, err)
+			}
+			return strings.TrimSpace(body), nil
+		}
+	}
+	cluster, err := nodePort("web-np")
+	if err != nil {
+		return "", err
+	}
+	local, err := nodePort("web-local")
+	if err != nil {
+		return "", err
+	}
+	want := []string{"hello from a-1", "hello from a-2"}
+	control, err := reachAll(ctx, serviceTries, fetch(other, cluster, reachTry), want)
+	if err != nil {
+		return "", fmt.Errorf("control, Service %s/web-np (policy Cluster) at node %s: %w", nsTenantA, other, err)
+	}
+	var details []string
+	for _, p := range ps {
+		f, own := fetch(p.pod.Spec.NodeName, local, reachTry), "hello from "+p.name
+		count := map[string]int{}
+		for range affinityTries {
+			body, err := f(ctx)
+			if err != nil {
+				return "", fmt.Errorf("Service %s/web-local (policy Local): %w", nsTenantA, err)
+			}
+			count[body]++
+		}
+		if len(count) != 1 || count[own] != affinityTries {
+			return "", fmt.Errorf("Service %s/web-local (policy Local) at %s's node %s: answered %v, want %q only", nsTenantA, p, p.pod.Spec.NodeName, count, own)
+		}
+		details = append(details, fmt.Sprintf("%s: %s ×%d", p.pod.Spec.NodeName, own, affinityTries))
+	}
+	body, err := fetch(other, local, unreachTry)(ctx)
+	switch {
+	case err == nil:
+		return "", fmt.Errorf("Service %s/web-local (policy Local) at node %s, with no local endpoint, answered %q", nsTenantA, other, body)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "", fmt.Errorf("Service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped, as kube-proxy drops it", nsTenantA, other, err)
+	}
+	return fmt.Sprintf("web-local (node port %d, policy Local) answered at %s; dropped at %s; web-np (node port %d, policy Cluster) there answered %s",
+		local, strings.Join(details, ", "), other, cluster, control), nil
+}
+
+// hostFetch GETs url from this host, within timeout, and returns the
+// body of a 200 answer.
+func hostFetch(ctx context.Context, url string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(b), nil
 }
 
 // serviceTries bounds the fetches reachAll makes: with two endpoints
