@@ -172,7 +172,7 @@ func clientAffinity(svc *corev1.Service, problem func(string, ...any)) time.Dura
 	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
 		return 0
 	}
-	secs := int32(corev1.DefaultClientIPServiceAffinitySeconds)
+	secs := corev1.DefaultClientIPServiceAffinitySeconds
 	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 		secs = *c.ClientIP.TimeoutSeconds
 	}

@@ -1048,15 +1048,15 @@ func (s *scenarios) serviceAffinity(ctx context.Context) (string, error) {
 	for range affinityTries {
 		body, err := sticky(ctx)
 		if err != nil {
-			return "", fmt.Errorf("Service %s/web-sticky: %w", nsTenantA, err)
+			return "", fmt.Errorf("service %s/web-sticky: %w", nsTenantA, err)
 		}
 		if !slices.Contains(want, body) {
-			return "", fmt.Errorf("Service %s/web-sticky: got %q, want one of %q", nsTenantA, body, want)
+			return "", fmt.Errorf("service %s/web-sticky: got %q, want one of %q", nsTenantA, body, want)
 		}
 		count[body]++
 	}
 	if len(count) != 1 {
-		return "", fmt.Errorf("Service %s/web-sticky (sessionAffinity: ClientIP): a-1's %d connections were answered by %v, want one backend only", nsTenantA, affinityTries, count)
+		return "", fmt.Errorf("service %s/web-sticky (sessionAffinity: ClientIP): a-1's %d connections were answered by %v, want one backend only", nsTenantA, affinityTries, count)
 	}
 	var pinned string
 	for body := range count {
@@ -1081,7 +1081,7 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 		return "", err
 	}
 	addrOf := map[string]string{} // node -> InternalIP
-	var other string               // a node with neither backend
+	var other string              // a node with neither backend
 	for _, n := range nodes.Items {
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP && addrOf[n.Name] == "" {
@@ -1101,7 +1101,7 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 			return 0, err
 		}
 		if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].NodePort == 0 {
-			return 0, fmt.Errorf("Service %s/%s has no node port", nsTenantA, name)
+			return 0, fmt.Errorf("service %s/%s has no node port", nsTenantA, name)
 		}
 		return svc.Spec.Ports[0].NodePort, nil
 	}
@@ -1135,21 +1135,21 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 		for range affinityTries {
 			body, err := f(ctx)
 			if err != nil {
-				return "", fmt.Errorf("Service %s/web-local (policy Local): %w", nsTenantA, err)
+				return "", fmt.Errorf("service %s/web-local (policy Local): %w", nsTenantA, err)
 			}
 			count[body]++
 		}
 		if len(count) != 1 || count[own] != affinityTries {
-			return "", fmt.Errorf("Service %s/web-local (policy Local) at %s's node %s: answered %v, want %q only", nsTenantA, p, p.pod.Spec.NodeName, count, own)
+			return "", fmt.Errorf("service %s/web-local (policy Local) at %s's node %s: answered %v, want %q only", nsTenantA, p, p.pod.Spec.NodeName, count, own)
 		}
 		details = append(details, fmt.Sprintf("%s: %s ×%d", p.pod.Spec.NodeName, own, affinityTries))
 	}
 	body, err := fetch(other, local, unreachTry)(ctx)
 	switch {
 	case err == nil:
-		return "", fmt.Errorf("Service %s/web-local (policy Local) at node %s, with no local endpoint, answered %q", nsTenantA, other, body)
+		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint, answered %q", nsTenantA, other, body)
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return "", fmt.Errorf("Service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped, as kube-proxy drops it", nsTenantA, other, err)
+		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped, as kube-proxy drops it", nsTenantA, other, err)
 	}
 	return fmt.Sprintf("web-local (node port %d, policy Local) answered at %s; dropped at %s; web-np (node port %d, policy Cluster) there answered %s",
 		local, strings.Join(details, ", "), other, cluster, control), nil
