@@ -560,8 +560,8 @@ func TestNftRulesInKernel(t *testing.T) {
 			{"inet", "svcl-ooakdqon-a/web_http", `numgen random mod 2 0 dnat ip to 10.1.1.2:8080`},
 			{"inet", "forward", `iifname "transit" oifname "gw" ct status dnat accept`},
 			// Client affinity (sessionAffinity: ClientIP).
-			{"inet", "svc-3amfmddj-a/web6_http", `ip6 saddr @aff-ukt3eztysonuzjsq update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
-			{"inet", "svc-3amfmddj-a/web6_http", `update @aff-ukt3eztysonuzjsq { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "svc-3amfmddj-a/web6_http", `ip6 saddr @aff-pt4zzescqfxhaybe update @aff-pt4zzescqfxhaybe { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
+			{"inet", "svc-3amfmddj-a/web6_http", `update @aff-pt4zzescqfxhaybe { ip6 saddr timeout 10800s } meta mark set 19286 ct mark set 19286 dnat ip6 to [fd00:1::2]:8080`},
 			{"inet", "forward", `iifname "gw" ip daddr 10.96.0.53 udp dport 53 counter reject with icmpx port-unreachable`},
 			{"inet", "postrouting", `ct status dnat oifname "svc" masquerade`},
 			{"inet", "services", `ct direction original ct mark 19286 meta mark set 19286`},

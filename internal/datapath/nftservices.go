@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/nftables"
@@ -66,7 +67,7 @@ func serviceRules(services []Service) (dispatch []nftRule, maps []nftVMap, chain
 		rules := make([]nftRule, 0, 2*len(sv.Endpoints))
 		if sv.Affinity > 0 {
 			for _, ep := range sv.Endpoints {
-				set := affinitySetName(name, ep)
+				set := affinitySetName(name, ep, sv.Affinity)
 				affinity = append(affinity, set)
 				sets = append(sets, nftSet{name: set, keyType: addrType(v6), timeout: sv.Affinity,
 					comment: cutComment(fmt.Sprintf("service %s: clients of endpoint %s", sv.Name, ep))})
@@ -162,9 +163,12 @@ func localRules(sv Service) []nftRule {
 const affinitySetPrefix = "aff-"
 
 // affinitySetName names the client affinity set of endpoint ep of the
-// service whose chain is chain: a hash of both, unique in a router.
-func affinitySetName(chain string, ep netip.AddrPort) string {
-	sum := sha256.Sum256([]byte(chain + " " + ep.String()))
+// service whose chain is chain, with timeout: a hash of the three, unique
+// in a router. A new timeout makes new sets: the kernel cannot change a
+// set's timeout, and refuses to delete a set while rules refer to it, so
+// the old sets go once the rewritten chain no longer does.
+func affinitySetName(chain string, ep netip.AddrPort, timeout time.Duration) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s %s %d", chain, ep, int64(timeout/time.Second))))
 	return affinitySetPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(sum[:10]))
 }
 

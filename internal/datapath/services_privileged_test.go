@@ -129,6 +129,16 @@ func TestServiceAffinity(t *testing.T) {
 	if seen := answers("a1", sticky, 6); len(seen) != 1 || seen[pinned] != 6 {
 		t.Errorf("after a no-op Apply a1's connections to %s were answered by %v, want %s only", sticky, seen, pinned)
 	}
+	// A new timeout: the client starts afresh, and is kept again.
+	svcs[0].Affinity = time.Hour
+	c.applyServices(nets, svcs)
+	if seen := answers("a1", sticky, 12); len(seen) != 1 {
+		t.Fatalf("after the timeout changed, a1's connections to %s were answered by %v, want one endpoint", sticky, seen)
+	} else {
+		for token := range seen {
+			pinned = token
+		}
+	}
 	// The pinned endpoint leaves: the other one takes the client.
 	other := map[string]string{"a1": "a2", "a2": "a1"}[pinned]
 	addrOf := map[string]netip.Addr{"a1": eps[0].Addr(), "a2": eps[1].Addr()}
