@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -131,40 +130,42 @@ func (s *vmScenarios) killKvnetNode(ctx context.Context, nodes []string) (time.D
 		restarts          int32
 	}
 	killed := map[string]killedPod{} // node -> its kvnet-node pod before the kill
+	// Each node's agent is killed once it is Ready and running; a kill
+	// that finds no process (the container restarted since the status
+	// the kubelet last wrote) is tried again with a fresh status.
 	err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
 		pods, err := s.t.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return err
 		}
-		clear(killed)
-		for _, p := range pods.Items {
-			if !slices.Contains(nodes, p.Spec.NodeName) || p.DeletionTimestamp != nil || !PodReady(&p) || len(p.Status.ContainerStatuses) == 0 {
-				continue
-			}
-			cs := p.Status.ContainerStatuses[0]
-			if cs.State.Running == nil || cs.ContainerID == "" {
-				continue
-			}
-			killed[p.Spec.NodeName] = killedPod{p.Name, cs.ContainerID, p.UID, cs.RestartCount}
-		}
 		for _, n := range nodes {
-			if _, ok := killed[n]; !ok {
+			if _, done := killed[n]; done {
+				continue
+			}
+			var k *killedPod
+			for _, p := range pods.Items {
+				if p.Spec.NodeName != n || p.DeletionTimestamp != nil || !PodReady(&p) || len(p.Status.ContainerStatuses) == 0 {
+					continue
+				}
+				if cs := p.Status.ContainerStatuses[0]; cs.State.Running != nil && cs.ContainerID != "" {
+					k = &killedPod{p.Name, cs.ContainerID, p.UID, cs.RestartCount}
+				}
+			}
+			if k == nil {
 				return fmt.Errorf("no Ready, running kvnet-node pod on node %s", n)
 			}
+			if k.restarts > 0 {
+				s.logf("FINDING: kvnet-node %s on node %s restarted %d times before the kill: %s", k.name, n, k.restarts, s.lastTermination(ctx, k.name))
+			}
+			if err := sigkillContainer(k.containerID); err != nil {
+				return fmt.Errorf("node %s: pod %s: %w", n, k.name, err)
+			}
+			killed[n] = *k
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, err
-	}
-	for _, n := range nodes {
-		k := killed[n]
-		if k.restarts > 0 {
-			s.logf("FINDING: kvnet-node %s on node %s restarted %d times before the kill: %s", k.name, n, k.restarts, s.lastTermination(ctx, k.name))
-		}
-		if err := sigkillContainer(k.containerID); err != nil {
-			return 0, fmt.Errorf("node %s: pod %s: %w", n, k.name, err)
-		}
 	}
 	s.logf("kvnet-node killed (SIGKILL) on %v", nodes)
 	start := time.Now()

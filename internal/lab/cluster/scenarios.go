@@ -16,7 +16,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -1043,17 +1042,9 @@ func (s *scenarios) serviceAffinity(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("control, Service %s/web without affinity: %w", nsTenantA, err)
 	}
-	sticky := fetch("http://web-sticky." + nsTenantA + ".svc.cluster.local/")
-	count := map[string]int{}
-	for range affinityTries {
-		body, err := sticky(ctx)
-		if err != nil {
-			return "", fmt.Errorf("service %s/web-sticky: %w", nsTenantA, err)
-		}
-		if !slices.Contains(want, body) {
-			return "", fmt.Errorf("service %s/web-sticky: got %q, want one of %q", nsTenantA, body, want)
-		}
-		count[body]++
+	count, err := answers(ctx, affinityTries, fetch("http://web-sticky."+nsTenantA+".svc.cluster.local/"), want)
+	if err != nil {
+		return "", fmt.Errorf("service %s/web-sticky: %w", nsTenantA, err)
 	}
 	if len(count) != 1 {
 		return "", fmt.Errorf("service %s/web-sticky (sessionAffinity: ClientIP): a-1's %d connections were answered by %v, want one backend only", nsTenantA, affinityTries, count)
@@ -1131,13 +1122,13 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 	var details []string
 	for _, p := range ps {
 		f, own := fetch(p.pod.Spec.NodeName, local, reachTry), "hello from "+p.name
-		count := map[string]int{}
-		for range affinityTries {
-			body, err := f(ctx)
-			if err != nil {
-				return "", fmt.Errorf("service %s/web-local (policy Local): %w", nsTenantA, err)
-			}
-			count[body]++
+		// A first answer shows the node has programmed the Service.
+		if err := poll(ctx, time.Minute, func(ctx context.Context) error { _, err := f(ctx); return err }); err != nil {
+			return "", fmt.Errorf("service %s/web-local (policy Local) at %s's node: %w", nsTenantA, p, err)
+		}
+		count, err := answers(ctx, affinityTries, f, want)
+		if err != nil {
+			return "", fmt.Errorf("service %s/web-local (policy Local) at %s's node: %w", nsTenantA, p, err)
 		}
 		if len(count) != 1 || count[own] != affinityTries {
 			return "", fmt.Errorf("service %s/web-local (policy Local) at %s's node %s: answered %v, want %q only", nsTenantA, p, p.pod.Spec.NodeName, count, own)
@@ -1145,11 +1136,12 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 		details = append(details, fmt.Sprintf("%s: %s ×%d", p.pod.Spec.NodeName, own, affinityTries))
 	}
 	body, err := fetch(other, local, unreachTry)(ctx)
+	var ne net.Error
 	switch {
 	case err == nil:
 		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint, answered %q", nsTenantA, other, body)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped, as kube-proxy drops it", nsTenantA, other, err)
+	case !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()):
+		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped (no answer within %s), as kube-proxy drops it", nsTenantA, other, err, unreachTry)
 	}
 	return fmt.Sprintf("web-local (node port %d, policy Local) answered at %s; dropped at %s; web-np (node port %d, policy Cluster) there answered %s",
 		local, strings.Join(details, ", "), other, cluster, control), nil
@@ -1177,6 +1169,32 @@ func hostFetch(ctx context.Context, url string, timeout time.Duration) (string, 
 		return "", fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	return string(b), nil
+}
+
+// answers makes fetches until n of them answered, and returns how often
+// each body came. A failed fetch (a slow or lost connection on a loaded
+// machine) is retried, up to n failures in all; a body not in want fails
+// at once.
+func answers(ctx context.Context, n int, fetch func(context.Context) (string, error), want []string) (map[string]int, error) {
+	count := map[string]int{}
+	fails, got := 0, 0
+	for got < n {
+		body, err := fetch(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err != nil:
+			if fails++; fails > n {
+				return nil, fmt.Errorf("%d of %d connections failed, last: %w", fails, fails+got, err)
+			}
+			continue
+		case !slices.Contains(want, body):
+			return nil, fmt.Errorf("got %q, want one of %q", body, want)
+		}
+		count[body]++
+		got++
+	}
+	return count, nil
 }
 
 // serviceTries bounds the fetches reachAll makes: with two endpoints
