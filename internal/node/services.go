@@ -105,6 +105,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 			continue
 		}
 		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		affinity := clientAffinity(svc, n.problem) // once: a problem is the Service's, not each port's
 		var picked []*holder
 		for _, h := range n.holders {
 			if h.pod.Namespace == svc.Namespace && h.active && servesTraffic(h.pod) && sel.Matches(labels.Set(h.pod.Labels)) {
@@ -124,7 +125,7 @@ func servicesOf(n serviceInput, services []corev1.Service) []datapath.Service {
 					continue
 				}
 				ds := datapath.Service{Network: n.name, Protocol: proto, VIP: netip.AddrPortFrom(vip, uint16(port.Port)), Name: portName(svc, port),
-					Affinity: clientAffinity(svc, n.problem)}
+					Affinity: affinity}
 				if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) &&
 					port.NodePort > 0 && port.NodePort < 65536 {
 					ds.NodePort = uint16(port.NodePort)

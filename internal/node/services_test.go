@@ -168,6 +168,43 @@ func TestClientAffinity(t *testing.T) {
 	}
 }
 
+// TestDesiredAffinity: a Service's affinity reaches each of its ports,
+// and a bad timeout is one problem for the Service, not one per port.
+func TestDesiredAffinity(t *testing.T) {
+	e1 := pod("a", "e1", "n1", "10.1.1.2", "0a:58:0a:01:01:02", time.Hour)
+	e1.Labels, e1.Status.Phase = map[string]string{"app": "web"}, corev1.PodRunning
+	svc := func(name, ip string, timeout int32) corev1.Service {
+		return corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name},
+			Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Selector: map[string]string{"app": "web"},
+				SessionAffinity:       corev1.ServiceAffinityClientIP,
+				SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}},
+				Ports:                 []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "https", Port: 443}}}}
+	}
+	in := Input{
+		Node:     "n1",
+		NADs:     []nadv1.NetworkAttachmentDefinition{primaryNAD("a", "7")},
+		Pods:     []corev1.Pod{e1},
+		Nodes:    []corev1.Node{kvnode("n1", "192.168.100.1")},
+		Links:    links(e1),
+		Services: []corev1.Service{svc("sticky", "10.96.0.1", 60), svc("bad", "10.96.0.2", 0)},
+	}
+	in.Nodes[0].Annotations[nodeid.Annotation] = "1"
+	plan := Desired(in)
+	var got []string
+	for _, sv := range plan.State.Services {
+		got = append(got, fmt.Sprintf("%s %s", sv.Name, sv.Affinity))
+	}
+	if want := "a/sticky:http 1m0s,a/sticky:https 1m0s,a/bad:http 3h0m0s,a/bad:https 3h0m0s"; strings.Join(got, ",") != want {
+		t.Errorf("services %s, want %s", strings.Join(got, ","), want)
+	}
+	if len(plan.Problems) != 1 || !strings.Contains(plan.Problems[0], "Service a/bad: sessionAffinityConfig.clientIP.timeoutSeconds 0") {
+		t.Errorf("problems %q, want one for Service a/bad", plan.Problems)
+	}
+	if err := datapath.Validate(plan.State); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestDesiredNodePorts: NodePort and LoadBalancer Services get their node
 // ports; a LoadBalancer's ingress IPs (ipMode VIP, not Proxy) of the
 // cluster IP's family become its external addresses, spec.externalIPs
