@@ -175,6 +175,13 @@ func setServicePort(n *Network, base [2]byte, i int) {
 // MAC in their network's transit subnet.
 func (c *cluster) applyServices(nets []Network, svcs []Service) {
 	c.tb.Helper()
+	c.applyNodeServices(nets, func(*node) []Service { return svcs })
+}
+
+// applyNodeServices is applyServices with each node's own services,
+// svcs(node).
+func (c *cluster) applyNodeServices(nets []Network, svcs func(*node) []Service) {
+	c.tb.Helper()
 	for i, nd := range c.nodes {
 		s := c.state(nd, nets)
 		for j := range s.Networks {
@@ -183,9 +190,9 @@ func (c *cluster) applyServices(nets []Network, svcs []Service) {
 		for _, other := range c.nodes {
 			s.NodeAddrs = append(s.NodeAddrs, other.ip)
 		}
-		s.Services = svcs
+		s.Services = svcs(nd)
 		if err := nd.dp.Apply(context.Background(), s); err != nil {
-			c.tb.Fatalf("apply %d services on %s: %v", len(svcs), nd.name, err)
+			c.tb.Fatalf("apply %d services on %s: %v", len(s.Services), nd.name, err)
 		}
 	}
 }
@@ -520,21 +527,11 @@ func TestNodePortsLocal(t *testing.T) {
 
 	// Policy Local: each node's state has its own local endpoints.
 	local := map[*node][]netip.AddrPort{n1: eps[:1], n2: eps[1:]}
-	for i, nd := range c.nodes {
-		s := c.state(nd, nets)
-		for j := range s.Networks {
-			setServicePort(&s.Networks[j], transit16, i)
-		}
-		for _, other := range c.nodes {
-			s.NodeAddrs = append(s.NodeAddrs, other.ip)
-		}
+	c.applyNodeServices(nets, func(nd *node) []Service {
 		sv := svc
 		sv.ExternalLocal, sv.LocalEndpoints = true, local[nd]
-		s.Services = []Service{sv}
-		if err := nd.dp.Apply(context.Background(), s); err != nil {
-			t.Fatalf("apply on %s: %v", nd.name, err)
-		}
-	}
+		return []Service{sv}
+	})
 	for _, x := range []struct {
 		nd   *node
 		want string
