@@ -389,6 +389,20 @@ func (b *ruleBuilder) dnatAddr(a netip.Addr, comment string) nftRule {
 	return b.done(comment)
 }
 
+// dnatToDaddr translates the destination address to itself (`dnat ip to
+// ip daddr`) and ends the rule: a NAT binding that changes nothing. The
+// first NAT chain of a hook that binds a connection is the last one run
+// for it, so later chains (a Service proxy's) leave it alone.
+func (b *ruleBuilder) dnatToDaddr(v6 bool, comment string) nftRule {
+	addr, text := daddrToReg1(v6)
+	fam, verb := uint32(unix.NFPROTO_IPV4), "dnat ip to "
+	if v6 {
+		fam, verb = unix.NFPROTO_IPV6, "dnat ip6 to "
+	}
+	b.add(verb+text, addr, &expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1})
+	return b.done(comment)
+}
+
 // familyName names an IP family in comments.
 func familyName(v6 bool) string {
 	if v6 {

@@ -207,19 +207,28 @@ func nftExprText(e map[string]json.RawMessage) string {
 				return raw()
 			}
 			key, _ := nftLeftText(m.Key)
-			if key != "meta mark" && key != "ct mark" {
+			if key != "meta mark" && key != "ct mark" && key != "ct zone" {
 				return raw()
 			}
 			return key + " set " + m.Value.String()
 		case "dnat":
 			var d struct {
-				Family, Addr string
-				Port         int
+				Family string
+				Addr   json.RawMessage
+				Port   int
 			}
-			if json.Unmarshal(v, &d) != nil || d.Addr == "" {
+			if json.Unmarshal(v, &d) != nil || len(d.Addr) == 0 {
 				return raw()
 			}
-			addr, err := netip.ParseAddr(d.Addr)
+			var text string
+			if json.Unmarshal(d.Addr, &text) != nil {
+				// An address taken from the packet: `dnat ip to ip daddr`.
+				if from, _ := nftLeftText(d.Addr); from != "" && d.Port == 0 {
+					return fmt.Sprintf("dnat %s to %s", d.Family, from)
+				}
+				return raw()
+			}
+			addr, err := netip.ParseAddr(text)
 			if err != nil {
 				return raw()
 			}
@@ -357,6 +366,8 @@ var nftElided = strings.NewReplacer(
 	"meta nfproto ipv6 ip6 ", "ip6 ",
 	"meta nfproto ipv4 update ", "update ",
 	"meta nfproto ipv6 update ", "update ",
+	"meta nfproto ipv4 dnat ip to ip daddr", "dnat ip to ip daddr",
+	"meta nfproto ipv6 dnat ip6 to ip6 daddr", "dnat ip6 to ip6 daddr",
 	"meta l4proto udp udp ", "udp ",
 	"meta l4proto tcp tcp ", "tcp ",
 )
@@ -537,6 +548,24 @@ func TestNftRulesInKernel(t *testing.T) {
 				`192.168.100.2 . udp comment "a node's address" : jump to-node`},
 		},
 	}, {
+		// The node's chain for tracked bridged frames alone (the rest of
+		// the policy rules is read back in TestPolicyEnforcement's
+		// traffic, not here).
+		role:   "node-policies",
+		tables: onlyChains(nodeRules(withPolicies(goldenState())), nftables.TableFamilyINet, "prerouting", "policy-nat-pin"),
+		must: []struct{ family, chain, text string }{
+			// Frames to and from the Service ranges stay untracked.
+			{"inet", "prerouting", `iifname "kvbr1" ip daddr 10.96.0.0/16 notrack accept`},
+			{"inet", "prerouting", `iifname "kvbr1" ip6 saddr fd00:96::/112 notrack accept`},
+			{"inet", "prerouting", `iifname "kvbr1" ct zone set 1 accept`},
+			// Tracked bridged frames: no Service proxy translates them.
+			{"inet", "policy-nat-pin", `iifname "kvbr1" dnat ip to ip daddr`},
+			{"inet", "policy-nat-pin", `iifname "kvbr1" dnat ip6 to ip6 daddr`},
+		},
+		chains: map[string]string{
+			"inet policy-nat-pin": "type nat hook prerouting priority -120; policy accept;",
+		},
+	}, {
 		role:   "router",
 		tables: routerRules(state.Networks[1], nil, nil),
 		must: []struct{ family, chain, text string }{
@@ -657,4 +686,22 @@ func TestSyncTablesServiceMaps(t *testing.T) {
 		}
 	}
 	sync("foreign set of the map's name", routerRules(n, all, nil))
+}
+
+// onlyChains returns the table of family in tables with only its chains
+// names (and no maps or sets).
+func onlyChains(tables []nftTable, family nftables.TableFamily, names ...string) []nftTable {
+	for _, tb := range tables {
+		if tb.family != family {
+			continue
+		}
+		var keep []nftChain
+		for _, c := range tb.chains {
+			if slices.Contains(names, c.name) {
+				keep = append(keep, c)
+			}
+		}
+		return []nftTable{{family: family, chains: keep}}
+	}
+	return nil
 }

@@ -120,6 +120,16 @@ func nodeRulesPort(s State, vxlanPort uint16) []nftTable {
 				masquerade("tenant egress leaves with the node's address"),
 		}},
 	}}
+	if len(pol.pin) > 0 {
+		// Tracked bridged frames pass the node's NAT hooks too (the
+		// bridge hands them to its inet hooks): a Service proxy of the
+		// cluster's default network (kube-proxy) would translate a
+		// cluster IP there, in the middle of the tenant's bridge, before
+		// the policy sees it and the tenant's router balances it. A
+		// binding that changes nothing, made first, keeps them whole.
+		inet.chains = append(inet.chains, nftChain{name: "policy-nat-pin", base: &baseChain{typ: nftables.ChainTypeNAT,
+			hook: *nftables.ChainHookPrerouting, priority: *policyPinPriority, policy: nftables.ChainPolicyAccept}, rules: pol.pin})
+	}
 	inet.chains = slices.Concat(inet.chains, np.chains, pol.chains)
 	inet.vmaps = np.maps
 	inet.sets = pol.sets

@@ -21,6 +21,11 @@ import (
 // default network addresses).
 var nodePortPriority = nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 10)
 
+// policyPinPriority runs the identity translation of tracked bridged
+// tenant frames (policy-nat-pin) before every other NAT chain of the
+// hook, kvnet's node ports and a Service proxy's included.
+var policyPinPriority = nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 20)
+
 // nodePortTables holds the node namespace's part of node ports and
 // external addresses.
 type nodePortTables struct {

@@ -40,6 +40,7 @@ const policyChain = "policy"
 // policyTables is what the policies add to the node's inet table.
 type policyTables struct {
 	zones   []nftRule // raw prerouting: conntrack zones, before the notrack rule
+	pin     []nftRule // nat prerouting, first: tracked bridged frames keep their destination
 	forward []nftRule // forward: to the policy chain
 	chains  []nftChain
 	sets    []nftSet
@@ -125,9 +126,19 @@ func policyRules(s State) policyTables {
 	slices.Sort(ids)
 	var pass []nftRule
 	for _, id := range ids {
+		i := slices.IndexFunc(s.Networks, func(n Network) bool { return n.ID == id })
+		if i >= 0 {
+			untracked, replies := serviceRangeRules(&s.Networks[i])
+			pt.zones = append(pt.zones, untracked...)
+			pass = append(pass, replies...)
+		}
 		pt.zones = append(pt.zones, newRule().iifname(BridgeName(id)).ctZoneSet(uint16(id)).
 			accept(fmt.Sprintf("network %d: bridged frames tracked in conntrack zone %d for policies", id, id)))
-		if i := slices.IndexFunc(s.Networks, func(n Network) bool { return n.ID == id }); i >= 0 && s.Networks[i].Primary {
+		for _, v6 := range []bool{false, true} {
+			pt.pin = append(pt.pin, newRule().iifname(BridgeName(id)).nfproto(v6).
+				dnatToDaddr(v6, fmt.Sprintf("network %d: tracked bridged frames keep their %s destination, whatever a Service proxy of the node translates", id, familyName(v6))))
+		}
+		if i >= 0 && s.Networks[i].Primary {
 			rules, svcSets := policyPassRules(&s.Networks[i], s.Services)
 			pass = append(pass, rules...)
 			pt.sets = append(pt.sets, svcSets...)
@@ -142,6 +153,39 @@ func policyRules(s State) policyTables {
 	}
 	slices.SortFunc(pt.sets, func(a, b nftSet) int { return strings.Compare(a.name, b.name) })
 	return pt
+}
+
+// serviceRangeRules returns, for network n with policies, the raw
+// prerouting rules that keep its bridged frames to and from the cluster's
+// Service ranges out of the node's conntrack, and the policy chain's rules
+// that let the replies pass. Tracked, such a frame meets the node's
+// Service proxy of the cluster default network (kube-proxy): its NAT
+// would translate the cluster IP in the middle of the tenant's bridge,
+// and its filter rejects a new connection to a cluster IP it did not
+// translate. Untracked, it is the network's router that tracks and
+// translates them, as for networks without policies: the policy checks
+// a frame to a cluster IP against the sender's egress, frame by frame,
+// and lets frames from a cluster IP pass, which only the router's
+// translation of a reply makes (ports cannot send from addresses not
+// theirs).
+func serviceRangeRules(n *Network) (untracked, replies []nftRule) {
+	br := BridgeName(n.ID)
+	for _, p := range n.ServiceCIDRs {
+		v6 := p.Addr().Is6()
+		fam := familyName(v6)
+		for _, src := range []bool{false, true} {
+			way := "to"
+			if src {
+				way = "from"
+			}
+			b := newRule().iifname(br).nfproto(v6).addrMatch(v6, src, p.Masked())
+			b.add("notrack", &expr.Notrack{})
+			untracked = append(untracked, b.accept(fmt.Sprintf("network %s: bridged frames %s the cluster's %s Service range stay untracked", n.Name, way, fam)))
+		}
+		replies = append(replies, newRule().iifname(br).nfproto(v6).addrMatch(v6, true, p.Masked()).
+			accept(fmt.Sprintf("network %s: replies from the cluster's %s Services, which its router tracks", n.Name, fam)))
+	}
+	return untracked, replies
 }
 
 // Traffic every isolated port keeps: DHCP with the router's servers and

@@ -32,9 +32,16 @@ func goldenPolicies() []PortPolicy {
 	}
 }
 
-func TestNodePolicyRulesGolden(t *testing.T) {
-	s := goldenState()
+// withPolicies returns s with goldenPolicies, and the cluster's Service
+// ranges on its primary network.
+func withPolicies(s State) State {
 	s.Policies = goldenPolicies()
+	s.Networks[1].ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
+	return s
+}
+
+func TestNodePolicyRulesGolden(t *testing.T) {
+	s := withPolicies(goldenState())
 	if err := Validate(s); err != nil {
 		t.Fatal(err)
 	}
