@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -20,6 +22,7 @@ import (
 	"kvnet.io/kvnet/internal/install/teardown"
 	"kvnet.io/kvnet/internal/k8s/apiwait"
 	"kvnet.io/kvnet/internal/k8s/manager"
+	"kvnet.io/kvnet/internal/k8s/webhooks"
 	"kvnet.io/kvnet/internal/reserved"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -29,6 +32,9 @@ func main() {
 	preDelete := flag.Bool("pre-delete", false,
 		"do what an uninstall does before kvnet's objects are deleted, then exit: refuse while user-defined networks exist, "+
 			"remove kvnet's state from every node (kvnet-node --cleanup); the Helm chart's pre-delete hook runs this")
+	drainFor := flag.Duration("shutdown-drain", 2*time.Second,
+		"on SIGTERM, how long the webhooks keep answering, each response closing its connection, before the replica stops "+
+			"(so that the API server never writes a call on a connection the stopping replica closes)")
 	nodeCleanupTimeout := flag.Duration("node-cleanup-timeout", teardown.DefaultNodeCleanupTimeout, "with --pre-delete: how long to wait for the node cleanup")
 	// Millisecond timestamps: a live migration's switch-over is read from
 	// logs in milliseconds (--zap-time-encoding overrides it).
@@ -41,7 +47,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvnet-controller:", err)
 		os.Exit(2)
 	}
-	ctx, restCfg := ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie()
+	drain := &webhooks.Drain{}
+	opts.Drain = drain
+	ctx, restCfg := stopContext(drain, *drainFor), ctrl.GetConfigOrDie()
 	if *preDelete {
 		if err := runPreDelete(ctx, restCfg, os.Getenv("POD_NAMESPACE"), *nodeCleanupTimeout); err != nil {
 			fmt.Fprintln(os.Stderr, "kvnet-controller --pre-delete:", err)
@@ -126,4 +134,28 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 		opts.Webhook = &ww
 		return opts, nil
 	}
+}
+
+// stopContext is controller-runtime's signal handler with a drain: the
+// first SIGTERM or SIGINT starts drain and cancels the returned context
+// drainFor later, which stops the manager; a second signal exits at once.
+func stopContext(drain *webhooks.Drain, drainFor time.Duration) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	go func() {
+		<-sig
+		drain.Start()
+		ctrl.Log.Info("stopping: the webhooks close each connection after its response until the replica stops", "in", drainFor.String())
+		t := time.NewTimer(drainFor)
+		select {
+		case <-t.C:
+		case <-sig:
+			os.Exit(1)
+		}
+		cancel()
+		<-sig
+		os.Exit(1)
+	}()
+	return ctx
 }

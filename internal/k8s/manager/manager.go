@@ -91,6 +91,9 @@ type Options struct {
 	// ReservedSubnets are the cluster's reserved subnets; zero means the
 	// defaults.
 	ReservedSubnets reserved.Subnets
+	// Drain, once started, closes the webhooks' connections after each
+	// response (see webhooks.Drain); nil: never.
+	Drain *webhooks.Drain
 }
 
 // How pods get their namespace's primary network (WebhookOptions.PrimaryAttachment).
@@ -330,16 +333,16 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 	}
 	srv := mgr.GetWebhookServer()
 	dec := admission.NewDecoder(mgr.GetScheme())
-	srv.Register(webhooks.LauncherPodPath, &webhook.Admission{Handler: webhooks.Counted("launcher-pod", &webhooks.LauncherPodMutator{
+	srv.Register(webhooks.LauncherPodPath, opts.Drain.Wrap(&webhook.Admission{Handler: webhooks.Counted("launcher-pod", &webhooks.LauncherPodMutator{
 		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec, DefaultNetworkNAD: w.DefaultNetworkNAD,
 		PrimaryInNetworks:       w.PrimaryAttachment == PrimaryByMultus,
 		PrimaryAsDefaultNetwork: w.PrimaryAttachment == PrimaryByMultusDefault,
-	})})
-	srv.Register(webhooks.PrimaryPodPath, &webhook.Admission{Handler: webhooks.Counted("primary-pod", &webhooks.PrimaryPodMutator{
+	})}))
+	srv.Register(webhooks.PrimaryPodPath, opts.Drain.Wrap(&webhook.Admission{Handler: webhooks.Counted("primary-pod", &webhooks.PrimaryPodMutator{
 		Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Decoder: dec,
 		Multus:           w.PrimaryAttachment == PrimaryByMultus || w.PrimaryAttachment == PrimaryByMultusDefault,
 		AsDefaultNetwork: w.PrimaryAttachment == PrimaryByMultusDefault,
-	})})
+	})}))
 	// Renewals and caBundle upkeep, on every replica.
 	if err := mgr.Add(certMgr); err != nil {
 		return nil, err
@@ -347,7 +350,7 @@ func setupWebhooks(mgr ctrl.Manager, opts Options, certMgr *certs.Manager, vms b
 	if pool == nil {
 		return nil, nil
 	}
-	srv.Register(webhooks.VirtualMachinePath, &webhook.Admission{Handler: webhooks.Counted("virtualmachine", &webhooks.VMMutator{Pool: pool, Decoder: dec})})
+	srv.Register(webhooks.VirtualMachinePath, opts.Drain.Wrap(&webhook.Admission{Handler: webhooks.Counted("virtualmachine", &webhooks.VMMutator{Pool: pool, Decoder: dec})}))
 	return func(*http.Request) error {
 		if !pool.Ready() {
 			return errors.New("MAC pool not indexed yet")
