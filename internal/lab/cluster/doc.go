@@ -8,7 +8,10 @@
 //
 // Node i ("node-i") is a network namespace kvc-node-i attached by a veth to
 // the host bridge [BridgeName] ([HostIP]/24 on the host, 10.89.0.(10+i) on
-// the node's eth0), plus a mount and a PID namespace made by util-linux's
+// the node's eth0), with a second veth (phys0, in the node's bridge
+// [PhysNodeBridge]) to the datacenter bridge [PhysBridgeName] ([PhysHostIP]
+// on the host) that localnet networks attach to, plus a mount and a PID
+// namespace made by util-linux's
 // unshare. In its mount namespace /run is a fresh tmpfs and the node's own
 // directories under <dir>/nodes/node-i/root are bind-mounted over
 // /var/lib/kubelet, /var/lib/containerd, /var/lib/cni, /var/log/pods,

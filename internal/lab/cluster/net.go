@@ -36,6 +36,26 @@ var (
 	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 )
 
+// The datacenter network localnet networks attach to: a host bridge with
+// an address on the physical subnet (a host of the datacenter), and in
+// every node a Linux bridge holding the node's uplink to it, which the
+// nodes map physical network PhysNetwork to (kvnet.io/bridge-mappings).
+const (
+	// PhysBridgeName is the host's bridge of the datacenter network.
+	PhysBridgeName = "kvcphys0"
+	// PhysNodeBridge is each node's bridge on the datacenter network.
+	PhysNodeBridge = "br-phys"
+	// PhysNetwork is the physical network's name (physicalNetworkName).
+	PhysNetwork = "physnet"
+)
+
+var (
+	// PhysSubnet is the datacenter network's subnet.
+	PhysSubnet = netip.MustParsePrefix("192.168.60.0/24")
+	// PhysHostIP is this host's address on it.
+	PhysHostIP = netip.MustParseAddr("192.168.60.1")
+)
+
 // NodeName is the Kubernetes name of node i (counted from 1).
 func NodeName(i int) string { return fmt.Sprintf("node-%d", i) }
 
@@ -81,8 +101,23 @@ func buildBridge() error {
 			return fmt.Errorf("host bridge: %w", err)
 		}
 	}
+	phys := [][]string{
+		{"link", "add", PhysBridgeName, "type", "bridge"},
+		{"link", "set", PhysBridgeName, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0"},
+		{"addr", "add", netip.PrefixFrom(PhysHostIP, PhysSubnet.Bits()).String(), "dev", PhysBridgeName},
+		{"link", "set", PhysBridgeName, "up"},
+	}
+	for _, s := range phys {
+		if err := run("ip", s...); err != nil {
+			return fmt.Errorf("datacenter bridge: %w", err)
+		}
+	}
 	return nil
 }
+
+// physUplink is the host end of node i's uplink to the datacenter
+// network (removeNet deletes it with the node's other veth).
+func physUplink(i int) string { return Netns(i) + "p" }
 
 // buildNodeNet makes node i's network namespace, plugged into the bridge
 // with NodeIP(i) on its eth0, forwarding on, default route to the host.
@@ -95,6 +130,9 @@ func buildNodeNet(i int) error {
 		{"link", "add", hostEnd, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"link", "set", hostEnd, "master", BridgeName},
 		{"link", "set", hostEnd, "up"},
+		{"link", "add", physUplink(i), "type", "veth", "peer", "name", "phys0", "netns", ns},
+		{"link", "set", physUplink(i), "master", PhysBridgeName},
+		{"link", "set", physUplink(i), "up"},
 	}
 	for _, s := range steps {
 		if err := run("ip", s...); err != nil {
@@ -108,6 +146,12 @@ func buildNodeNet(i int) error {
 		{"ip", "route", "add", "default", "via", HostIP.String()},
 		// A node routes its pods' traffic.
 		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		// Its uplink to the datacenter network, in the bridge localnet
+		// networks are patched into.
+		{"ip", "link", "add", PhysNodeBridge, "type", "bridge"},
+		{"ip", "link", "set", "phys0", "master", PhysNodeBridge},
+		{"ip", "link", "set", "phys0", "up"},
+		{"ip", "link", "set", PhysNodeBridge, "up"},
 	}
 	for _, s := range in {
 		if err := inNetns(i, s[0], s[1:]...); err != nil {
@@ -166,9 +210,11 @@ func removeNet() error {
 			}
 		}
 	}
-	if _, err := os.Stat("/sys/class/net/" + BridgeName); err == nil {
-		if err := run("ip", "link", "del", BridgeName); err != nil {
-			errs = append(errs, err.Error())
+	for _, b := range []string{BridgeName, PhysBridgeName} {
+		if _, err := os.Stat("/sys/class/net/" + b); err == nil {
+			if err := run("ip", "link", "del", b); err != nil {
+				errs = append(errs, err.Error())
+			}
 		}
 	}
 	if len(errs) > 0 {

@@ -64,6 +64,31 @@ const (
 	// a node with neither drops the connection, where Service web-np
 	// (policy Cluster, the control) answers there from both.
 	ScenarioNodePortLocal = "udn-nodeport-local"
+	// ScenarioLoadBalancer: LoadBalancer Services web-lb (policy
+	// Cluster) and web-lb-local (policy Local) over the same backends,
+	// their status.loadBalancer.ingress set as a load balancer's
+	// controller sets it and routed by this host to one node as a load
+	// balancer delivers it: web-lb's address is answered by both backends
+	// through the node with neither; web-lb-local's by a-1 only through
+	// a-1's node and not at all through the node with neither; and the
+	// Service's healthCheckNodePort says so at every node (200 with one
+	// local endpoint where a backend runs, 503 elsewhere).
+	ScenarioLoadBalancer = "udn-loadbalancer"
+	// ScenarioServiceOtherTenant: a pod of tenant B reaches none of
+	// tenant A's Service web by its cluster IP, node ports (at its own
+	// node's address and another's) or load balancer address, each
+	// after a positive control: a-1 reaches the cluster IP, this host
+	// the node ports and the load balancer address, and b-1 its own
+	// network's b-2.
+	ScenarioServiceOtherTenant = "udn-service-other-tenant"
+	// ScenarioPolicy: NetworkPolicy on a primary UDN through real
+	// kubelets and CoreDNS: a default-deny policy stops pol-1's
+	// connections to pol-2 and its DNS, while both stay Ready (kubelet
+	// probes go over eth0); allowing egress to the cluster DNS Service's
+	// cluster IP, as docs/policy.md says, brings names back and nothing
+	// else; a policy pair admitting pol-1 to pol-2's http port opens that
+	// one way only.
+	ScenarioPolicy = "udn-policy-default-deny"
 	// ScenarioEgress: a pod of the UDN reaches HTTP servers outside the
 	// cluster through its network's router, not through eth0: its node
 	// translated the router's transit address, where a default-network
@@ -72,19 +97,31 @@ const (
 	// ScenarioSecondary: two pods on two nodes attached to a secondary
 	// Layer2 UDN reach each other on it.
 	ScenarioSecondary = "secondary-udn-reach"
+	// ScenarioMultiPolicy: a MultiNetworkPolicy for the secondary UDN
+	// (k8s.v1.cni.cncf.io/policy-for) denying ingress stops sec-1 and
+	// sec-2 from reaching each other over net1; a second one admitting
+	// sec-1 to sec-2's http port opens that one way only.
+	ScenarioMultiPolicy = "secondary-udn-multi-policy"
 	// ScenarioCUDN: pods of two namespaces a primary Layer2
 	// ClusterUserDefinedNetwork selects reach each other over it.
 	ScenarioCUDN = "cudn-reach"
 	// ScenarioLayer3: pods of a primary Layer3 UDN on two nodes reach
 	// each other.
 	ScenarioLayer3 = "layer3-reach"
+	// ScenarioLocalnet: pods of a namespace a Localnet
+	// ClusterUserDefinedNetwork selects, on two nodes whose bridge
+	// mappings name the datacenter network's bridge, get addresses of
+	// its subnet from kvnet's IPAM, reach each other over it and reach a
+	// host of the datacenter (this host), which sees their own addresses.
+	ScenarioLocalnet = "localnet-reach"
 )
 
 // PodScenarios are the scenarios' names in the order RunPodScenarios
 // reports them: one result each.
 var PodScenarios = []string{
 	ScenarioPrimaryReady, ScenarioPrimaryReach, ScenarioEth0Isolated, ScenarioTenantIsolation,
-	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioNodePortLocal, ScenarioEgress, ScenarioSecondary, ScenarioCUDN, ScenarioLayer3,
+	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioNodePortLocal, ScenarioLoadBalancer, ScenarioServiceOtherTenant,
+	ScenarioPolicy, ScenarioEgress, ScenarioSecondary, ScenarioMultiPolicy, ScenarioCUDN, ScenarioLayer3, ScenarioLocalnet,
 }
 
 // ScenarioLabel marks every namespace and ClusterUserDefinedNetwork the
@@ -93,14 +130,17 @@ const ScenarioLabel = "lab.kvnet.io/scenarios"
 
 // The scenarios' namespaces, networks and subnets.
 const (
-	nsTenantA   = "scn-tenant-a" // primary Layer2 UDN "net", pods a-1, a-2, Service web
-	nsTenantB   = "scn-tenant-b" // primary Layer2 UDN "net" on the same subnet, pods b-1, b-2
-	nsPlain     = "scn-plain"    // the cluster default network only: pods plain-1, plain-2
-	nsSecondary = "scn-secondary"
-	nsRed       = "scn-red" // red and blue share the CUDN scn-shared
-	nsBlue      = "scn-blue"
-	nsLayer3    = "scn-layer3"
-	cudnName    = "scn-shared"
+	nsTenantA    = "scn-tenant-a" // primary Layer2 UDN "net", pods a-1, a-2, Service web
+	nsTenantB    = "scn-tenant-b" // primary Layer2 UDN "net" on the same subnet, pods b-1, b-2
+	nsPlain      = "scn-plain"    // the cluster default network only: pods plain-1, plain-2
+	nsSecondary  = "scn-secondary"
+	nsRed        = "scn-red" // red and blue share the CUDN scn-shared
+	nsBlue       = "scn-blue"
+	nsLayer3     = "scn-layer3"
+	nsPolicy     = "scn-policy"   // primary Layer2 UDN "net", pods pol-1, pol-2, Service web
+	nsLocalnet   = "scn-localnet" // the Localnet CUDN scn-datacenter: pods loc-1, loc-2
+	localnetName = "scn-datacenter"
+	cudnName     = "scn-shared"
 )
 
 var (
@@ -109,6 +149,7 @@ var (
 	secondarySubnet = netip.MustParsePrefix("192.168.100.0/24")
 	cudnSubnet      = netip.MustParsePrefix("10.203.0.0/16")
 	layer3Subnet    = netip.MustParsePrefix("10.128.0.0/16")
+	policySubnet    = netip.MustParsePrefix("10.204.0.0/24")
 )
 
 var (
@@ -154,6 +195,12 @@ type ScenarioTarget struct {
 	// GuestImage is the lab guest's containerDisk (GUEST_IMAGE of the
 	// env file), for RunVMScenarios; empty without KubeVirt.
 	GuestImage string
+	// Datacenter is this host's address on the datacenter network
+	// (PhysSubnet), which every node reaches through its bridge
+	// PhysNodeBridge; the localnet scenario maps PhysNetwork to that
+	// bridge on every node. Zero: there is none, and the localnet
+	// scenario fails saying so.
+	Datacenter netip.Addr
 	// MigrationMaster is the nodes' uplink the VM scenarios' migration
 	// network (macvlan) sits on (empty: eth0, the lab nodes').
 	MigrationMaster string
@@ -164,7 +211,7 @@ type ScenarioTarget struct {
 // registry as the outside server.
 func (c *Cluster) ScenarioTarget() ScenarioTarget {
 	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"],
-		EgressListen: HostIP, NodeNetns: nodeNetnsPath}
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP}
 	if len(c.Nodes) >= 2 {
 		t.Nodes = c.Nodes[:2]
 	}
@@ -194,7 +241,7 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 		}
 	}
 	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"],
-		EgressListen: HostIP, NodeNetns: nodeNetnsPath}, nil
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP}, nil
 }
 
 // ReadEnv reads the env file of the cluster whose state directory is
@@ -372,10 +419,15 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioServiceDNS, s.serviceByName)
 	run(ScenarioServiceAffinity, s.serviceAffinity)
 	run(ScenarioNodePortLocal, s.nodePortLocal)
+	run(ScenarioLoadBalancer, s.loadBalancer)
+	run(ScenarioServiceOtherTenant, s.serviceOtherTenant)
+	run(ScenarioPolicy, s.policy)
 	run(ScenarioEgress, s.egress)
 	run(ScenarioSecondary, s.secondary)
+	run(ScenarioMultiPolicy, s.multiPolicy)
 	run(ScenarioCUDN, s.cudn)
 	run(ScenarioLayer3, s.layer3)
+	run(ScenarioLocalnet, s.localnet)
 	return results, nil
 }
 
@@ -399,7 +451,7 @@ func readyNodes(ctx context.Context, cs kubernetes.Interface) ([]string, error) 
 // ClusterUserDefinedNetwork the scenarios created (those labelled
 // ScenarioLabel) and waits until they are gone.
 func CleanupPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) error {
-	return cleanupLabelled(ctx, t, out, ScenarioLabel)
+	return errors.Join(dropLBRoutes(), cleanupLabelled(ctx, t, out, ScenarioLabel))
 }
 
 // cleanupLabelled deletes the namespaces and ClusterUserDefinedNetworks
@@ -490,7 +542,7 @@ func (s *scenarios) create(ctx context.Context) error {
 	for _, ns := range []struct {
 		name    string
 		primary bool
-	}{{nsTenantA, true}, {nsTenantB, true}, {nsPlain, false}, {nsSecondary, false}, {nsRed, true}, {nsBlue, true}, {nsLayer3, true}} {
+	}{{nsTenantA, true}, {nsTenantB, true}, {nsPlain, false}, {nsSecondary, false}, {nsRed, true}, {nsBlue, true}, {nsLayer3, true}, {nsPolicy, true}, {nsLocalnet, false}} {
 		labels := map[string]string{ScenarioLabel: ""}
 		if ns.primary {
 			labels[primaryLabel] = ""
@@ -519,6 +571,7 @@ func (s *scenarios) create(ctx context.Context) error {
 		layer2(nsTenantA, "net", "Primary", tenantSubnet),
 		layer2(nsTenantB, "net", "Primary", tenantSubnet, tenantBReserved),
 		layer2(nsSecondary, "sec", "Secondary", secondarySubnet),
+		layer2(nsPolicy, "net", "Primary", policySubnet),
 		{Object: map[string]any{
 			"apiVersion": "k8s.ovn.org/v1", "kind": "UserDefinedNetwork",
 			"metadata": map[string]any{"name": "net", "namespace": nsLayer3},
@@ -572,11 +625,25 @@ func (s *scenarios) create(ctx context.Context) error {
 			return fmt.Errorf("scenarios: create Service %s/%s: %w", nsTenantA, name, err)
 		}
 	}
+	if err := s.createLocalnet(ctx); err != nil {
+		return err
+	}
+	if err := s.createLoadBalancers(ctx, svc); err != nil {
+		return err
+	}
+	polWeb := svc.DeepCopy()
+	polWeb.Namespace = nsPolicy
+	if _, err := cs.CoreV1().Services(nsPolicy).Create(ctx, polWeb, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("scenarios: create Service %s/web: %w", nsPolicy, err)
+	}
 
 	// Each namespace needs its default ServiceAccount, and a namespace
 	// of a network its NAD, before its pods: the primary-network webhook
 	// refuses a pod of a labelled namespace no network serves yet.
-	nads := map[string]string{nsTenantA: "net", nsTenantB: "net", nsSecondary: "sec", nsRed: cudnName, nsBlue: cudnName, nsLayer3: "net", nsPlain: ""}
+	nads := map[string]string{nsTenantA: "net", nsTenantB: "net", nsSecondary: "sec", nsRed: cudnName, nsBlue: cudnName, nsLayer3: "net", nsPolicy: "net", nsPlain: ""}
+	if s.t.Datacenter.IsValid() {
+		nads[nsLocalnet] = localnetName
+	}
 	if err := s.waitNamespaces(ctx, nads); err != nil {
 		return err
 	}
@@ -593,9 +660,14 @@ func (s *scenarios) create(ctx context.Context) error {
 		{nsSecondary, "sec-1", 0, "sec"}, {nsSecondary, "sec-2", 1, "sec"},
 		{nsRed, "red-1", 0, ""}, {nsBlue, "blue-1", 1, ""},
 		{nsLayer3, "l3-1", 0, ""}, {nsLayer3, "l3-2", 1, ""},
+		{nsPolicy, "pol-1", 0, ""}, {nsPolicy, "pol-2", 1, ""},
+	}
+	if s.t.Datacenter.IsValid() {
+		specs = append(specs, podSpec{nsLocalnet, "loc-1", 0, localnetName}, podSpec{nsLocalnet, "loc-2", 1, localnetName})
 	}
 	for _, sp := range specs {
 		p := webPod(sp.ns, sp.name, s.nodes[sp.node], s.t.Image)
+		p.Labels[podLabel] = sp.name
 		if sp.networks != "" {
 			p.Annotations = map[string]string{networksAnnotation: sp.networks}
 		}
@@ -1067,35 +1139,11 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	nodes, err := s.t.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	addrOf, other, err := s.nodeAddrs(ctx, ps)
 	if err != nil {
 		return "", err
 	}
-	addrOf := map[string]string{} // node -> InternalIP
-	var other string              // a node with neither backend
-	for _, n := range nodes.Items {
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP && addrOf[n.Name] == "" {
-				addrOf[n.Name] = a.Address
-			}
-		}
-		if n.Name != ps[0].pod.Spec.NodeName && n.Name != ps[1].pod.Spec.NodeName && addrOf[n.Name] != "" {
-			other = n.Name
-		}
-	}
-	if other == "" {
-		return "", fmt.Errorf("no node without a-1 and a-2 to try policy Local's drop at (nodes %d)", len(nodes.Items))
-	}
-	nodePort := func(name string) (int32, error) {
-		svc, err := s.t.Client.CoreV1().Services(nsTenantA).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return 0, err
-		}
-		if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].NodePort == 0 {
-			return 0, fmt.Errorf("service %s/%s has no node port", nsTenantA, name)
-		}
-		return svc.Spec.Ports[0].NodePort, nil
-	}
+	nodePort := func(name string) (int32, error) { return s.nodePort(ctx, name) }
 	fetch := func(node string, port int32, timeout time.Duration) func(context.Context) (string, error) {
 		url := fmt.Sprintf("http://%s/", net.JoinHostPort(addrOf[node], strconv.Itoa(int(port))))
 		return func(ctx context.Context) (string, error) {
@@ -1136,12 +1184,8 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 		details = append(details, fmt.Sprintf("%s: %s ×%d", p.pod.Spec.NodeName, own, affinityTries))
 	}
 	body, err := fetch(other, local, unreachTry)(ctx)
-	var ne net.Error
-	switch {
-	case err == nil:
-		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint, answered %q", nsTenantA, other, body)
-	case !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()):
-		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint: %v; want the connection dropped (no answer within %s), as kube-proxy drops it", nsTenantA, other, err, unreachTry)
+	if err := droppedErr(body, err); err != nil {
+		return "", fmt.Errorf("service %s/web-local (policy Local) at node %s, with no local endpoint: %w", nsTenantA, other, err)
 	}
 	return fmt.Sprintf("web-local (node port %d, policy Local) answered at %s; dropped at %s; web-np (node port %d, policy Cluster) there answered %s",
 		local, strings.Join(details, ", "), other, cluster, control), nil
@@ -1150,25 +1194,14 @@ func (s *scenarios) nodePortLocal(ctx context.Context) (string, error) {
 // hostFetch GETs url from this host, within timeout, and returns the
 // body of a 200 answer.
 func hostFetch(ctx context.Context, url string, timeout time.Duration) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	code, body, err := hostGet(ctx, url, timeout)
 	if err != nil {
 		return "", err
 	}
-	resp, err := (&http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}).Do(req)
-	if err != nil {
-		return "", err
+	if code != http.StatusOK {
+		return "", fmt.Errorf("%s: %d %s", url, code, http.StatusText(code))
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return string(b), nil
+	return body, nil
 }
 
 // answers makes fetches until n of them answered, and returns how often
