@@ -21,11 +21,16 @@ const DefaultNetworkIfName = "eth0"
 // network to what upstream keeps it for: the kubelet's probes from the
 // node (allow: the node's addresses). Every other packet arriving on
 // ifName, from any pod of the default network (another tenant's
-// included), is dropped; and the pod opens connections over it only to
-// the node: its traffic to pods, the cluster DNS and the API server
-// included, goes by its primary network (whose router sends the cluster
-// DNS and the API server through the node), though routes of the default
-// network plugin (a route to the cluster's pod range) lead by ifName.
+// included), is dropped; and the pod opens no connection over it, not
+// even to the node: its traffic to pods, the node, the cluster DNS and
+// the API server goes by its primary network (whose router sends the
+// cluster DNS and the API server through the node), though routes of the
+// default network plugin (a route to the cluster's pod range, or, under a
+// /32 layout, KeepProbePath's route to the node) lead by ifName. A
+// connection to the node over ifName would reach the node's ports as the
+// cluster default network does, other tenants' node ports included (seen
+// on the real cluster under the /32 layout: a pod of another tenant
+// fetched a UDN Service's node port at its own node's address).
 // IPv6 neighbour discovery stays allowed, so that the interface keeps
 // working for the traffic that is allowed.
 func defaultNetworkRules(ifName string, allow []netip.Addr) []nftTable {
@@ -52,17 +57,7 @@ func defaultNetworkRules(ifName string, allow []netip.Addr) []nftTable {
 	for _, t := range []byte{133, 134, 135, 136, 137} {
 		out = append(out, newRule().oifname(ifName).nfproto(true).l4protoICMPv6().icmp6Type(t).accept("IPv6 neighbour discovery"))
 	}
-	for _, a := range allow {
-		a = a.Unmap()
-		b := newRule().oifname(ifName).nfproto(a.Is6())
-		if a.Is6() {
-			b.ip6Daddr(hostPrefix(a), false)
-		} else {
-			b.ipDaddr(hostPrefix(a), false)
-		}
-		out = append(out, b.accept("to the node"))
-	}
-	out = append(out, newRule().oifname(ifName).counter().drop("a primary-UDN pod reaches only the node over the cluster default network"))
+	out = append(out, newRule().oifname(ifName).counter().drop("a primary-UDN pod opens no connection over the cluster default network"))
 	return []nftTable{{family: nftables.TableFamilyINet, chains: []nftChain{
 		filterChain("default-net-in", nftables.ChainHookInput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, rules),
 		filterChain("default-net-out", nftables.ChainHookOutput, *nftables.ChainPriorityFilter, nftables.ChainPolicyAccept, out),

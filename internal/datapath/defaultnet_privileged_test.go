@@ -23,8 +23,8 @@ import (
 // default network only and runs the stand-in cluster DNS. Before the
 // restriction everything reaches everything over eth0 (the control);
 // after it, only the node (kubelet probes) reaches a and b there, c and
-// the other tenant do not, and a and b reach only the node there (not c,
-// not c's DNS).
+// the other tenant do not, and a and b open nothing there (not to c, c's
+// DNS or the node).
 func TestDefaultNetworkRestriction(t *testing.T) {
 	c := newCluster(t, 1)
 	nd := c.nodes[0]
@@ -104,6 +104,10 @@ func TestDefaultNetworkRestriction(t *testing.T) {
 		}
 	}
 
+	if err := ping(a.ns, netip.MustParseAddr(a.ip), netip.MustParseAddr("10.88.0.1"), time.Second, false); err != nil {
+		t.Fatalf("control, before the restriction: a pings the node over eth0: %v", err)
+	}
+
 	node := []netip.Addr{netip.MustParseAddr("10.88.0.1"), nd.ip}
 	for _, p := range []defPod{a, b} {
 		c.must(RestrictDefaultNetwork(p.ns, DefaultNetworkIfName, node))
@@ -121,8 +125,11 @@ func TestDefaultNetworkRestriction(t *testing.T) {
 			t.Errorf("%s over eth0 after the restriction connected; only the node may", key)
 		}
 	}
-	if err := ping(a.ns, netip.MustParseAddr(a.ip), netip.MustParseAddr("10.88.0.1"), time.Second, false); err != nil {
-		t.Errorf("a pings the node (reply allowed): %v", err)
+	// a opens nothing to the node over eth0 either: there the node's
+	// ports are the cluster default network's, other tenants' node ports
+	// included (its traffic to the node goes by its primary network).
+	if err := ping(a.ns, netip.MustParseAddr(a.ip), netip.MustParseAddr("10.88.0.1"), 500*time.Millisecond, false); err == nil {
+		t.Error("a pings the node over eth0 after the restriction")
 	}
 	if err := ping(cp.ns, netip.MustParseAddr(cp.ip), netip.MustParseAddr(a.ip), 500*time.Millisecond, false); err == nil {
 		t.Error("c pings a over eth0 after the restriction")

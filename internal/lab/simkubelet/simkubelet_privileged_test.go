@@ -747,7 +747,7 @@ func TestMultusMode(t *testing.T) {
 	}
 
 	// eth0: the node (cni0's 10.244.0.1, the kubelet) gets in, the plain
-	// pod does not, and the primary-UDN pod reaches only the node there;
+	// pod does not, and the primary-UDN pod opens nothing there;
 	// the plain pod's own eth0 is open (control).
 	plainPath := simkubelet.PodNetNS(k.cfg, plain)
 	listenIn(t, nsPath)
@@ -759,7 +759,7 @@ func TestMultusMode(t *testing.T) {
 		t.Errorf("control: node -> plain pod %s: %v", plain.Status.PodIP, err)
 	}
 	if err := connect(nsPath, plain.Status.PodIP); err == nil {
-		t.Errorf("primary-UDN pod -> plain pod %s over eth0 connected; it reaches only the node there", plain.Status.PodIP)
+		t.Errorf("primary-UDN pod -> plain pod %s over eth0 connected; it opens nothing there", plain.Status.PodIP)
 	}
 	if err := connect(plainPath, eth0IP.String()); err == nil {
 		t.Errorf("plain pod -> primary-UDN pod eth0 %s connected; only the node may", eth0IP)
