@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -218,14 +219,26 @@ func testControllerAvailability(ctx context.Context, t *testing.T, c *Cluster) {
 
 	// The leader, force-deleted: gone from the API at once, its
 	// process killed without a grace period.
-	leader := leaderPod(ctx, t, c)
+	// Right after a roll the lease may be free for a moment (the old
+	// leader released it on stopping; a replica takes it within its
+	// retry period): wait for a holder.
+	var leader string
+	testenv.Eventually(t, time.Minute, "a leader holds the lease after the roll", func() error {
+		if leader = leaderPod(ctx, t, c); leader == "" {
+			return errors.New("lease released, not yet taken")
+		}
+		return nil
+	})
 	killStart := time.Now()
 	if err := c.Client.CoreV1().Pods(KvnetNamespace).Delete(ctx, leader, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 3*time.Minute, "a new leader and two replicas again", func() error {
-		if l := leaderPod(ctx, t, c); l == leader {
+		switch l := leaderPod(ctx, t, c); l {
+		case leader:
 			return fmt.Errorf("lease still held by %s", leader)
+		case "":
+			return errors.New("lease released, not yet taken")
 		}
 		return waitDeployment(ctx, c)
 	})
