@@ -42,6 +42,8 @@ func main() {
 		"pods on primary user-defined networks reach no Service there but their own, the cluster DNS and the API server")
 	defaultNetworkCIDRs := flag.String("default-network-cidrs", "", "comma-separated pod ranges of the cluster default network beyond the Nodes' spec.podCIDRs "+
 		"(where its IPAM has pools of its own, as Calico's): pods on primary user-defined networks reach no pod there")
+	dnsProxyPort := flag.Uint("dns-proxy-port", uint(node.DefaultDNSProxyPort), "port of the DNS proxy at each primary network's transit address on the node, through which its pods reach the cluster DNS "+
+		"(it rewrites their default-network addresses in answers, e.g. of headless Services, to their addresses on the network); 0 disables it")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", node.DefaultClusterDomain, "the cluster's DNS domain, for the search list DHCP hands to VMs")
 	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
 		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
@@ -77,7 +79,7 @@ func main() {
 		return
 	}
 	if err := configure(&cfg, flagValues{underlayIP: *underlayIP, dns: *dns, clusterDNS: *clusterDNS,
-		serviceCIDRs: *serviceCIDRs, defaultNetworkCIDRs: *defaultNetworkCIDRs}); err != nil {
+		serviceCIDRs: *serviceCIDRs, defaultNetworkCIDRs: *defaultNetworkCIDRs, dnsProxyPort: *dnsProxyPort}); err != nil {
 		fmt.Fprintln(os.Stderr, "kvnet-node:", err)
 		os.Exit(2)
 	}
@@ -126,6 +128,7 @@ func main() {
 type flagValues struct {
 	underlayIP, dns, clusterDNS       string
 	serviceCIDRs, defaultNetworkCIDRs string
+	dnsProxyPort                      uint
 }
 
 // configure fills the underlay, DNS and cluster range settings from the
@@ -149,6 +152,10 @@ func configure(cfg *node.Config, f flagValues) error {
 		return fmt.Errorf("--cluster-dns-service %q: name: %s", f.clusterDNS, strings.Join(errs, "; "))
 	}
 	cfg.ClusterDNS = types.NamespacedName{Namespace: ns, Name: name}
+	if f.dnsProxyPort > 65535 {
+		return fmt.Errorf("--dns-proxy-port %d: want a port (1-65535), or 0 to disable the DNS proxy", f.dnsProxyPort)
+	}
+	cfg.DNSProxyPort = uint16(f.dnsProxyPort)
 	if errs := validation.IsDNS1123Subdomain(cfg.ClusterDomain); len(errs) > 0 {
 		return fmt.Errorf("--cluster-domain %q: %s", cfg.ClusterDomain, strings.Join(errs, "; "))
 	}

@@ -36,6 +36,7 @@ import (
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/dnsproxy"
 	"kvnet.io/kvnet/internal/migration"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
@@ -60,6 +61,10 @@ type Config struct {
 	// ClusterDomain is the cluster's DNS domain (default cluster.local).
 	ClusterDNS    types.NamespacedName
 	ClusterDomain string
+	// DNSProxyPort, when not 0, runs the DNS proxy for primary networks
+	// at this port of each network's transit address on the node (see
+	// Input.DNSProxyPort).
+	DNSProxyPort uint16
 	// ServiceCIDRs are the cluster's Service ranges beyond those of its
 	// ServiceCIDR objects (which clusters before Kubernetes 1.33 may not
 	// have).
@@ -100,6 +105,7 @@ type Agent struct {
 
 	trigger chan struct{} // buffered(1): "something changed"
 	dhcp    *dhcpServers
+	dns     *dnsproxy.Proxy
 	// announce watches migration targets' Standby ports for the guest.
 	announce *announcements
 	// switches follows migration targets to their switch-over, departs
@@ -171,6 +177,12 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), stopped: make(chan struct{})}
 	a.dhcp = newDHCPServers(cfg.Datapath)
+	a.dns = dnsproxy.New(dnsproxy.Config{NetNS: cfg.Datapath.NetNS, Observe: func(outcome string, rewritten int) {
+		dnsQueries.WithLabelValues(cfg.NodeName, outcome).Inc()
+		if rewritten > 0 {
+			dnsRewritten.WithLabelValues(cfg.NodeName).Add(float64(rewritten))
+		}
+	}})
 	a.announce = newAnnouncements(cfg.Datapath.NetNS, a.dp.Activate, a.kick, ctrl.Log.WithName("kvnet-node").WithValues("node", cfg.NodeName))
 	nsPath := cfg.Datapath.NetNS
 	if a.links, err = nl.NewHandle(nsPath); err != nil {
@@ -267,6 +279,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	defer a.writeStatus(context.WithoutCancel(ctx), false, nil, nil)
 	defer a.dhcp.stopAll()
 	defer a.announce.close()
+	defer a.dns.Close()
+	defer a.directDNS(ctx)
 
 	if a.cfg.CNIKubeconfig != "" {
 		bg.Go(func() { keepCNIKubeconfig(ctx, a.cfg.CNIKubeconfig, a.restCfg) })
@@ -527,6 +541,13 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	}
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
+	// The proxy listens before its networks' queries are sent to it; a
+	// network it cannot serve keeps sending them to the cluster DNS.
+	served, err := a.dns.Sync(ctx, plan.DNS)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "DNS proxy: some networks query the cluster DNS directly (answers unrewritten)")
+	}
+	plan.State = withDirectDNS(plan.State, plan.DNS, func(name string) bool { return !served[name] })
 	applyErr := a.dp.Apply(ctx, plan.State)
 	if a.switches != nil {
 		a.switches.sync(plan.MigrationTargets, plan.State.Ports)
@@ -542,6 +563,25 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	rulesSyncSeconds.WithLabelValues(a.cfg.NodeName).Observe(a.dp.RulesSyncDuration().Seconds())
 	a.report(ctx, plan, ok)
 	return plan.Waiting, applyErr
+}
+
+// directDNS, as the agent stops, sends the DNS queries of the networks
+// the proxy served to the cluster DNS again (answers unrewritten), so
+// that names resolve while no kvnet-node runs here; the next agent sends
+// them to its proxy once it listens. A crash skips this: DNS of the
+// node's primary networks then waits for the restart.
+func (a *Agent) directDNS(ctx context.Context) {
+	last := a.LastApplied()
+	if len(last.DNS) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := a.dp.Apply(ctx, withDirectDNS(last.State, last.DNS, nil)); err != nil {
+		log.FromContext(ctx).Error(err, "DNS proxy: send queries to the cluster DNS directly before stopping")
+		return
+	}
+	log.FromContext(ctx).Info("DNS proxy stopping: primary networks query the cluster DNS directly", "networks", len(last.DNS))
 }
 
 // lastFrameOf returns the guest's last frame on a network as the
@@ -639,6 +679,7 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	}
 	in.Namespaces = namespaces.Items
 	in.ClusterDNS, in.ClusterDomain = a.cfg.ClusterDNS, a.cfg.ClusterDomain
+	in.DNSProxyPort = a.cfg.DNSProxyPort
 	in.ServiceCIDRs = a.cfg.ServiceCIDRs
 	in.DefaultNetworkCIDRs = a.cfg.DefaultNetworkCIDRs
 	if a.hasServiceCIDRs(ctx) {

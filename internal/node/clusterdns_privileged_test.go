@@ -221,3 +221,66 @@ func TestAgentClusterDNS(t *testing.T) {
 		t.Errorf("lease:\n%s\nwant:\n%s", b, want)
 	}
 }
+
+// TestAgentDNSProxyRewritesPodAddresses: the cluster DNS answers a
+// headless name with a pod's default-network address (its
+// status.podIPs); a pod on the same primary UDN gets the pod's address
+// on the UDN instead, through kvnet-node's DNS proxy, while other
+// addresses pass unchanged. When kvnet-node stops, names still resolve
+// (the cluster DNS's own answers), and its restart brings the rewrite
+// back.
+func TestAgentDNSProxyRewritesPodAddresses(t *testing.T) {
+	testenv.NeedsFixture(t, env != nil)
+	dnsName := types.NamespacedName{Namespace: "dnsp-test-sys", Name: "cluster-dns"}
+	l := newLabWith(t, env.Config, kubeconfig, func(cfg *simcluster.Config) { cfg.ClusterDNS = dnsName }, "n1", "n2")
+	nad := tenant(t, "dnsp-test", "10.9.1.0/24", false)
+	c1 := l.runPod(nad, "c1", "n1", nil)
+	c2 := l.runPod(nad, "c2", "n2", nil)
+	// Their default-network addresses, as a kubelet reports them.
+	eth0 := map[*pod]string{c1: "10.244.9.1", c2: "10.244.9.2"}
+	for p, ip := range eth0 {
+		var obj corev1.Pod
+		if err := c.Get(t.Context(), types.NamespacedName{Namespace: p.ns, Name: p.name}, &obj); err != nil {
+			t.Fatal(err)
+		}
+		obj.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		obj.Status.PodIP = ip
+		if err := c.Status().Update(t.Context(), &obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const headless, outside = "web-hl.dnsp-test.svc.cluster.local", "out.example"
+	endpoint := netip.AddrPortFrom(simnet.ExternalIP, 5354)
+	serveDNS(t, l.Sim.External, endpoint.String(), map[string]netip.Addr{
+		headless + ".": netip.MustParseAddr(eth0[c2]),
+		outside + ".":  netip.MustParseAddr("10.244.9.99"),
+	})
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dnsName.Namespace}})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: dnsName.Name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
+	testenv.Create(t, c, svc)
+	testenv.Create(t, c, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: "cluster-dns-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: dnsName.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{endpoint.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
+	})
+	server := svc.Spec.ClusterIP
+	resolves := func(p *pod, name, want, not string) func() error {
+		return func() error {
+			out, err := nslookup(p.netns, server, name)
+			if err != nil || !strings.Contains(out, "Address: "+want+"\n") || (not != "" && strings.Contains(out, not)) {
+				return fmt.Errorf("nslookup %s: %v\n%s", name, err, out)
+			}
+			return nil
+		}
+	}
+	testenv.Eventually(t, waitTimeout, "c1 resolves the headless name to c2's UDN address", resolves(c1, headless, c2.ip(), eth0[c2]))
+	testenv.Eventually(t, waitTimeout, "c1 resolves another address unchanged", resolves(c1, outside, "10.244.9.99", ""))
+
+	l.stopAgent("n1")
+	testenv.Eventually(t, waitTimeout, "with kvnet-node stopped, c1 still resolves (unrewritten)", resolves(c1, headless, eth0[c2], ""))
+	l.startAgent("n1")
+	testenv.Eventually(t, waitTimeout, "after kvnet-node's restart, c1 gets c2's UDN address again", resolves(c1, headless, c2.ip(), eth0[c2]))
+}

@@ -16,6 +16,7 @@ import (
 	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/dhcp"
+	"kvnet.io/kvnet/internal/dnsproxy"
 	"kvnet.io/kvnet/internal/hostsubnet"
 	"kvnet.io/kvnet/internal/ipam"
 	"kvnet.io/kvnet/internal/ipam/allocator"
@@ -81,6 +82,11 @@ type Input struct {
 	// list.
 	ClusterDNS    types.NamespacedName
 	ClusterDomain string
+	// DNSProxyPort, when not 0, sends primary networks' DNS queries to
+	// kvnet-node's DNS proxy at this port (dnsproxy.go), which rewrites
+	// the network's pods' default-network addresses in the answers to
+	// their addresses on the network (headless Services, hostnames).
+	DNSProxyPort uint16
 	// ServiceCIDRs are the cluster's Service ranges: a primary network's
 	// router reaches only its own Services and the cluster DNS and API
 	// server there.
@@ -144,6 +150,9 @@ func (c *AnnotationCache) parse(pod *corev1.Pod, value string, next map[types.UI
 // Plan is what the node should look like.
 type Plan struct {
 	State datapath.State
+	// DNS holds, per primary network whose pods reach the cluster DNS
+	// through the proxy (Input.DNSProxyPort), what the proxy does for it.
+	DNS []dnsproxy.Network
 	// DHCP holds, per local network with a router, what its DHCP servers
 	// hand out: on a primary network DHCPv4 where it has an IPv4 subnet,
 	// and on every one router advertisements and DHCPv6 where it has an
@@ -317,7 +326,7 @@ func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces 
 		p.problem("network %s: %v", name, err)
 		return
 	}
-	services := p.services(&dn, n, hs, namespaces)
+	services, dns := p.services(&dn, n, hs, namespaces)
 	undo := p.claims.admit(services, p.problem)
 	// One network the datapath would refuse must not stop the others:
 	// Apply refuses a whole state with an invalid network in it.
@@ -328,6 +337,9 @@ func (p *planner) planNetwork(name string, n *network, hs []*holder, namespaces 
 	}
 	p.plan.State.Networks = append(p.plan.State.Networks, dn)
 	p.plan.State.Services = append(p.plan.State.Services, services...)
+	if dns != nil {
+		p.plan.DNS = append(p.plan.DNS, *dns)
+	}
 	if len(services) > 0 && n.topology == layer2 {
 		p.remoteServiceMACs(n, members)
 	}

@@ -73,6 +73,14 @@ var (
 		// 10 ms to about 82 s.
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 	}, []string{"node", "network"})
+	dnsQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvnet_node_dns_proxy_queries_total",
+		Help: "DNS queries of primary networks' pods through kvnet-node's DNS proxy, by outcome (answered, upstream-error, dropped).",
+	}, []string{"node", "outcome"})
+	dnsRewritten = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvnet_node_dns_proxy_rewritten_records_total",
+		Help: "A and AAAA records the DNS proxy rewrote from a pod's default-network address to its address on its primary network.",
+	}, []string{"node"})
 	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvnet_node_ready",
 		Help: "1 once the agent has applied the datapath state since it started.",
@@ -81,7 +89,8 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
-		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds)
+		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds,
+		dnsQueries, dnsRewritten)
 }
 
 // policyCounts returns, per network of s, how many of its ports policies

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"kvnet.io/kvnet/internal/datapath"
+	"kvnet.io/kvnet/internal/dnsproxy"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nodeid"
 	"kvnet.io/kvnet/internal/reserved"
@@ -399,10 +400,11 @@ func allNodeAddrs(nodes []corev1.Node, vteps map[string]netip.Addr) []netip.Addr
 // here: those of its namespaces with endpoints on it, at this node's
 // service addresses (set in dn: Layer3 networks serve in their join
 // subnet, the others in their transit subnet), then the cluster Services
-// (DNS, API server) it reaches through the node.
-func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, namespaces map[string]bool) []datapath.Service {
+// (DNS, API server) it reaches through the node, and what the DNS proxy
+// does for it (nil: nothing; see proxyDNS).
+func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, namespaces map[string]bool) ([]datapath.Service, *dnsproxy.Network) {
 	if !dn.Primary {
-		return nil
+		return nil, nil
 	}
 	name, subnets := n.conf.Name, n.subnets
 	if n.topology == layer3 {
@@ -413,6 +415,7 @@ func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, names
 	if len(namespaces) > 0 {
 		viaNode = viaNodeServices(name, subnets, namespaces, p.clusterSvcs, p.in.EndpointSlices, p.problem)
 	}
+	dns := p.proxyDNS(*dn, subnets, hs, viaNode)
 	if len(services) > 0 {
 		id, ok := nodeID(p.self)
 		var err error
@@ -434,5 +437,5 @@ func (p *planner) services(dn *datapath.Network, n *network, hs []*holder, names
 			services = nil
 		}
 	}
-	return append(services, viaNode...)
+	return append(services, viaNode...), dns
 }

@@ -18,7 +18,9 @@ func trimPod(obj any) (any, error) {
 		TypeMeta:   pod.TypeMeta,
 		ObjectMeta: trimMeta(pod.ObjectMeta),
 		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName, Containers: namedContainerPorts(pod)},
-		Status:     corev1.PodStatus{Phase: pod.Status.Phase},
+		// PodIPs: the DNS proxy rewrites them to the pod's addresses on
+		// its primary network.
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIPs: pod.Status.PodIPs},
 	}, nil
 }
 

@@ -526,8 +526,10 @@ func (c *Cluster) StartAgent(n string) error {
 			Datapath:   datapath.NodeConfig{NetNS: nd.NS, UnderlayIP: nd.IP, UnderlayDev: simnet.UnderlayDev},
 			DNS:        c.cfg.DNS,
 			ClusterDNS: c.cfg.ClusterDNS,
-			StatusFile: c.StatusFile(n),
-			Resync:     c.cfg.Resync,
+			// As kvnet-node's flag default.
+			DNSProxyPort: node.DefaultDNSProxyPort,
+			StatusFile:   c.StatusFile(n),
+			Resync:       c.cfg.Resync,
 		}
 		if c.cfg.CNIKubeconfig == "" {
 			nc.CNIKubeconfig = c.CNIKubeconfig(n)
