@@ -81,6 +81,12 @@ const (
 	// the node ports and the load balancer address, and b-1 its own
 	// network's b-2.
 	ScenarioServiceOtherTenant = "udn-service-other-tenant"
+	// ScenarioHeadless: headless Service web-hl over a-1 and a-2 (also
+	// their subdomain) resolves, through CoreDNS, to their UDN addresses
+	// from a pod of the UDN, where a default-network pod (the control)
+	// and tenant B's pod get the default-network addresses CoreDNS
+	// answers; a-2's hostname.subdomain name resolves and answers too.
+	ScenarioHeadless = "udn-headless-dns"
 	// ScenarioPolicy: NetworkPolicy on a primary UDN through real
 	// kubelets and CoreDNS: a default-deny policy stops pol-1's
 	// connections to pol-2 and its DNS, while both stay Ready (kubelet
@@ -121,7 +127,7 @@ const (
 var PodScenarios = []string{
 	ScenarioPrimaryReady, ScenarioPrimaryReach, ScenarioEth0Isolated, ScenarioTenantIsolation,
 	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioNodePortLocal, ScenarioLoadBalancer, ScenarioServiceOtherTenant,
-	ScenarioPolicy, ScenarioEgress, ScenarioSecondary, ScenarioMultiPolicy, ScenarioCUDN, ScenarioLayer3, ScenarioLocalnet,
+	ScenarioHeadless, ScenarioPolicy, ScenarioEgress, ScenarioSecondary, ScenarioMultiPolicy, ScenarioCUDN, ScenarioLayer3, ScenarioLocalnet,
 }
 
 // ScenarioLabel marks every namespace and ClusterUserDefinedNetwork the
@@ -421,6 +427,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioNodePortLocal, s.nodePortLocal)
 	run(ScenarioLoadBalancer, s.loadBalancer)
 	run(ScenarioServiceOtherTenant, s.serviceOtherTenant)
+	run(ScenarioHeadless, s.headless)
 	run(ScenarioPolicy, s.policy)
 	run(ScenarioEgress, s.egress)
 	run(ScenarioSecondary, s.secondary)
@@ -631,6 +638,9 @@ func (s *scenarios) create(ctx context.Context) error {
 	if err := s.createLoadBalancers(ctx, svc); err != nil {
 		return err
 	}
+	if err := s.createHeadless(ctx); err != nil {
+		return err
+	}
 	polWeb := svc.DeepCopy()
 	polWeb.Namespace = nsPolicy
 	if _, err := cs.CoreV1().Services(nsPolicy).Create(ctx, polWeb, metav1.CreateOptions{}); err != nil {
@@ -668,6 +678,10 @@ func (s *scenarios) create(ctx context.Context) error {
 	for _, sp := range specs {
 		p := webPod(sp.ns, sp.name, s.nodes[sp.node], s.t.Image)
 		p.Labels[podLabel] = sp.name
+		if sp.ns == nsTenantA {
+			// Their names under the headless Service (ScenarioHeadless).
+			p.Spec.Hostname, p.Spec.Subdomain = sp.name, headlessName
+		}
 		if sp.networks != "" {
 			p.Annotations = map[string]string{networksAnnotation: sp.networks}
 		}

@@ -163,6 +163,9 @@ type vmSpec struct {
 	binding  string // "masquerade" or a network binding plugin's name (l2bridge)
 	avoid    string // a node the VM must not run on (the clients'), or ""
 	image    string
+	// subdomain, if set, is the VM's spec.subdomain (a headless
+	// Service's name), its spec.hostname its name.
+	subdomain string
 }
 
 // vmObject is a VirtualMachine as a VM owner writes it: one interface on
@@ -186,6 +189,9 @@ func vmObject(v vmSpec) *unstructured.Unstructured {
 		},
 		"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
 		"volumes":  []any{map[string]any{"name": "containerdisk", "containerDisk": map[string]any{"image": v.image}}},
+	}
+	if v.subdomain != "" {
+		spec["hostname"], spec["subdomain"] = v.name, v.subdomain
 	}
 	if v.avoid != "" {
 		spec["affinity"] = map[string]any{"nodeAffinity": map[string]any{
@@ -344,8 +350,13 @@ func (s *vmScenarios) create(ctx context.Context) error {
 	if _, err := cs.CoreV1().Services(nsVM).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("vm scenarios: create Service %s/vm-m: %w", nsVM, err)
 	}
+	hl := svc.DeepCopy()
+	hl.Name, hl.Spec.ClusterIP = vmSubdomain, corev1.ClusterIPNone
+	if _, err := cs.CoreV1().Services(nsVM).Create(ctx, hl, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("vm scenarios: create Service %s/%s: %w", nsVM, vmSubdomain, err)
+	}
 	for _, v := range []vmSpec{
-		{ns: nsVM, name: "vm-m", binding: "masquerade", avoid: s.nodes[0]},
+		{ns: nsVM, name: "vm-m", binding: "masquerade", avoid: s.nodes[0], subdomain: vmSubdomain},
 		{ns: nsVMPlain, name: "vm-p", binding: "masquerade", avoid: s.nodes[0]},
 	} {
 		v.image = s.t.GuestImage
@@ -661,7 +672,37 @@ func (s *vmScenarios) service(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%s fetched %s: %q", ps[0], url, body), nil
+	host, err := s.byHostname(ctx, v, ps[0])
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s fetched %s: %q; %s", ps[0], url, body, host), nil
+}
+
+// vmSubdomain is vm-m's spec.subdomain, a headless Service over it.
+const vmSubdomain = "vm-hl"
+
+// byHostname checks that client resolves VM v's hostname.subdomain name
+// (through CoreDNS, which answers the launcher pod's default-network
+// address) to the VM's UDN address, and fetches the guest's page there.
+func (s *vmScenarios) byHostname(ctx context.Context, v *runningVM, client *scenarioPod) (string, error) {
+	name := v.name + "." + vmSubdomain + "." + v.ns + ".svc.cluster.local"
+	if err := poll(ctx, reachTimeout, func(ctx context.Context) error { return s.resolves(ctx, client, name, v.ip.String()) }); err != nil {
+		return "", fmt.Errorf("hostname.subdomain: %w", err)
+	}
+	launcher, err := s.launcherPod(ctx, v.ns, v.uid, v.node)
+	if err != nil {
+		return "", err
+	}
+	if eth0, err := netip.ParseAddr(launcher.Status.PodIP); err == nil {
+		if err := s.resolvesNone(ctx, client, name, eth0); err != nil {
+			return "", fmt.Errorf("hostname.subdomain resolved to the launcher pod's default-network address: %w", err)
+		}
+	}
+	if _, err := s.reach(ctx, client, "http://"+name+"/", v.name); err != nil {
+		return "", fmt.Errorf("fetch by hostname.subdomain: %w", err)
+	}
+	return fmt.Sprintf("%s resolved %s to %s (launcher pod %s on %s has %s on eth0) and fetched it", client, name, v.ip, launcher.Name, v.node, launcher.Status.PodIP), nil
 }
 
 // podNetwork: a masquerade VM without a UDN is on the default network.
@@ -1295,7 +1336,17 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		from = to
 		v.node = to
 	}
-	return fmt.Sprintf("echo from %s on %s to %s:7; %s", "echo", s.nodes[0], v.ip, strings.Join(steps, "; ")), nil
+	// Its name follows it: CoreDNS now answers the new launcher pod's
+	// default-network address.
+	ps, err := s.need(ctx, nsVM+"/vc")
+	if err != nil {
+		return strings.Join(steps, "; "), err
+	}
+	host, err := s.byHostname(ctx, v, ps[0])
+	if err != nil {
+		return strings.Join(steps, "; "), fmt.Errorf("after the migrations: %w", err)
+	}
+	return fmt.Sprintf("echo from %s on %s to %s:7; %s; after the migrations %s", "echo", s.nodes[0], v.ip, strings.Join(steps, "; "), host), nil
 }
 
 func parseTime(v any) time.Time {
