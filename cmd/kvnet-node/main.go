@@ -263,7 +263,7 @@ func parsePrefixes(name, value string) ([]netip.Prefix, error) {
 // clusterSettings are the flags the ConfigMap kvnet-node-config sets, one
 // key each (config/node/config.yaml): the DaemonSet passes key k as the
 // environment variable settingEnv(k).
-var clusterSettings = []string{"cluster-dns-service", "cluster-domain", "service-cidrs", "default-network-cidrs", "vxlan-port", "allow-default-network"}
+var clusterSettings = []string{"cluster-dns-service", "cluster-domain", "service-cidrs", "default-network-cidrs", "vxlan-port", "allow-default-network", "dns-proxy-port"}
 
 // settingEnv returns the environment variable of flag name:
 // KVNET_DEFAULT_NETWORK_CIDRS for default-network-cidrs.

@@ -43,6 +43,7 @@ func TestClusterSettingsFromEnv(t *testing.T) {
 		"service-cidrs":         {"10.96.0.0/33", `--service-cidrs "10.96.0.0/33"`},
 		"default-network-cidrs": {"calico", `--default-network-cidrs "calico"`},
 		"vxlan-port":            {"vx", `$KVNET_VXLAN_PORT (ConfigMap kvnet-node-config, key vxlan-port) "vx": parse error`},
+		"dns-proxy-port":        {"70000", `--dns-proxy-port 70000`},
 		"allow-default-network": {"maybe", `$KVNET_ALLOW_DEFAULT_NETWORK (ConfigMap kvnet-node-config, key allow-default-network) "maybe": parse error`},
 	}
 	for _, name := range clusterSettings {
