@@ -58,6 +58,11 @@ const (
 	// third node keeps a TCP connection to the guest's echo service open:
 	// every line it sent comes back, in order, after each migration.
 	ScenarioVMMigration = "vm-live-migration-tcp"
+	// ScenarioVMPolicy: a NetworkPolicy selecting the VM by its VMI's
+	// labels (on its launcher pod) admits a client pod of the UDN and
+	// refuses another (app=intruder), after a control where both reach
+	// it; the same after a live migration to the other node.
+	ScenarioVMPolicy = "vm-policy-across-migration"
 	// ScenarioVMKvnetNodeRoll: kvnet-node rolled to a new image on every
 	// node (a DaemonSet rolling update), then killed (SIGKILL, as a
 	// crash does) on the VM's node and the pod server's, while the
@@ -87,7 +92,7 @@ const (
 // reports them.
 var VMScenarios = []string{
 	ScenarioVMMasquerade, ScenarioVMTenant, ScenarioVMService, ScenarioVMPodNetwork,
-	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
+	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMPolicy, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
 }
 
 // VMScenarioLabel marks the namespaces the VM scenarios create;
@@ -286,6 +291,7 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	run(ScenarioVMPodNetwork, s.podNetwork)
 	run(ScenarioVMStopStart, s.stopStart)
 	run(ScenarioVMMigration, s.migration)
+	run(ScenarioVMPolicy, s.vmPolicy)
 	run(ScenarioVMKvnetNodeRoll, s.kvnetNodeRoll)
 	run(ScenarioVMDrain, s.drain)
 	run(ScenarioVML2Bridge, s.l2bridge)
@@ -340,6 +346,7 @@ func (s *vmScenarios) create(ctx context.Context) error {
 	for _, p := range []struct{ ns, name string }{{nsVM, "vc"}, {nsVMB, "vb"}, {nsVMPlain, "vp"}} {
 		s.createPod(ctx, webPod(p.ns, p.name, s.nodes[0], s.t.Image))
 	}
+	s.createPod(ctx, intruder(s.nodes[0], s.t.Image))
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "vm-m", Namespace: nsVM},
 		Spec: corev1.ServiceSpec{
