@@ -328,17 +328,23 @@ func (p *Proxy) exchangeUDP(servers []netip.AddrPort, query []byte) ([]byte, err
 	if _, err := c.Write(query); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, 65535)
+	bp := bufs.Get().(*[]byte)
+	defer bufs.Put(bp)
+	buf := *bp
 	for {
 		size, err := c.Read(buf)
 		if err != nil {
 			return nil, err
 		}
 		if size >= headerLen && buf[0] == query[0] && buf[1] == query[1] {
-			return buf[:size], nil
+			return slices.Clone(buf[:size]), nil
 		}
 	}
 }
+
+// bufs holds the buffers upstream answers are read into: a UDP answer
+// may be as large as a datagram.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 65535); return &b }}
 
 func (l *listener) serveTCP() {
 	var conns sync.WaitGroup

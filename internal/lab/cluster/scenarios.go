@@ -95,6 +95,13 @@ const (
 	// else; a policy pair admitting pol-1 to pol-2's http port opens that
 	// one way only.
 	ScenarioPolicy = "udn-policy-default-deny"
+	// ScenarioMatrix: the upstream NetworkPolicy model on a primary
+	// CUDN over namespaces x, y and z (pods a, b, c each, on two nodes,
+	// ports 80 and 81): for each case (no policy, the control; default
+	// deny ingress and egress; namespace, namespace-and-pod, port, named
+	// port and egress rules) every pair on both ports is admitted or
+	// refused as the model says.
+	ScenarioMatrix = "udn-policy-matrix"
 	// ScenarioEgress: a pod of the UDN reaches HTTP servers outside the
 	// cluster through its network's router, not through eth0: its node
 	// translated the router's transit address, where a default-network
@@ -127,7 +134,7 @@ const (
 var PodScenarios = []string{
 	ScenarioPrimaryReady, ScenarioPrimaryReach, ScenarioEth0Isolated, ScenarioTenantIsolation,
 	ScenarioServiceDNS, ScenarioServiceAffinity, ScenarioNodePortLocal, ScenarioLoadBalancer, ScenarioServiceOtherTenant,
-	ScenarioHeadless, ScenarioPolicy, ScenarioEgress, ScenarioSecondary, ScenarioMultiPolicy, ScenarioCUDN, ScenarioLayer3, ScenarioLocalnet,
+	ScenarioHeadless, ScenarioPolicy, ScenarioMatrix, ScenarioEgress, ScenarioSecondary, ScenarioMultiPolicy, ScenarioCUDN, ScenarioLayer3, ScenarioLocalnet,
 }
 
 // ScenarioLabel marks every namespace and ClusterUserDefinedNetwork the
@@ -429,6 +436,7 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioServiceOtherTenant, s.serviceOtherTenant)
 	run(ScenarioHeadless, s.headless)
 	run(ScenarioPolicy, s.policy)
+	run(ScenarioMatrix, s.matrix)
 	run(ScenarioEgress, s.egress)
 	run(ScenarioSecondary, s.secondary)
 	run(ScenarioMultiPolicy, s.multiPolicy)
@@ -674,6 +682,9 @@ func (s *scenarios) create(ctx context.Context) error {
 	}
 	if s.t.Datacenter.IsValid() {
 		specs = append(specs, podSpec{nsLocalnet, "loc-1", 0, localnetName}, podSpec{nsLocalnet, "loc-2", 1, localnetName})
+	}
+	if err := s.createMatrix(ctx); err != nil {
+		return err
 	}
 	for _, sp := range specs {
 		p := webPod(sp.ns, sp.name, s.nodes[sp.node], s.t.Image)
