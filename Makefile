@@ -77,6 +77,7 @@ CLUSTER_DIR ?= .cluster
 CLUSTER_NODES ?= 3
 # The variant (docs/cluster.md): flannel, bridge or ptp32; thick, thin or none.
 CLUSTER_NETWORK ?= flannel
+CLUSTER_IP_FAMILY ?= ipv4
 CLUSTER_MULTUS ?= thick
 # CLUSTER_KUBEVIRT=true also installs KubeVirt (docs/kubevirt-images.md; its first build takes long).
 CLUSTER_KUBEVIRT ?= false
@@ -92,7 +93,7 @@ kubevirt-deps: ## Install the Debian packages KubeVirt's images are built with (
 
 .PHONY: cluster-up
 cluster-up: cluster-deps $(if $(filter true,$(CLUSTER_KUBEVIRT)),kubevirt-deps) tools build ## Build (cached) and start the real cluster in the background: $(CLUSTER_DIR)/kubeconfig, $(CLUSTER_DIR)/env (root)
-	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --default-network $(CLUSTER_NETWORK) --multus $(CLUSTER_MULTUS) --kubevirt=$(CLUSTER_KUBEVIRT) --bin-dir "$$(hack/build-cluster-tools.sh)"
+	$(BIN)/kvnet-lab cluster up --dir $(CLUSTER_DIR) --nodes $(CLUSTER_NODES) --default-network $(CLUSTER_NETWORK) --ip-family $(CLUSTER_IP_FAMILY) --multus $(CLUSTER_MULTUS) --kubevirt=$(CLUSTER_KUBEVIRT) --bin-dir "$$(hack/build-cluster-tools.sh)"
 
 .PHONY: cluster-down
 cluster-down: ## Stop the real cluster and remove everything it made

@@ -76,10 +76,14 @@ const (
 // installFlannel installs Flannel from manifests/flannel.yaml (upstream's
 // kube-flannel.yml with the registry's images) on ClusterCIDR. The nodes
 // turn Ready once its DaemonSet has written the CNI configuration.
-func (c *Cluster) installFlannel(ctx context.Context) error {
-	return c.applyManifest(ctx, "flannel", map[string]string{
-		"Image": c.Images["flannel"], "CNIPluginImage": c.Images["flannel-cni-plugin"], "Network": ClusterCIDR.String(),
-	})
+func (c *Cluster) installFlannel(ctx context.Context, dual bool) error {
+	params := map[string]string{
+		"Image": c.Images["flannel"], "CNIPluginImage": c.Images["flannel-cni-plugin"], "Network": ClusterCIDR.String(), "IPv6Network": "",
+	}
+	if dual {
+		params["IPv6Network"] = ClusterCIDR6.String()
+	}
+	return c.applyManifest(ctx, "flannel", params)
 }
 
 // installCoreDNS installs CoreDNS (manifests/coredns.yaml) and waits until

@@ -67,6 +67,10 @@ type Config struct {
 	// repository (the first build takes long), virt-operator from its
 	// release manifest and a KubeVirt CR; Up waits until it is Deployed.
 	KubeVirt bool
+	// IPFamily is IPFamilyIPv4 (when empty) or IPFamilyDual: nodes,
+	// pod subnets, Flannel and kube-proxy of both families (the Service
+	// range is always dual-stack).
+	IPFamily string
 	// WaitForLock makes Up wait for another cluster on this machine to go
 	// (LockPath) instead of failing with ErrClusterRunning.
 	WaitForLock bool
@@ -92,6 +96,8 @@ type Cluster struct {
 	DefaultNetwork string
 	// Multus is the Multus mode (MultusThick, MultusThin or MultusNone).
 	Multus string
+	// IPFamily is IPFamilyIPv4 or IPFamilyDual.
+	IPFamily string
 	// CP is the control plane.
 	CP *controlplane.ControlPlane
 
@@ -140,6 +146,18 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	default:
 		return nil, fmt.Errorf("cluster: multus %q: want %q, %q or %q", cfg.Multus, MultusThick, MultusThin, MultusNone)
 	}
+	switch cfg.IPFamily {
+	case "":
+		cfg.IPFamily = IPFamilyIPv4
+	case IPFamilyIPv4:
+	case IPFamilyDual:
+		if cfg.DefaultNetwork != NetworkFlannel {
+			return nil, fmt.Errorf("cluster: ip family %q: only with the default network %q", cfg.IPFamily, NetworkFlannel)
+		}
+	default:
+		return nil, fmt.Errorf("cluster: ip family %q: want %q or %q", cfg.IPFamily, IPFamilyIPv4, IPFamilyDual)
+	}
+	dual := cfg.IPFamily == IPFamilyDual
 	if err := Preflight(cfg.BinDir); err != nil {
 		return nil, err
 	}
@@ -168,7 +186,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, Multus: cfg.Multus, sp: controlplane.NewSpawner(), Images: map[string]string{}, lock: lock,
+	c := &Cluster{Dir: dir, log: cfg.Log, DefaultNetwork: cfg.DefaultNetwork, Multus: cfg.Multus, IPFamily: cfg.IPFamily, sp: controlplane.NewSpawner(), Images: map[string]string{}, lock: lock,
 		Registry: net.JoinHostPort(HostIP.String(), strconv.Itoa(RegistryPort))}
 	defer func() {
 		if err != nil {
@@ -181,11 +199,11 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 
 	step("network: bridge %s (%s), %d node namespaces", BridgeName, HostIP, cfg.Nodes)
-	if err := buildBridge(); err != nil {
+	if err := buildBridge(dual); err != nil {
 		return nil, err
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		if err := buildNodeNet(i); err != nil {
+		if err := buildNodeNet(i, dual); err != nil {
 			return nil, err
 		}
 	}
@@ -316,7 +334,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	nodes := make([]node, cfg.Nodes)
 	for i := 1; i <= cfg.Nodes; i++ {
-		n := node{i: i, dir: filepath.Join(dir, "nodes", NodeName(i)), binDir: cfg.BinDir}
+		n := node{i: i, dir: filepath.Join(dir, "nodes", NodeName(i)), binDir: cfg.BinDir, dual: dual}
 		nodes[i-1] = n
 		c.Nodes = append(c.Nodes, n.name())
 		step("node %s: containerd, kubelet, kube-proxy", n.name())
@@ -349,6 +367,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		// The pod subnet, as kube-controller-manager's node IPAM would
 		// assign it (and Flannel reads it): fixed per node here.
 		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, PodCIDR(n.i), PodCIDR(n.i))
+		if dual {
+			patch = fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q,%q]}}`, PodCIDR(n.i), PodCIDR(n.i), PodCIDR6(n.i))
+		}
 		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n.name(), types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return nil, fmt.Errorf("node %s: set pod CIDR: %w", n.name(), err)
 		}
@@ -366,7 +387,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.DefaultNetwork == NetworkFlannel {
 		// Once every node has its pod subnet: flanneld reads it.
 		step("Flannel (VXLAN) from its manifest")
-		if err := c.installFlannel(ctx); err != nil {
+		if err := c.installFlannel(ctx, dual); err != nil {
 			return nil, err
 		}
 	}
@@ -602,7 +623,7 @@ func (c *Cluster) writeEnv() error {
 	if _, ok := c.Images["kvnet-node"]; ok {
 		fmt.Fprintf(&b, "KVNET_REGISTRY=%s/kvnet\nKVNET_TAG=%s\n", c.Registry, KvnetTag)
 	}
-	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=%s\n", c.DefaultNetwork, c.Multus)
+	fmt.Fprintf(&b, "DEFAULT_NETWORK=%s\nMULTUS=%s\nIP_FAMILY=%s\n", c.DefaultNetwork, c.Multus, c.IPFamily)
 	if g, ok := c.Images["guest"]; ok {
 		fmt.Fprintf(&b, "GUEST_IMAGE=%s\n", g)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,7 +161,11 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 			t.Errorf("scenario %s: %s", r.Name, r.Detail)
 		}
 	}
-	for _, name := range PodScenarios {
+	want := PodScenarios
+	if c.IPFamily == IPFamilyDual {
+		want = append(slices.Clip(want), ScenarioDualStack)
+	}
+	for _, name := range want {
 		if !got[name] {
 			t.Errorf("scenario %s: no result", name)
 		}

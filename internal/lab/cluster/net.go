@@ -36,6 +36,34 @@ var (
 	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 )
 
+// The IPv6 side of a dual-stack cluster (Config.IPFamily IPFamilyDual).
+var (
+	// HostIP6 is the host's IPv6 address on BridgeName, the nodes'
+	// default IPv6 gateway.
+	HostIP6 = netip.MustParseAddr("fd89::1")
+	// NodeSubnet6 is the bridge's IPv6 subnet.
+	NodeSubnet6 = netip.MustParsePrefix("fd89::/64")
+	// ClusterCIDR6 holds every node's IPv6 pod subnet
+	// (fd00:10:244:<i>::/64).
+	ClusterCIDR6 = netip.MustParsePrefix("fd00:10:244::/56")
+)
+
+// IP families of a cluster (Config.IPFamily).
+const (
+	IPFamilyIPv4 = "ipv4"
+	IPFamilyDual = "dual"
+)
+
+// NodeIP6 is node i's IPv6 address on the bridge.
+func NodeIP6(i int) netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfd, 0x89, 15: byte(10 + i)})
+}
+
+// PodCIDR6 is node i's IPv6 pod subnet.
+func PodCIDR6(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x00, 0x00, 0x10, 0x02, 0x44, 0x00, byte(i)}), 64)
+}
+
 // The datacenter network localnet networks attach to: a host bridge with
 // an address on the physical subnet (a host of the datacenter), and in
 // every node a Linux bridge holding the node's uplink to it, which the
@@ -89,12 +117,15 @@ func inNetns(i int, name string, args ...string) error {
 // buildBridge makes the host bridge with HostIP. Bridge netfilter is off
 // on it: the host's firewall has no say in what crosses between nodes,
 // as a physical switch does not run it.
-func buildBridge() error {
+func buildBridge(dual bool) error {
 	steps := [][]string{
 		{"link", "add", BridgeName, "type", "bridge"},
 		{"link", "set", BridgeName, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0"},
 		{"addr", "add", netip.PrefixFrom(HostIP, NodeSubnet.Bits()).String(), "dev", BridgeName},
 		{"link", "set", BridgeName, "up"},
+	}
+	if dual {
+		steps = append(steps, []string{"addr", "add", netip.PrefixFrom(HostIP6, NodeSubnet6.Bits()).String(), "dev", BridgeName, "nodad"})
 	}
 	for _, s := range steps {
 		if err := run("ip", s...); err != nil {
@@ -121,7 +152,7 @@ func physUplink(i int) string { return Netns(i) + "p" }
 
 // buildNodeNet makes node i's network namespace, plugged into the bridge
 // with NodeIP(i) on its eth0, forwarding on, default route to the host.
-func buildNodeNet(i int) error {
+func buildNodeNet(i int, dual bool) error {
 	ns, hostEnd := Netns(i), Netns(i)
 	if err := run("ip", "netns", "add", ns); err != nil {
 		return err
@@ -152,6 +183,12 @@ func buildNodeNet(i int) error {
 		{"ip", "link", "set", "phys0", "master", PhysNodeBridge},
 		{"ip", "link", "set", "phys0", "up"},
 		{"ip", "link", "set", PhysNodeBridge, "up"},
+	}
+	if dual {
+		in = append(in,
+			[]string{"ip", "addr", "add", netip.PrefixFrom(NodeIP6(i), NodeSubnet6.Bits()).String(), "dev", "eth0", "nodad"},
+			[]string{"ip", "-6", "route", "add", "default", "via", HostIP6.String()},
+			[]string{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"})
 	}
 	for _, s := range in {
 		if err := inNetns(i, s[0], s[1:]...); err != nil {

@@ -34,6 +34,23 @@ type node struct {
 	i      int
 	dir    string // <cluster dir>/nodes/node-i
 	binDir string // kubelet and the CNI plugins
+	dual   bool   // a dual-stack cluster's node
+}
+
+// nodeIPs is the kubelet's --node-ip: the node's address, or both.
+func (n node) nodeIPs() string {
+	if n.dual {
+		return NodeIP(n.i).String() + "," + NodeIP6(n.i).String()
+	}
+	return NodeIP(n.i).String()
+}
+
+// clusterCIDRs is kube-proxy's clusterCIDR: the pod ranges.
+func (n node) clusterCIDRs() string {
+	if n.dual {
+		return ClusterCIDR.String() + "," + ClusterCIDR6.String()
+	}
+	return ClusterCIDR.String()
 }
 
 func (n node) name() string         { return NodeName(n.i) }
@@ -70,7 +87,7 @@ func (n node) write(kubeconfig, proxyKubeconfig []byte, sandboxImage, registry s
 		"kubeconfig":            string(kubeconfig),
 		"kube-proxy.kubeconfig": string(proxyKubeconfig),
 		"kube-proxy.yaml": render(kubeProxyConfig, map[string]any{
-			"Kubeconfig": n.path("kube-proxy.kubeconfig"), "Name": n.name(), "ClusterCIDR": ClusterCIDR.String(),
+			"Kubeconfig": n.path("kube-proxy.kubeconfig"), "Name": n.name(), "ClusterCIDR": n.clusterCIDRs(),
 		}),
 		"containerd.toml":                     render(containerdConfig, map[string]any{"SandboxImage": sandboxImage, "CertsDir": n.path("certs.d")}),
 		"certs.d/" + registry + "/hosts.toml": render(registryHosts, map[string]any{"Registry": registry}),
@@ -80,7 +97,7 @@ func (n node) write(kubeconfig, proxyKubeconfig []byte, sandboxImage, registry s
 		// Pods with dnsPolicy Default get this; the cluster DNS (CoreDNS)
 		// is set in kubelet.yaml for ClusterFirst.
 		"resolv.conf": "nameserver " + HostIP.String() + "\noptions ndots:1\n",
-		"init.sh":     render(initScript, map[string]any{"Dir": n.dir, "Dirs": nodeDirs, "Name": n.name(), "NodeIP": NodeIP(n.i).String(), "BinDir": n.binDir}),
+		"init.sh":     render(initScript, map[string]any{"Dir": n.dir, "Dirs": nodeDirs, "Name": n.name(), "NodeIP": n.nodeIPs(), "BinDir": n.binDir}),
 	}
 	for name, content := range files {
 		mode := os.FileMode(0o644)

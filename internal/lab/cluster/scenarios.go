@@ -214,6 +214,9 @@ type ScenarioTarget struct {
 	// bridge on every node. Zero: there is none, and the localnet
 	// scenario fails saying so.
 	Datacenter netip.Addr
+	// DualStack says the cluster is dual-stack (Config.IPFamily
+	// IPFamilyDual): RunPodScenarios adds ScenarioDualStack.
+	DualStack bool
 	// MigrationMaster is the nodes' uplink the VM scenarios' migration
 	// network (macvlan) sits on (empty: eth0, the lab nodes').
 	MigrationMaster string
@@ -224,7 +227,7 @@ type ScenarioTarget struct {
 // registry as the outside server.
 func (c *Cluster) ScenarioTarget() ScenarioTarget {
 	t := ScenarioTarget{Config: c.CP.Config, Client: c.Client, Image: c.Images["busybox"], EgressURL: "http://" + c.Registry + "/v2/", GuestImage: c.Images["guest"],
-		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP}
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP, DualStack: c.IPFamily == IPFamilyDual}
 	if len(c.Nodes) >= 2 {
 		t.Nodes = c.Nodes[:2]
 	}
@@ -254,7 +257,7 @@ func ScenarioTargetFromDir(dir string) (ScenarioTarget, error) {
 		}
 	}
 	return ScenarioTarget{Config: cfg, Client: cs, Image: env["BUSYBOX_IMAGE"], EgressURL: "http://" + env["REGISTRY"] + "/v2/", GuestImage: env["GUEST_IMAGE"],
-		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP}, nil
+		EgressListen: HostIP, NodeNetns: nodeNetnsPath, Datacenter: PhysHostIP, DualStack: env["IP_FAMILY"] == IPFamilyDual}, nil
 }
 
 // ReadEnv reads the env file of the cluster whose state directory is
@@ -371,6 +374,8 @@ type scenarios struct {
 	out   io.Writer
 	nodes [2]string
 	pods  map[string]*scenarioPod // by ns/name
+	// matrixNodes are the nodes of the policy model's pods a, b and c.
+	matrixNodes []string
 }
 
 func (s *scenarios) logf(format string, args ...any) {
@@ -422,6 +427,14 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 		return nil, err
 	}
 	s.waitPods(ctx)
+	// The policy model's nine pods start once the others run: thick
+	// Multus runs every delegate in its daemon's container, under a
+	// memory limit (50 MiB upstream) that a node's burst of concurrent
+	// ADDs can exceed.
+	if err := s.createMatrix(ctx); err != nil {
+		return nil, err
+	}
+	s.waitPods(ctx)
 
 	var results []ScenarioResult
 	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
@@ -443,6 +456,9 @@ func RunPodScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sc
 	run(ScenarioCUDN, s.cudn)
 	run(ScenarioLayer3, s.layer3)
 	run(ScenarioLocalnet, s.localnet)
+	if t.DualStack {
+		run(ScenarioDualStack, s.dualStack)
+	}
 	return results, nil
 }
 
@@ -683,8 +699,10 @@ func (s *scenarios) create(ctx context.Context) error {
 	if s.t.Datacenter.IsValid() {
 		specs = append(specs, podSpec{nsLocalnet, "loc-1", 0, localnetName}, podSpec{nsLocalnet, "loc-2", 1, localnetName})
 	}
-	if err := s.createMatrix(ctx); err != nil {
-		return err
+	if s.t.DualStack {
+		if err := s.createDualStack(ctx); err != nil {
+			return err
+		}
 	}
 	for _, sp := range specs {
 		p := webPod(sp.ns, sp.name, s.nodes[sp.node], s.t.Image)
@@ -890,7 +908,7 @@ func (s *scenarios) unreached(ctx context.Context, p *scenarioPod, url string) e
 	return fmt.Errorf("%s: httpget %s failed, but not for want of an answer: %s", p, url, strings.TrimSpace(errOut))
 }
 
-func webURL(a netip.Addr) string { return fmt.Sprintf("http://%s:8080/", a) }
+func webURL(a netip.Addr) string { return "http://" + netip.AddrPortFrom(a, 8080).String() + "/" }
 
 // reachEachOther checks that pods x and y fetch each other's page at
 // their iface addresses in subnet, and returns the addresses.

@@ -28,7 +28,12 @@ import (
 //   - PTP32: the /32 layout (Calico's) with Multus thick: pods' eth0 has
 //     a /32 and "default via 169.254.1.1 dev eth0 onlink", the node has a
 //     host route per pod, pods on two nodes reach each other by pod IP,
-//     and Multus adds a NAD's interface there too.
+//     and Multus adds a NAD's interface there too;
+//   - DualStack: Flannel and kube-proxy of both families (make cluster-up
+//     CLUSTER_IP_FAMILY=dual): every node has an address of each, pods
+//     have a pod IP of each, in their node's pod subnets, and pods on two
+//     nodes reach each other over IPv6; the pod scenarios add
+//     ScenarioDualStack.
 //
 // On each, kvnet is installed, checked and uninstalled as a user does
 // (testKvnet), with pods of a primary UDN whose HTTP readiness and TCP
@@ -38,22 +43,23 @@ func TestClusterVariants(t *testing.T) {
 	testenv.NeedsRoot(t)
 	binDir := buildTools(t)
 	for _, v := range []struct {
-		name, network, multus string
-		check                 func(context.Context, *testing.T, *Cluster)
+		name, network, multus, family string
+		check                         func(context.Context, *testing.T, *Cluster)
 	}{
-		{"ThinMultus", NetworkFlannel, MultusThin, checkThinMultus},
-		{"PTP32", NetworkPTP32, MultusThick, checkPTP32},
+		{"ThinMultus", NetworkFlannel, MultusThin, IPFamilyIPv4, checkThinMultus},
+		{"PTP32", NetworkPTP32, MultusThick, IPFamilyIPv4, checkPTP32},
+		{"DualStack", NetworkFlannel, MultusThick, IPFamilyDual, checkDualStack},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 			defer cancel()
 			c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true,
-				DefaultNetwork: v.network, Multus: v.multus, Log: testLog{t}, WaitForLock: true})
+				DefaultNetwork: v.network, Multus: v.multus, IPFamily: v.family, Log: testLog{t}, WaitForLock: true})
 			env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile))
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, want := range []string{"DEFAULT_NETWORK=" + v.network + "\n", "MULTUS=" + v.multus + "\n"} {
+			for _, want := range []string{"DEFAULT_NETWORK=" + v.network + "\n", "MULTUS=" + v.multus + "\n", "IP_FAMILY=" + v.family + "\n"} {
 				if !strings.Contains(string(env), want) {
 					t.Errorf("%s lacks %q:\n%s", EnvFile, want, env)
 				}
@@ -163,4 +169,56 @@ func checkPTP32(ctx context.Context, t *testing.T, c *Cluster) {
 	if got, want := strings.TrimSpace(execIn(ctx, t, c, ns, "web-1", "httpget", url)), "hello from web-2"; got != want {
 		t.Errorf("web-1 on %s fetching %s on %s: got %q, want %q", NodeName(1), url, NodeName(2), got, want)
 	}
+}
+
+// checkDualStack: every node has an InternalIP of each family and a pod
+// subnet of each; pods on two nodes have a pod IP of each family, in
+// their node's subnets, and reach each other over IPv6 (Flannel's IPv6
+// VXLAN).
+func checkDualStack(ctx context.Context, t *testing.T, c *Cluster) {
+	const ns = "cluster-e2e"
+	for i, n := range c.Nodes {
+		nd, err := c.Client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, a := range nd.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				ips = append(ips, a.Address)
+			}
+		}
+		if want := []string{NodeIP(i + 1).String(), NodeIP6(i + 1).String()}; strings.Join(ips, ",") != strings.Join(want, ",") {
+			t.Errorf("node %s: InternalIPs %v, want %v", n, ips, want)
+		}
+		if want := []string{PodCIDR(i + 1).String(), PodCIDR6(i + 1).String()}; strings.Join(nd.Spec.PodCIDRs, ",") != strings.Join(want, ",") {
+			t.Errorf("node %s: pod CIDRs %v, want %v", n, nd.Spec.PodCIDRs, want)
+		}
+	}
+	for i, name := range []string{"web-1", "web-2"} {
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, webPod(ns, name, NodeName(i+1), c.Images["busybox"]), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip6 := map[string]netip.Addr{}
+	for i, name := range []string{"web-1", "web-2"} {
+		p := waitPodReady(ctx, t, c, ns, name)
+		if len(p.Status.PodIPs) != 2 {
+			t.Fatalf("pod %s: pod IPs %v, want one of each family", name, p.Status.PodIPs)
+		}
+		a4, err4 := netip.ParseAddr(p.Status.PodIPs[0].IP)
+		a6, err6 := netip.ParseAddr(p.Status.PodIPs[1].IP)
+		if err4 != nil || err6 != nil || !PodCIDR(i+1).Contains(a4) || !PodCIDR6(i+1).Contains(a6) {
+			t.Errorf("pod %s: pod IPs %v, want in %s and %s", name, p.Status.PodIPs, PodCIDR(i+1), PodCIDR6(i+1))
+		}
+		ip6[name] = a6
+	}
+	url := "http://" + netip.AddrPortFrom(ip6["web-2"], 8080).String() + "/"
+	testenv.Eventually(t, time.Minute, "web-1 fetches web-2 over IPv6", func() error {
+		out, _, err := execOut(ctx, c, ns, "web-1", "httpget", "-timeout", "3s", url)
+		if err != nil || strings.TrimSpace(out) != "hello from web-2" {
+			return fmt.Errorf("httpget %s: %q, %v", url, out, err)
+		}
+		return nil
+	})
 }

@@ -33,6 +33,7 @@ type flagpole struct {
 	kvnetImages bool
 	kubeVirt    bool
 	network     string
+	ipFamily    string
 	multus      string
 	foreground  bool
 	waitLock    bool
@@ -60,6 +61,7 @@ func NewCommand() *cobra.Command {
 	}
 	up.Flags().StringVar(&f.binDir, "bin-dir", "", "the directory hack/build-cluster-tools.sh prints (kubelet, kube-scheduler, registry, CNI plugins, busybox)")
 	up.Flags().IntVar(&f.nodes, "nodes", 3, "number of nodes (1 to 9)")
+	up.Flags().StringVar(&f.ipFamily, "ip-family", labcluster.IPFamilyIPv4, "ipv4, or dual: nodes, pod subnets, Flannel and kube-proxy of both families (with the default network flannel)")
 	up.Flags().StringVar(&f.network, "default-network", labcluster.NetworkFlannel, "the default pod network: flannel (VXLAN, from its manifest), bridge (the bridge plugin and host routes) or ptp32 (Calico's layout: a /32 per pod, default via 169.254.1.1 onlink, host routes; ptp, host-local and the lab's ptp32 plugin)")
 	up.Flags().StringVar(&f.multus, "multus", labcluster.MultusThick, "Multus v4.3.0: thick (multus-daemon and multus-shim, from upstream's multus-daemonset-thick.yml), thin (the multus plugin, from upstream's multus-daemonset.yml) or none")
 	up.Flags().BoolVar(&f.kvnetImages, "kvnet-images", true, "also build kvnet's images (make images) and push them to the registry")
@@ -89,7 +91,7 @@ func runForeground(ctx context.Context, f *flagpole) error {
 		return err
 	}
 	c, err := labcluster.Up(ctx, labcluster.Config{
-		Dir: f.dir, BinDir: f.binDir, Nodes: f.nodes, KvnetImages: f.kvnetImages, KubeVirt: f.kubeVirt, DefaultNetwork: f.network, Multus: f.multus, Log: os.Stdout,
+		Dir: f.dir, BinDir: f.binDir, Nodes: f.nodes, KvnetImages: f.kvnetImages, KubeVirt: f.kubeVirt, DefaultNetwork: f.network, Multus: f.multus, IPFamily: f.ipFamily, Log: os.Stdout,
 		WaitForLock: f.waitLock,
 	})
 	if err != nil {
@@ -122,7 +124,7 @@ func startBackground(f *flagpole) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(self, "cluster", "up", "--foreground", "--dir", f.dir, "--bin-dir", f.binDir,
-		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--kubevirt="+strconv.FormatBool(f.kubeVirt), "--default-network="+f.network, "--multus="+f.multus,
+		"--nodes", strconv.Itoa(f.nodes), "--kvnet-images="+strconv.FormatBool(f.kvnetImages), "--kubevirt="+strconv.FormatBool(f.kubeVirt), "--default-network="+f.network, "--multus="+f.multus, "--ip-family="+f.ipFamily,
 		"--wait-for-lock="+strconv.FormatBool(f.waitLock))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
