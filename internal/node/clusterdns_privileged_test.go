@@ -74,6 +74,30 @@ func serveDNS(t *testing.T, nsPath, addr string, records map[string]netip.Addr) 
 	}()
 }
 
+// clusterDNSService makes the namespace and the Service (UDP port 53,
+// no selector) of the cluster DNS dns.
+func clusterDNSService(t *testing.T, dns types.NamespacedName) *corev1.Service {
+	t.Helper()
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dns.Namespace}})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: dns.Namespace, Name: dns.Name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
+	testenv.Create(t, c, svc)
+	return svc
+}
+
+// clusterDNSEndpoint gives the cluster DNS dns its one ready endpoint, a
+// DNS server at endpoint.
+func clusterDNSEndpoint(t *testing.T, dns types.NamespacedName, endpoint netip.AddrPort) {
+	t.Helper()
+	testenv.Create(t, c, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: dns.Namespace, Name: "cluster-dns-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: dns.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{endpoint.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
+	})
+}
+
 // nslookup resolves name with busybox nslookup in the namespace at nsPath
 // against server, returning its output.
 func nslookup(nsPath, server, name string) (string, error) {
@@ -100,10 +124,7 @@ func TestAgentClusterDNS(t *testing.T) {
 	endpoint := netip.AddrPortFrom(simnet.ExternalIP, 5353)
 	serveDNS(t, l.Sim.External, endpoint.String(), map[string]netip.Addr{"web.dns-test.svc.cluster.local.": web})
 
-	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dnsName.Namespace}})
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: dnsName.Name},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
-	testenv.Create(t, c, svc)
+	svc := clusterDNSService(t, dnsName)
 	server := svc.Spec.ClusterIP
 	const name = "web.dns-test.svc.cluster.local"
 	// Control: without endpoints the query gets no answer.
@@ -119,13 +140,7 @@ func TestAgentClusterDNS(t *testing.T) {
 		t.Fatalf("resolved before the cluster DNS had endpoints:\n%s", out)
 	}
 
-	testenv.Create(t, c, &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: "cluster-dns-1",
-			Labels: map[string]string{discoveryv1.LabelServiceName: dnsName.Name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{endpoint.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
-	})
+	clusterDNSEndpoint(t, dnsName, endpoint)
 	for _, p := range []*pod{c1, c2} {
 		testenv.Eventually(t, waitTimeout, p.name+" resolves "+name+" through "+server, func() error {
 			out, err := nslookup(p.netns, server, name)
@@ -255,17 +270,8 @@ func TestAgentDNSProxyRewritesPodAddresses(t *testing.T) {
 		headless + ".": netip.MustParseAddr(eth0[c2]),
 		outside + ".":  netip.MustParseAddr("10.244.9.99"),
 	})
-	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dnsName.Namespace}})
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: dnsName.Name},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
-	testenv.Create(t, c, svc)
-	testenv.Create(t, c, &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: dnsName.Namespace, Name: "cluster-dns-1",
-			Labels: map[string]string{discoveryv1.LabelServiceName: dnsName.Name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{endpoint.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(endpoint.Port()))}},
-	})
+	svc := clusterDNSService(t, dnsName)
+	clusterDNSEndpoint(t, dnsName, endpoint)
 	server := svc.Spec.ClusterIP
 	resolves := func(p *pod, name, want, not string) func() error {
 		return func() error {

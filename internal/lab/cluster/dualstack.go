@@ -69,29 +69,6 @@ func (s *scenarios) createDualStack(ctx context.Context) error {
 	return nil
 }
 
-// addr6 returns the pod's IPv6 address on iface from its network-status,
-// checked to be in want.
-func (p *scenarioPod) addr6(iface string, want netip.Prefix) (netip.Addr, error) {
-	st, err := p.networkStatus()
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	for _, s := range st {
-		if s.Interface != iface {
-			continue
-		}
-		for _, ip := range s.IPs {
-			if a, err := netip.ParseAddr(ip); err == nil && a.Is6() {
-				if !want.Contains(a) {
-					return netip.Addr{}, fmt.Errorf("pod %s: %s address %s not in %s", p, iface, a, want)
-				}
-				return a, nil
-			}
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("pod %s: no IPv6 address on %s in network-status %s", p, iface, p.pod.Annotations[networkStatusAnnotation])
-}
-
 // dualStack: see ScenarioDualStack.
 func (s *scenarios) dualStack(ctx context.Context) (string, error) {
 	ps, err := s.need(ctx, nsDual+"/d-1", nsDual+"/d-2")

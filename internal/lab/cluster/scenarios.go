@@ -347,6 +347,17 @@ func (p *scenarioPod) networkStatus() ([]NetworkStatus, error) {
 // addr returns the pod's IPv4 address on iface from its network-status,
 // checked to be in want.
 func (p *scenarioPod) addr(iface string, want netip.Prefix) (netip.Addr, error) {
+	return p.addrOf(iface, want, false)
+}
+
+// addr6 is addr for the pod's IPv6 address.
+func (p *scenarioPod) addr6(iface string, want netip.Prefix) (netip.Addr, error) {
+	return p.addrOf(iface, want, true)
+}
+
+// addrOf returns the pod's address of a family (v6) on iface from its
+// network-status, checked to be in want.
+func (p *scenarioPod) addrOf(iface string, want netip.Prefix, v6 bool) (netip.Addr, error) {
 	st, err := p.networkStatus()
 	if err != nil {
 		return netip.Addr{}, err
@@ -357,7 +368,7 @@ func (p *scenarioPod) addr(iface string, want netip.Prefix) (netip.Addr, error) 
 		}
 		for _, ip := range s.IPs {
 			a, err := netip.ParseAddr(ip)
-			if err == nil && a.Is4() {
+			if err == nil && a.Is6() == v6 {
 				if !want.Contains(a) {
 					return netip.Addr{}, fmt.Errorf("pod %s: %s address %s not in %s", p, iface, a, want)
 				}
@@ -365,7 +376,11 @@ func (p *scenarioPod) addr(iface string, want netip.Prefix) (netip.Addr, error) 
 			}
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("pod %s: no IPv4 address on %s in network-status %s", p, iface, p.pod.Annotations[networkStatusAnnotation])
+	family := "IPv4"
+	if v6 {
+		family = "IPv6"
+	}
+	return netip.Addr{}, fmt.Errorf("pod %s: no %s address on %s in network-status %s", p, family, iface, p.pod.Annotations[networkStatusAnnotation])
 }
 
 type scenarios struct {
