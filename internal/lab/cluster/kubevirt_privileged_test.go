@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,14 +20,14 @@ import (
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-// TestClusterKubeVirt installs KubeVirt v1.8.4 on the real cluster as a
-// user does (its images built by the repository and pushed to the
+// TestClusterKubeVirt installs KubeVirt v1.8.4 on a dual-stack real
+// cluster (Config.IPFamily IPFamilyDual) as a user does (its images built by the repository and pushed to the
 // cluster's registry, virt-operator from its release manifest, a KubeVirt
 // CR with useEmulation and the l2bridge binding): Up returns once the CR
 // says Deployed; then virt-handler runs on every node, virt-api and
 // virt-controller are available, and the env file names the guest's
-// containerDisk. With kvnet installed the VM scenarios (RunVMScenarios)
-// pass, but the l2bridge one, which is Blocked exactly when this
+// containerDisk. With kvnet installed the VM scenarios (RunVMScenarios,
+// with ScenarioVMDualStack) pass, but the l2bridge one, which is Blocked exactly when this
 // machine's kernel cannot make dummy links; then, with their VMs running,
 // kvnet is rolled back to an earlier release and upgraded again
 // (upgradeWithVMs).
@@ -36,7 +37,7 @@ func TestClusterKubeVirt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
 	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, KubeVirt: true, Log: testLog{t},
-		WaitForLock: true})
+		IPFamily: IPFamilyDual, WaitForLock: true})
 	// Deployed says every component rolled out once; under load a
 	// replica may be restarting a moment later (a slow probe), so each
 	// is waited for.
@@ -76,13 +77,14 @@ func TestClusterKubeVirt(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationHistograms(ctx, t, c, prom)
-	if len(results) != len(VMScenarios) {
-		t.Fatalf("%d results, want one per scenario (%d)", len(results), len(VMScenarios))
+	want := append(slices.Clip(VMScenarios), ScenarioVMDualStack)
+	if len(results) != len(want) {
+		t.Fatalf("%d results, want one per scenario (%d: %v)", len(results), len(want), want)
 	}
 	noDummy := !kernelHasDummy(t)
 	for i, r := range results {
-		if r.Name != VMScenarios[i] {
-			t.Errorf("result %d is %q, want %q", i, r.Name, VMScenarios[i])
+		if r.Name != want[i] {
+			t.Errorf("result %d is %q, want %q", i, r.Name, want[i])
 		}
 		switch {
 		case r.Name == ScenarioVML2Bridge && noDummy:

@@ -218,8 +218,8 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 		}
 	}
 	t.Logf("FINDING lost-cni-del: multus %s, default network %s: %d of %d primary-UDN pods checked (a-1, a-2) still held their eth0 lease after their pods went (the DEL never reached kvnet-cni): %v; "+
-		"kvnet-cni collected lost DELs of the scenarios' pods during the cleanup itself: %v",
-		c.Multus, c.DefaultNetwork, nLost, len(leases), lost, during)
+		"kvnet-cni collected lost DELs of the scenarios' pods during the cleanup itself: %v; multus restarts by node: %v",
+		c.Multus, c.DefaultNetwork, nLost, len(leases), lost, during, multusRestarts(ctx, t, c))
 	if nLost > 0 {
 		var nodes []string
 		for node := range lost {
@@ -240,6 +240,30 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	for ip, node := range leases {
 		checkLeaseReleased(t, c, node, ip)
 	}
+}
+
+// multusRestarts sums the restarts of Multus's containers by node, with
+// the last one's reason (OOMKilled: the daemon and every delegate it runs
+// share its memory limit): what a lost DEL is compared with.
+func multusRestarts(ctx context.Context, t *testing.T, c *Cluster) map[string]string {
+	t.Helper()
+	pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app=multus"})
+	if err != nil {
+		t.Errorf("list Multus's pods: %v", err)
+		return nil
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		n, last := int32(0), ""
+		for _, cs := range p.Status.ContainerStatuses {
+			n += cs.RestartCount
+			if term := cs.LastTerminationState.Terminated; term != nil && cs.RestartCount > 0 {
+				last = term.Reason
+			}
+		}
+		out[p.Spec.NodeName] = fmt.Sprintf("%d %s", n, last)
+	}
+	return out
 }
 
 // heldLease reads the host-local lease of ip on node after its pod went:

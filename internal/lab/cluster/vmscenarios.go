@@ -89,7 +89,7 @@ const (
 )
 
 // VMScenarios are the VM scenarios' names in the order RunVMScenarios
-// reports them.
+// reports them; on a dual-stack cluster ScenarioVMDualStack follows.
 var VMScenarios = []string{
 	ScenarioVMMasquerade, ScenarioVMTenant, ScenarioVMService, ScenarioVMPodNetwork,
 	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMPolicy, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
@@ -167,6 +167,7 @@ type vmSpec struct {
 	ns, name string
 	binding  string // "masquerade" or a network binding plugin's name (l2bridge)
 	avoid    string // a node the VM must not run on (the clients'), or ""
+	on       string // a node the VM must run on, or ""
 	image    string
 	// subdomain, if set, is the VM's spec.subdomain (a headless
 	// Service's name), its spec.hostname its name.
@@ -198,11 +199,15 @@ func vmObject(v vmSpec) *unstructured.Unstructured {
 	if v.subdomain != "" {
 		spec["hostname"], spec["subdomain"] = v.name, v.subdomain
 	}
-	if v.avoid != "" {
+	op, node := "NotIn", v.avoid
+	if v.on != "" {
+		op, node = "In", v.on
+	}
+	if node != "" {
 		spec["affinity"] = map[string]any{"nodeAffinity": map[string]any{
 			"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{
 				map[string]any{"matchExpressions": []any{map[string]any{
-					"key": corev1.LabelHostname, "operator": "NotIn", "values": []any{v.avoid},
+					"key": corev1.LabelHostname, "operator": op, "values": []any{node},
 				}}},
 			}},
 		}}
@@ -281,7 +286,7 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 		return nil, err
 	}
 	s.waitPods(ctx)
-	s.waitVMs(ctx, "vm-m", "vm-p")
+	s.waitVMs(ctx, "vm-m", "vm-p", "vm-6")
 
 	var results []ScenarioResult
 	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
@@ -295,6 +300,9 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	run(ScenarioVMKvnetNodeRoll, s.kvnetNodeRoll)
 	run(ScenarioVMDrain, s.drain)
 	run(ScenarioVML2Bridge, s.l2bridge)
+	if t.DualStack {
+		run(ScenarioVMDualStack, s.vmDualStack)
+	}
 	return results, nil
 }
 
@@ -340,11 +348,29 @@ func (s *vmScenarios) create(ctx context.Context) error {
 			return fmt.Errorf("vm scenarios: create UserDefinedNetwork %s/net: %w", u.ns, err)
 		}
 	}
-	if err := s.waitNamespaces(ctx, map[string]string{nsVM: "net", nsVMB: "net", nsVMPlain: ""}); err != nil {
+	nads := map[string]string{nsVM: "net", nsVMB: "net", nsVMPlain: ""}
+	clients := []struct{ ns, name string }{{nsVM, "vc"}, {nsVMB, "vb"}, {nsVMPlain, "vp"}}
+	vms := []vmSpec{
+		{ns: nsVM, name: "vm-m", binding: "masquerade", avoid: s.nodes[0], subdomain: vmSubdomain},
+		{ns: nsVMPlain, name: "vm-p", binding: "masquerade", avoid: s.nodes[0]},
+	}
+	if s.t.DualStack {
+		if err := s.createVMDualStack(ctx); err != nil {
+			return err
+		}
+		nads[nsVM6] = "net"
+		// vm-6 runs on the clients' node, which no other scenario
+		// drains or migrates from, and c6 on another.
+		vms = append(vms, vmSpec{ns: nsVM6, name: "vm-6", binding: "masquerade", on: s.nodes[0]})
+	}
+	if err := s.waitNamespaces(ctx, nads); err != nil {
 		return err
 	}
-	for _, p := range []struct{ ns, name string }{{nsVM, "vc"}, {nsVMB, "vb"}, {nsVMPlain, "vp"}} {
+	for _, p := range clients {
 		s.createPod(ctx, webPod(p.ns, p.name, s.nodes[0], s.t.Image))
+	}
+	if s.t.DualStack {
+		s.createPod(ctx, webPod(nsVM6, "c6", s.nodes[1], s.t.Image))
 	}
 	s.createPod(ctx, intruder(s.nodes[0], s.t.Image))
 	svc := &corev1.Service{
@@ -362,10 +388,7 @@ func (s *vmScenarios) create(ctx context.Context) error {
 	if _, err := cs.CoreV1().Services(nsVM).Create(ctx, hl, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("vm scenarios: create Service %s/%s: %w", nsVM, vmSubdomain, err)
 	}
-	for _, v := range []vmSpec{
-		{ns: nsVM, name: "vm-m", binding: "masquerade", avoid: s.nodes[0], subdomain: vmSubdomain},
-		{ns: nsVMPlain, name: "vm-p", binding: "masquerade", avoid: s.nodes[0]},
-	} {
+	for _, v := range vms {
 		v.image = s.t.GuestImage
 		if err := s.createVM(ctx, v); err != nil {
 			return err
