@@ -138,7 +138,9 @@ dpkg-deb -x "$ddeb" "$work/dhcpcd"
 dpkg-deb -x "$ldeb" "$work/libc"
 bb="$work/busybox/bin/busybox"
 [ -x "$bb" ] || die "busybox-static has no bin/busybox"
-"$bb" --list | grep -qx cpio || die "busybox-static's busybox has no cpio applet"
+# grep reads the whole list: with -q it would exit at the match, and
+# busybox, still writing, would die of SIGPIPE and fail the pipe (pipefail).
+"$bb" --list | grep -x cpio >/dev/null || die "busybox-static's busybox has no cpio applet"
 
 vmlinuz=$(find "$work/kernel/boot" -name 'vmlinuz-*' | head -n1)
 [ -n "$vmlinuz" ] || die "$kpkg has no /boot/vmlinuz-*"
