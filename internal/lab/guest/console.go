@@ -52,7 +52,7 @@ func ParseLease(line string) (Lease, error) {
 // ParseLease6 parses a console line reporting a DHCPv6 lease, with the keys
 // of ParseLease and an IPv6 ip:
 //
-//	KVNET-LEASE6 iface=eth0 mac=52:54:00:77:00:10 ip=fd10:0:2::2/128 router=fe80::ff:fe00:0 dns=fd00:10:96::a mtu=1400
+//	KVNET-LEASE6 iface=eth0 mac=52:54:00:77:00:10 ip=fd00:10:100::5/128 router=fe80::1 dns=fd00:10:96::a mtu=1400
 func ParseLease6(line string) (Lease, error) {
 	l, err := parseLease(Lease6Prefix, line)
 	if err != nil {

@@ -15,7 +15,7 @@
 // [Config.ConsoleLog], one line per event:
 //
 //	KVNET-LEASE iface=eth0 mac=52:54:00:77:00:10 ip=10.77.0.10/24 router=10.77.0.1 dns=10.77.0.1 mtu=1400
-//	KVNET-LEASE6 iface=eth0 mac=52:54:00:77:00:10 ip=fd10:0:2::2/128 router=fe80::ff:fe00:0 dns=fd00:96::a mtu=1400
+//	KVNET-LEASE6 iface=eth0 mac=52:54:00:77:00:10 ip=fd00:10:100::5/128 router=fe80::1 dns=fd00:10:96::a mtu=1400
 //	KVNET-READY name=vm-a
 //	KVNET-ERROR <what went wrong>
 //

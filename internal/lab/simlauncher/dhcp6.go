@@ -26,13 +26,10 @@ const (
 
 var allDHCPAgents = net.ParseIP("ff02::1:2")
 
-// The times of the address handed out: the guest renews (T1) at half its
-// lifetime and rebinds (T2) at 80%.
-const (
-	dhcp6Lifetime = time.Hour
-	dhcp6T1       = dhcp6Lifetime / 2
-	dhcp6T2       = dhcp6Lifetime * 4 / 5
-)
+// dhcp6Lifetime is the preferred and valid lifetime of the address
+// handed out: KubeVirt's "infinite" lease, 999 days. The IA_NA's T1 and
+// T2 are 0 (the client chooses when to renew), as KubeVirt's.
+const dhcp6Lifetime = 999 * 24 * time.Hour
 
 // dhcp6Lease is what the launcher's DHCPv6 server hands every client on
 // its bridge (a masquerade interface's guest is alone there).
@@ -42,11 +39,12 @@ type dhcp6Lease struct {
 	ServerID dhcpv6.DUID  // the server's DUID
 }
 
-// dhcp6Server is the stateful DHCPv6 server virt-launcher runs on the
-// bridge of a masquerade interface when the pod has IPv6: Advertise for a
-// Solicit (Reply for one with Rapid Commit), Reply for Request, Renew,
-// Rebind, Confirm, Release, Decline and Information-request, each with
-// the one lease.
+// dhcp6Server is the single-client DHCPv6 server virt-launcher runs on
+// the bridge of a masquerade interface when the pod has IPv6 (KubeVirt
+// v1.8.4, pkg/network/dhcp/serverv6): every answer hands out the one
+// lease (see answer6). It sends no router advertisements, and neither
+// does anything else of the launcher's: a guest's client that waits for
+// one before it asks DHCPv6 never asks.
 type dhcp6Server struct {
 	bridge string
 	lease  dhcp6Lease
@@ -131,89 +129,47 @@ func (s *dhcp6Server) Close() error {
 var errNoAnswer = errors.New("no answer")
 
 // answer6 is the server's answer to the datagram pkt, or an error wrapping
-// errNoAnswer saying why it gets none. Every address is lease.Addr, bound
-// to the first IA_NA a client asks for, with the client's IAID; other
-// IA_NAs of the same message get status NoAddrsAvail.
+// errNoAnswer saying why it gets none. It answers as KubeVirt v1.8.4's
+// serverv6 does, built with the same dhcpv6 calls: an Advertise for a
+// Solicit, a Reply with Rapid Commit for one with Rapid Commit, a Reply
+// for a Request, Confirm, Renew, Rebind, Release or Information-request,
+// whatever server ID it names; nothing for any other message (a Decline
+// too) or one without a client ID. Every answer carries the client ID,
+// one IA_NA (with the IAID of the message's first IA_NA, 0 if it has
+// none; T1 and T2 0) holding lease.Addr for dhcp6Lifetime, the server ID
+// and, when lease.DNS is not empty, the DNS servers.
 func answer6(pkt []byte, lease dhcp6Lease) (*dhcpv6.Message, error) {
 	req, err := dhcpv6.MessageFromBytes(pkt)
 	if err != nil {
 		return nil, fmt.Errorf("%w: not a DHCPv6 client message: %v", errNoAnswer, err)
 	}
-	t := req.MessageType
-	cid := req.Options.ClientID()
-	sid := req.Options.ServerID()
-	switch t {
-	case dhcpv6.MessageTypeSolicit, dhcpv6.MessageTypeRebind, dhcpv6.MessageTypeConfirm:
-		// Sent to every server: one naming a server is malformed.
-		if sid != nil {
-			return nil, fmt.Errorf("%w: %s names a server", errNoAnswer, t)
-		}
-	case dhcpv6.MessageTypeRequest, dhcpv6.MessageTypeRenew, dhcpv6.MessageTypeRelease, dhcpv6.MessageTypeDecline:
-		// For the server the client chose: another one's are not ours.
-		if sid == nil || !sid.Equal(lease.ServerID) {
-			return nil, fmt.Errorf("%w: %s for another server (%v)", errNoAnswer, t, sid)
-		}
-	case dhcpv6.MessageTypeInformationRequest:
-		if sid != nil && !sid.Equal(lease.ServerID) {
-			return nil, fmt.Errorf("%w: %s for another server (%v)", errNoAnswer, t, sid)
-		}
-	default:
-		return nil, fmt.Errorf("%w: message type %s is not a client's request", errNoAnswer, t)
-	}
-	if cid == nil && t != dhcpv6.MessageTypeInformationRequest {
-		return nil, fmt.Errorf("%w: %s without a client ID", errNoAnswer, t)
-	}
-
-	resp := &dhcpv6.Message{MessageType: dhcpv6.MessageTypeReply, TransactionID: req.TransactionID}
-	if t == dhcpv6.MessageTypeSolicit && req.GetOneOption(dhcpv6.OptionRapidCommit) == nil {
-		resp.MessageType = dhcpv6.MessageTypeAdvertise
-	}
-	if cid != nil {
-		resp.AddOption(dhcpv6.OptClientID(cid))
-	}
-	resp.AddOption(dhcpv6.OptServerID(lease.ServerID))
-	if t == dhcpv6.MessageTypeSolicit && resp.MessageType == dhcpv6.MessageTypeReply {
-		resp.AddOption(&dhcpv6.OptionGeneric{OptionCode: dhcpv6.OptionRapidCommit})
-	}
-	switch t {
-	case dhcpv6.MessageTypeRelease, dhcpv6.MessageTypeDecline:
-		// Nothing to free: the address stays the guest's.
-		resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusSuccess, StatusMessage: "ok"})
-		return resp, nil
-	case dhcpv6.MessageTypeConfirm:
-		// The addresses confirmed must be the lease's (on this link).
-		for _, ia := range req.Options.IANA() {
-			for _, a := range ia.Options.Addresses() {
-				if ip, ok := netip.AddrFromSlice(a.IPv6Addr); !ok || ip.Unmap() != lease.Addr {
-					resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNotOnLink, StatusMessage: lease.Addr.String() + " is the address on this link"})
-					return resp, nil
-				}
-			}
-		}
-		resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusSuccess, StatusMessage: "ok"})
-	}
-	if t != dhcpv6.MessageTypeInformationRequest {
-		ianas := req.Options.IANA()
-		if len(ianas) == 0 && t == dhcpv6.MessageTypeSolicit {
-			resp.AddOption(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNoAddrsAvail, StatusMessage: "only addresses (IA_NA) are served"})
-		}
-		for i, ia := range ianas {
-			out := &dhcpv6.OptIANA{IaId: ia.IaId}
-			if i == 0 {
-				out.T1, out.T2 = dhcp6T1, dhcp6T2
-				out.Options.Add(&dhcpv6.OptIAAddress{IPv6Addr: net.IP(lease.Addr.AsSlice()), PreferredLifetime: dhcp6Lifetime, ValidLifetime: dhcp6Lifetime})
-			} else {
-				out.Options.Add(&dhcpv6.OptStatusCode{StatusCode: iana.StatusNoAddrsAvail, StatusMessage: "one address per client"})
-			}
-			resp.AddOption(out)
-		}
+	mods := []dhcpv6.Modifier{
+		dhcpv6.WithIANA(dhcpv6.OptIAAddress{IPv6Addr: net.IP(lease.Addr.AsSlice()), PreferredLifetime: dhcp6Lifetime, ValidLifetime: dhcp6Lifetime}),
+		dhcpv6.WithServerID(lease.ServerID),
 	}
 	if len(lease.DNS) > 0 {
 		dns := make([]net.IP, 0, len(lease.DNS))
 		for _, a := range lease.DNS {
 			dns = append(dns, net.IP(a.AsSlice()))
 		}
-		resp.AddOption(dhcpv6.OptDNS(dns...))
+		mods = append(mods, dhcpv6.WithDNS(dns...))
+	}
+	var resp *dhcpv6.Message
+	if req.MessageType == dhcpv6.MessageTypeSolicit && req.GetOneOption(dhcpv6.OptionRapidCommit) == nil {
+		resp, err = dhcpv6.NewAdvertiseFromSolicit(req, mods...)
+	} else {
+		// Reply from a Solicit with Rapid Commit (the library adds the
+		// option), Request, Confirm, Renew, Rebind, Release or
+		// Information-request; an error for any other type.
+		resp, err = dhcpv6.NewReplyFromMessage(req, mods...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errNoAnswer, req.MessageType, err)
+	}
+	if ia := req.Options.OneIANA(); ia != nil {
+		out := resp.Options.OneIANA()
+		out.IaId = ia.IaId
+		resp.UpdateOption(out)
 	}
 	return resp, nil
 }

@@ -1,7 +1,6 @@
 package simlauncher
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -9,9 +8,6 @@ import (
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv6"
-	"github.com/insomniacslk/dhcp/iana"
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv6"
 )
 
 var (
@@ -47,23 +43,31 @@ func withType(m *dhcpv6.Message, typ dhcpv6.MessageType, sid dhcpv6.DUID) *dhcpv
 	return out
 }
 
-// checkLease fails unless resp hands out testLease6 in an IA_NA with IAID
-// 01020304 and names the DNS server.
-func checkLease(t *testing.T, what string, resp *dhcpv6.Message) {
+// checkLease fails unless resp hands out testLease6 as KubeVirt's server
+// does: one IA_NA with IAID iaid, T1 and T2 0, the address for 999 days,
+// the DNS server and the server ID.
+func checkLease(t *testing.T, what string, resp *dhcpv6.Message, iaid [4]byte) {
 	t.Helper()
-	ia := resp.Options.OneIANA()
-	if ia == nil || ia.IaId != [4]byte{1, 2, 3, 4} || ia.T1 != dhcp6T1 || ia.T2 != dhcp6T2 {
-		t.Fatalf("%s: IA_NA %v, want IAID 01020304 with T1 %v T2 %v", what, ia, dhcp6T1, dhcp6T2)
+	ias := resp.Options.IANA()
+	if len(ias) != 1 || ias[0].IaId != iaid || ias[0].T1 != 0 || ias[0].T2 != 0 {
+		t.Fatalf("%s: IA_NAs %v, want one with IAID %x, T1 and T2 0", what, ias, iaid)
 	}
-	a := ia.Options.OneAddress()
-	if a == nil || !a.IPv6Addr.Equal(net.ParseIP("fd10:0:2::2")) || a.ValidLifetime != dhcp6Lifetime || a.PreferredLifetime != dhcp6Lifetime {
-		t.Fatalf("%s: IA address %v, want fd10:0:2::2 for %v", what, a, dhcp6Lifetime)
+	a := ias[0].Options.Addresses()
+	if len(a) != 1 || !a[0].IPv6Addr.Equal(net.ParseIP("fd10:0:2::2")) ||
+		a[0].ValidLifetime != 999*24*time.Hour || a[0].PreferredLifetime != 999*24*time.Hour {
+		t.Fatalf("%s: IA addresses %v, want fd10:0:2::2 for 999 days", what, a)
+	}
+	if st := ias[0].Options.Status(); st != nil {
+		t.Fatalf("%s: IA_NA status %v, want none", what, st)
 	}
 	if dns := resp.Options.DNS(); len(dns) != 1 || !dns[0].Equal(net.ParseIP("fd00:96::a")) {
 		t.Fatalf("%s: DNS %v, want fd00:96::a", what, dns)
 	}
 	if sid := resp.Options.ServerID(); sid == nil || !sid.Equal(testLease6.ServerID) {
 		t.Fatalf("%s: server ID %v, want %v", what, sid, testLease6.ServerID)
+	}
+	if st := resp.Options.Status(); st != nil {
+		t.Fatalf("%s: status %v, want none", what, st)
 	}
 }
 
@@ -81,24 +85,27 @@ func answer(t *testing.T, m *dhcpv6.Message) (*dhcpv6.Message, error) {
 	if perr != nil {
 		t.Fatalf("%s: the answer does not parse: %v", m.MessageType, perr)
 	}
-	if back.TransactionID != m.TransactionID || !back.Options.ClientID().Equal(m.Options.ClientID()) {
+	if cid := back.Options.ClientID(); back.TransactionID != m.TransactionID || cid == nil || !cid.Equal(m.Options.ClientID()) {
 		t.Fatalf("%s: answer %s for another transaction or client", m.MessageType, back.Summary())
 	}
 	return back, nil
 }
 
-// The exchanges of a stateful client: Solicit, Request, Renew, Rebind,
-// Confirm, Release, each answered with the one lease.
+var iaid1234 = [4]byte{1, 2, 3, 4}
+
+// The exchanges of a stateful client, each answered with the one lease as
+// KubeVirt's server answers them: an Advertise for the Solicit, a Reply
+// for Request, Renew, Rebind, Confirm, Release and Information-request.
 func TestAnswer6Exchanges(t *testing.T) {
 	sol := solicit(t)
 	adv, err := answer(t, sol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if adv.MessageType != dhcpv6.MessageTypeAdvertise {
-		t.Fatalf("Solicit answered with %s, want Advertise", adv.MessageType)
+	if adv.MessageType != dhcpv6.MessageTypeAdvertise || adv.GetOneOption(dhcpv6.OptionRapidCommit) != nil {
+		t.Fatalf("Solicit answered with %s, want Advertise without Rapid Commit", adv.Summary())
 	}
-	checkLease(t, "Advertise", adv)
+	checkLease(t, "Advertise", adv, iaid1234)
 
 	req, err := dhcpv6.NewRequestFromAdvertise(adv)
 	if err != nil {
@@ -109,23 +116,17 @@ func TestAnswer6Exchanges(t *testing.T) {
 		withType(req, dhcpv6.MessageTypeRenew, testLease6.ServerID),
 		withType(req, dhcpv6.MessageTypeRebind, nil),
 		withType(req, dhcpv6.MessageTypeConfirm, nil),
+		withType(req, dhcpv6.MessageTypeRelease, testLease6.ServerID),
+		withType(req, dhcpv6.MessageTypeInformationRequest, nil),
 	} {
 		rep, err := answer(t, m)
 		if err != nil {
 			t.Fatalf("%s: %v", m.MessageType, err)
 		}
-		if rep.MessageType != dhcpv6.MessageTypeReply {
-			t.Fatalf("%s answered with %s, want Reply", m.MessageType, rep.MessageType)
+		if rep.MessageType != dhcpv6.MessageTypeReply || rep.GetOneOption(dhcpv6.OptionRapidCommit) != nil {
+			t.Fatalf("%s answered with %s, want Reply without Rapid Commit", m.MessageType, rep.Summary())
 		}
-		checkLease(t, "Reply to "+m.MessageType.String(), rep)
-		if st := rep.Options.Status(); st != nil && st.StatusCode != iana.StatusSuccess {
-			t.Fatalf("Reply to %s: status %v", m.MessageType, st)
-		}
-	}
-
-	rel, err := answer(t, withType(req, dhcpv6.MessageTypeRelease, testLease6.ServerID))
-	if err != nil || rel.MessageType != dhcpv6.MessageTypeReply || rel.Options.Status() == nil || rel.Options.Status().StatusCode != iana.StatusSuccess {
-		t.Fatalf("Release: answer %v (%v), want Reply with status Success", rel, err)
+		checkLease(t, "Reply to "+m.MessageType.String(), rep, iaid1234)
 	}
 
 	// Rapid Commit: the Solicit gets the Reply at once.
@@ -133,7 +134,57 @@ func TestAnswer6Exchanges(t *testing.T) {
 	if err != nil || rc.MessageType != dhcpv6.MessageTypeReply || rc.GetOneOption(dhcpv6.OptionRapidCommit) == nil {
 		t.Fatalf("Solicit with Rapid Commit: answer %v (%v), want Reply with Rapid Commit", rc, err)
 	}
-	checkLease(t, "rapid Reply", rc)
+	checkLease(t, "rapid Reply", rc, iaid1234)
+}
+
+// KubeVirt's server does not look at the server ID a message names, nor
+// at the addresses a Confirm names: each gets the lease.
+func TestAnswer6IgnoresServerIDAndAddresses(t *testing.T) {
+	other := serverDUID(mustMAC("02:00:00:00:00:99"))
+	sol := solicit(t)
+	conf := withType(sol, dhcpv6.MessageTypeConfirm, nil)
+	conf.UpdateOption(&dhcpv6.OptIANA{IaId: iaid1234, Options: dhcpv6.IdentityOptions{Options: dhcpv6.Options{
+		&dhcpv6.OptIAAddress{IPv6Addr: net.ParseIP("fd99::7"), ValidLifetime: time.Hour, PreferredLifetime: time.Hour},
+	}}})
+	for what, m := range map[string]*dhcpv6.Message{
+		"a Request for another server": withType(sol, dhcpv6.MessageTypeRequest, other),
+		"a Renew without a server ID":  withType(sol, dhcpv6.MessageTypeRenew, nil),
+		"a Rebind naming a server":     withType(sol, dhcpv6.MessageTypeRebind, other),
+		"a Confirm of fd99::7":         conf,
+	} {
+		rep, err := answer(t, m)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if rep.MessageType != dhcpv6.MessageTypeReply {
+			t.Fatalf("%s answered with %s, want Reply", what, rep.Summary())
+		}
+		checkLease(t, what, rep, iaid1234)
+	}
+	adv, err := answer(t, withType(sol, dhcpv6.MessageTypeSolicit, other))
+	if err != nil || adv.MessageType != dhcpv6.MessageTypeAdvertise {
+		t.Fatalf("a Solicit naming a server: answer %v (%v), want Advertise", adv, err)
+	}
+	checkLease(t, "Advertise to a Solicit naming a server", adv, iaid1234)
+}
+
+// A Solicit without an IA_NA gets the address all the same, in an IA_NA
+// with IAID 0; one with two IA_NAs gets one, in the first's IAID.
+func TestAnswer6IANAs(t *testing.T) {
+	none := solicit(t)
+	none.Options.Del(dhcpv6.OptionIANA)
+	adv, err := answer(t, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLease(t, "Advertise to a Solicit without IA_NA", adv, [4]byte{})
+
+	two := solicit(t)
+	two.AddOption(&dhcpv6.OptIANA{IaId: [4]byte{9, 9, 9, 9}})
+	if adv, err = answer(t, two); err != nil {
+		t.Fatal(err)
+	}
+	checkLease(t, "Advertise to a Solicit with two IA_NAs", adv, iaid1234)
 }
 
 func TestAnswer6Refuses(t *testing.T) {
@@ -146,17 +197,18 @@ func TestAnswer6Refuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := serverDUID(mustMAC("02:00:00:00:00:99"))
-	noCID := withType(sol, dhcpv6.MessageTypeSolicit, nil)
-	noCID.Options.Del(dhcpv6.OptionClientID)
+	noCID := func(m *dhcpv6.Message) *dhcpv6.Message {
+		m.Options.Del(dhcpv6.OptionClientID)
+		return m
+	}
 	for what, m := range map[string]*dhcpv6.Message{
-		"a Request for another server":   withType(req, dhcpv6.MessageTypeRequest, other),
-		"a Renew without a server ID":    withType(req, dhcpv6.MessageTypeRenew, nil),
-		"a Solicit naming a server":      withType(sol, dhcpv6.MessageTypeSolicit, testLease6.ServerID),
-		"a Solicit without a client ID":  noCID,
-		"a server's Advertise":           adv,
-		"a server's Reply":               withType(req, dhcpv6.MessageTypeReply, testLease6.ServerID),
-		"a Rebind naming another server": withType(req, dhcpv6.MessageTypeRebind, other),
+		"a Solicit without a client ID":            noCID(withType(sol, dhcpv6.MessageTypeSolicit, nil)),
+		"a Request without a client ID":            noCID(withType(req, dhcpv6.MessageTypeRequest, testLease6.ServerID)),
+		"an Information-request without client ID": noCID(withType(req, dhcpv6.MessageTypeInformationRequest, nil)),
+		"a Decline":            withType(req, dhcpv6.MessageTypeDecline, testLease6.ServerID),
+		"a server's Advertise": adv,
+		"a server's Reply":     withType(req, dhcpv6.MessageTypeReply, testLease6.ServerID),
+		"a Reconfigure":        withType(req, dhcpv6.MessageTypeReconfigure, testLease6.ServerID),
 	} {
 		if resp, err := answer(t, m); err == nil {
 			t.Errorf("%s answered: %s", what, resp.Summary())
@@ -167,75 +219,11 @@ func TestAnswer6Refuses(t *testing.T) {
 	}
 }
 
-// Confirm of an address that is not the lease's: NotOnLink, no IA.
-func TestAnswer6ConfirmOtherAddress(t *testing.T) {
-	m := withType(solicit(t), dhcpv6.MessageTypeConfirm, nil)
-	m.UpdateOption(&dhcpv6.OptIANA{IaId: [4]byte{1, 2, 3, 4}, Options: dhcpv6.IdentityOptions{Options: dhcpv6.Options{
-		&dhcpv6.OptIAAddress{IPv6Addr: net.ParseIP("fd99::7"), ValidLifetime: time.Hour, PreferredLifetime: time.Hour},
-	}}})
-	rep, err := answer(t, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := rep.Options.Status(); st == nil || st.StatusCode != iana.StatusNotOnLink || rep.Options.OneIANA() != nil {
-		t.Fatalf("Confirm of fd99::7: %s, want status NotOnLink without IA_NA", rep.Summary())
-	}
-}
-
-// One address: a second IA_NA of the same client gets NoAddrsAvail.
-func TestAnswer6SecondIANA(t *testing.T) {
-	m := solicit(t)
-	m.AddOption(&dhcpv6.OptIANA{IaId: [4]byte{9, 9, 9, 9}})
-	adv, err := answer(t, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ias := adv.Options.IANA()
-	if len(ias) != 2 || ias[0].IaId != [4]byte{1, 2, 3, 4} || ias[0].Options.OneAddress() == nil ||
-		ias[1].IaId != [4]byte{9, 9, 9, 9} || ias[1].Options.OneAddress() != nil ||
-		ias[1].Options.Status() == nil || ias[1].Options.Status().StatusCode != iana.StatusNoAddrsAvail {
-		t.Fatalf("IA_NAs %v, want the address in 01020304 and NoAddrsAvail in 09090909", ias)
-	}
-}
-
-// The advertisement: Managed and Other flags, a router lifetime, the
-// bridge's MAC and the MTU, and no prefix (no SLAAC).
-func TestRouterAdvertisement(t *testing.T) {
-	b, err := routerAdvertisement(mustMAC(masqBridgeMAC), 1400)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := icmp.ParseMessage(58, b)
-	if err != nil || m.Type != ipv6.ICMPTypeRouterAdvertisement || m.Code != 0 {
-		t.Fatalf("parsed %+v (%v), want a router advertisement", m, err)
-	}
-	body := b[4:]
-	if body[1] != 0xc0 || binary.BigEndian.Uint16(body[2:]) != uint16(raRouterLifetime/time.Second) {
-		t.Fatalf("flags %#x lifetime %d, want M and O, %v", body[1], binary.BigEndian.Uint16(body[2:]), raRouterLifetime)
-	}
-	opts := map[byte][]byte{}
-	for o := body[12:]; len(o) > 0; {
-		if len(o) < 2 || o[1] == 0 || len(o) < int(o[1])*8 {
-			t.Fatalf("malformed options %x", body[12:])
-		}
-		opts[o[0]] = o[2 : int(o[1])*8]
-		o = o[int(o[1])*8:]
-	}
-	if net.HardwareAddr(opts[1]).String() != masqBridgeMAC {
-		t.Errorf("source link-layer address option %x, want %s", opts[1], masqBridgeMAC)
-	}
-	if v, ok := opts[5]; !ok || binary.BigEndian.Uint32(v[2:]) != 1400 {
-		t.Errorf("MTU option %x, want 1400", v)
-	}
-	if _, ok := opts[3]; ok {
-		t.Errorf("a prefix information option: the guest is to use DHCPv6, not SLAAC")
-	}
-}
-
 // DHCPv6 packets come from the guest: whatever it sends, answer6 answers
 // with an error wrapping errNoAnswer or a message for the same transaction
-// that parses again, carries the server's ID and binds the address only to
-// an IAID the client sent.
+// and client that parses again, carries the server's ID and binds the
+// address in one IA_NA, with the IAID of the client's first IA_NA (0 when
+// it sent none).
 func FuzzAnswer6(f *testing.F) {
 	sol := solicit(f)
 	f.Add(sol.ToBytes())
@@ -270,17 +258,16 @@ func FuzzAnswer6(f *testing.F) {
 		if err != nil {
 			t.Fatalf("the answer does not parse: %v", err)
 		}
-		if out.TransactionID != in.TransactionID || out.Options.ServerID() == nil || !out.Options.ServerID().Equal(testLease6.ServerID) {
-			t.Fatalf("answer %s: another transaction or server", out.Summary())
+		if out.TransactionID != in.TransactionID || out.Options.ServerID() == nil || !out.Options.ServerID().Equal(testLease6.ServerID) ||
+			in.Options.ClientID() == nil || !out.Options.ClientID().Equal(in.Options.ClientID()) {
+			t.Fatalf("answer %s: another transaction, client or server", out.Summary())
 		}
-		asked := map[[4]byte]bool{}
-		for _, ia := range in.Options.IANA() {
-			asked[ia.IaId] = true
+		var want [4]byte
+		if ia := in.Options.OneIANA(); ia != nil {
+			want = ia.IaId
 		}
-		for _, ia := range out.Options.IANA() {
-			if !asked[ia.IaId] {
-				t.Fatalf("answer binds IAID %x, which the client did not send", ia.IaId)
-			}
+		if ias := out.Options.IANA(); len(ias) != 1 || ias[0].IaId != want || len(ias[0].Options.Addresses()) != 1 {
+			t.Fatalf("answer's IA_NAs %v, want one with IAID %x and the address", ias, want)
 		}
 	})
 }

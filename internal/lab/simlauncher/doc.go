@@ -27,13 +27,16 @@
 //     KubeVirt writes it forwards X's traffic (or only the interface's
 //     ports) to the guest and masquerades the guest's traffic behind X's
 //     address. Where X has a global IPv6 address, the same again for IPv6
-//     (NAT66): the bridge holds fd10:0:2::1/120, and, as virt-launcher,
-//     the launcher sends router advertisements on it (Managed and Other
-//     flags, the bridge's link-local address as the default router, no
-//     prefix: no SLAAC; periodic and in answer to solicitations) and runs
-//     a stateful DHCPv6 server there: fd10:0:2::2 in an IA_NA with the
-//     client's IAID, its DUID-LL from the bridge's MAC, and the IPv6 DNS
-//     servers it was given.
+//     (NAT66): the bridge holds fd10:0:2::1/120 and, as KubeVirt v1.8.4's
+//     virt-launcher, the launcher runs a single-client DHCPv6 server there
+//     that answers as KubeVirt's: fd10:0:2::2 in an IA_NA with the
+//     client's IAID and 999-day lifetimes, its DUID-LL from the bridge's
+//     MAC, and the IPv6 DNS servers it was given. As virt-launcher, it
+//     sends no router advertisements (kubevirt/kubevirt#19193): a guest
+//     whose DHCPv6 client waits for one (the lab's dhcpcd) gets no IPv6
+//     address, and none gets the /120 or a default route; the guest must
+//     be configured statically (fd10:0:2::2/120 via fd10:0:2::1), as on
+//     KubeVirt.
 //
 // What X had (MAC, IPv4, gateway, MTU) is kept as X-nic's alias, so that
 // plumbing a pod again (a restarted lab) gives the same result.

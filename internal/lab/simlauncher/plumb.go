@@ -119,9 +119,11 @@ type Plumbed struct {
 	// GuestIPv4 is what the launcher's DHCP server hands the guest;
 	// invalid when it serves none (managedTap, a bridge without an IP).
 	GuestIPv4 netip.Prefix
-	// GuestIPv6 is the guest's IPv6 network and address (fd10:0:2::2/120):
-	// the launcher's DHCPv6 server hands out the address (a masquerade
-	// interface whose pod has IPv6); invalid when it serves none.
+	// GuestIPv6 is the guest's IPv6 network and address (fd10:0:2::2/120)
+	// behind NAT66 (a masquerade interface whose pod has IPv6): the
+	// launcher's DHCPv6 server hands out the address to a client that
+	// asks; nothing gives the guest the network or a default route (no
+	// router advertisements, as KubeVirt). Invalid when there is none.
 	GuestIPv6 netip.Prefix
 
 	srv      *dhcp.Server
@@ -130,14 +132,11 @@ type Plumbed struct {
 	bridge   string
 	anyMAC   bool // serve every MAC (masquerade)
 
-	srv6   *dhcp6Server // DHCPv6 and router advertisements on bridge
-	ra     *raSender
+	srv6   *dhcp6Server // DHCPv6 on bridge
 	lease6 dhcp6Lease
-	mtu    int // of the pod interface, advertised
 }
 
-// Close stops the interface's DHCP servers and router advertisements, if
-// any.
+// Close stops the interface's DHCP servers, if any.
 func (p *Plumbed) Close() error {
 	var errs []error
 	if p.srv != nil {
@@ -145,9 +144,6 @@ func (p *Plumbed) Close() error {
 	}
 	if p.srv6 != nil {
 		errs = append(errs, p.srv6.Close())
-	}
-	if p.ra != nil {
-		errs = append(errs, p.ra.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -164,8 +160,7 @@ type saved struct {
 // Plumb prepares ifc in the network namespace nsPath as virt-launcher
 // does for its binding and starts the launcher's DHCP server where the
 // binding has one, and for a masquerade interface whose pod has IPv6 its
-// DHCPv6 server and router advertisements (they run until Close or ctx
-// ends). It is idempotent: a
+// DHCPv6 server (they run until Close or ctx ends). It is idempotent: a
 // pod plumbed by an earlier run (of a restarted lab) is found as it was
 // left and gives the same result.
 func Plumb(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) (*Plumbed, error) {
@@ -302,10 +297,12 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 	v6 := hasGlobalIPv6(l)
 	if v6 {
 		// As KubeVirt: the bridge gets fd10:0:2::1/120 and NAT66 forwards to
-		// fd10:0:2::2, which the launcher's DHCPv6 server hands out; its
-		// router advertisements (from the bridge's link-local address,
-		// without DAD so that it is usable as soon as the tap has a
-		// carrier) give the guest its default route.
+		// fd10:0:2::2, which the launcher's DHCPv6 server hands out to a
+		// client that asks. No router advertisements: the guest learns
+		// neither the /120 nor a default route (kubevirt/kubevirt#19193).
+		// Unlike KubeVirt, the bridge's addresses skip DAD, so that the
+		// DHCPv6 server can answer from its link-local address as soon as
+		// the tap has a carrier.
 		if err := nl.SetSysctl(nsPath, "net/ipv6/conf/"+br+"/accept_dad", "0"); err != nil {
 			return nil, err
 		}
@@ -334,7 +331,7 @@ func plumbMasquerade(ns, nsPath string, ifc Iface) (*Plumbed, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.GuestIPv6, p.mtu = masqGuest6, l.MTU
+		p.GuestIPv6 = masqGuest6
 		p.lease6 = dhcp6Lease{Addr: masqGuest6.Addr(), ServerID: serverDUID(brMAC)}
 		for _, d := range ifc.DNS {
 			if d.Is6() && !d.Is4In6() {
@@ -494,10 +491,10 @@ type anyLease struct{ l dhcp.Lease }
 
 func (a anyLease) Lookup(net.HardwareAddr) (dhcp.Lease, bool) { return a.l, true }
 
-// serveDHCP6 starts the launcher's DHCPv6 server and router
-// advertisements, when the interface has them (masquerade with IPv6).
+// serveDHCP6 starts the launcher's DHCPv6 server, when the interface has
+// one (masquerade with IPv6).
 func (p *Plumbed) serveDHCP6(ctx context.Context, nsPath string, ifc Iface, log logr.Logger) error {
-	p.srv6, p.ra = nil, nil
+	p.srv6 = nil
 	if !p.GuestIPv6.IsValid() {
 		return nil
 	}
@@ -505,19 +502,12 @@ func (p *Plumbed) serveDHCP6(ctx context.Context, nsPath string, ifc Iface, log 
 	if err != nil {
 		return err
 	}
-	ra, err := newRASender(nsPath, p.bridge, p.mtu, log)
-	if err != nil {
-		srv.Close()
-		return err
-	}
-	p.srv6, p.ra = srv, ra
-	for what, serve := range map[string]func(context.Context) error{"DHCPv6 server": srv.Serve, "router advertisements": ra.Serve} {
-		go func() {
-			if err := serve(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				log.V(1).Info("launcher "+what+" stopped", "interface", ifc.Name, "error", err.Error())
-			}
-		}()
-	}
+	p.srv6 = srv
+	go func() {
+		if err := srv.Serve(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			log.V(1).Info("launcher DHCPv6 server stopped", "interface", ifc.Name, "error", err.Error())
+		}
+	}()
 	return nil
 }
 
