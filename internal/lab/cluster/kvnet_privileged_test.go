@@ -222,8 +222,11 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 		c.Multus, c.DefaultNetwork, nLost, len(leases), lost, during, multusRestarts(ctx, t, c))
 	if nLost > 0 {
 		var nodes []string
-		for node := range lost {
+		for node, ls := range lost {
 			nodes = append(nodes, node)
+			for _, l := range ls {
+				t.Logf("lost DEL of container %s on %s, in Multus's log there:\n%s", l.container, node, multusLogOf(ctx, c, node, l.container))
+			}
 		}
 		kvnetCNICallOn(ctx, t, c, nodes)
 		for node, ls := range lost {
@@ -264,6 +267,32 @@ func multusRestarts(ctx context.Context, t *testing.T, c *Cluster) map[string]st
 		out[p.Spec.NodeName] = fmt.Sprintf("%d %s", n, last)
 	}
 	return out
+}
+
+// multusLogOf returns the lines of the Multus daemon's log on node (its
+// current container's and, after a restart, the previous one's) that name
+// container id, or why they could not be read.
+func multusLogOf(ctx context.Context, c *Cluster, node, id string) string {
+	pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app=multus", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) == 0 {
+		return fmt.Sprintf("no Multus pod on %s: %v", node, err)
+	}
+	var b strings.Builder
+	for _, previous := range []bool{true, false} {
+		raw, err := c.Client.CoreV1().Pods("kube-system").GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "kube-multus", Previous: previous}).DoRaw(ctx)
+		fmt.Fprintf(&b, "  [previous=%v]", previous)
+		if err != nil {
+			fmt.Fprintf(&b, " %v\n", err)
+			continue
+		}
+		b.WriteString("\n")
+		for line := range strings.Lines(string(raw)) {
+			if strings.Contains(line, id) || strings.Contains(line, id[:min(len(id), 12)]) {
+				b.WriteString("    " + line)
+			}
+		}
+	}
+	return b.String()
 }
 
 // heldLease reads the host-local lease of ip on node after its pod went:
