@@ -29,9 +29,10 @@ import (
 // cluster uses them. This host routes each to one node, as a load
 // balancer delivers its address (MetalLB's BGP mode does the same).
 var (
-	lbRange = netip.MustParsePrefix("203.0.113.80/31")
+	lbRange = netip.MustParsePrefix("203.0.113.80/30")
 	lbAddr  = netip.MustParseAddr("203.0.113.80") // web-lb
 	lbLocal = netip.MustParseAddr("203.0.113.81") // web-lb-local
+	lbVM    = netip.MustParseAddr("203.0.113.82") // the VM scenarios' vm-m-lb-local
 )
 
 // createLoadBalancers creates web-lb (policy Cluster) and web-lb-local
@@ -172,18 +173,18 @@ type healthCheck struct {
 	LocalEndpoints int `json:"localEndpoints"`
 }
 
-// checkHealthNodePort waits until every node answers web-lb-local's
-// healthCheckNodePort as a load balancer needs it: 200 and one local
-// endpoint at the nodes in want, 503 and none elsewhere. It returns the
-// port.
-func (s *scenarios) checkHealthNodePort(ctx context.Context, addrOf map[string]string, want map[string]bool) (int32, error) {
-	svc, err := s.t.Client.CoreV1().Services(nsTenantA).Get(ctx, "web-lb-local", metav1.GetOptions{})
+// checkHealthNodePort waits until every node answers Service ns/name's
+// healthCheckNodePort (policy Local) as a load balancer needs it: 200
+// and one local endpoint at the nodes in want, 503 and none elsewhere.
+// It returns the port.
+func (s *scenarios) checkHealthNodePort(ctx context.Context, ns, name string, addrOf map[string]string, want map[string]bool) (int32, error) {
+	svc, err := s.t.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return 0, err
 	}
 	port := svc.Spec.HealthCheckNodePort
 	if port == 0 {
-		return 0, fmt.Errorf("service %s/web-lb-local (policy Local) has no healthCheckNodePort", nsTenantA)
+		return 0, fmt.Errorf("service %s/%s (policy Local) has no healthCheckNodePort", ns, name)
 	}
 	for node, addr := range addrOf {
 		url := fmt.Sprintf("http://%s/", net.JoinHostPort(addr, strconv.Itoa(int(port))))
@@ -200,9 +201,9 @@ func (s *scenarios) checkHealthNodePort(ctx context.Context, addrOf map[string]s
 			if err := json.Unmarshal([]byte(body), &h); err != nil {
 				return fmt.Errorf("this host to %s (node %s): %d %q: %w", url, node, code, body, err)
 			}
-			if code != wantCode || h.LocalEndpoints != wantN || h.Service.Name != "web-lb-local" || h.Service.Namespace != nsTenantA {
-				return fmt.Errorf("this host to %s (node %s): %d %s, want %d with %d local endpoints of %s/web-lb-local",
-					url, node, code, strings.TrimSpace(body), wantCode, wantN, nsTenantA)
+			if code != wantCode || h.LocalEndpoints != wantN || h.Service.Name != name || h.Service.Namespace != ns {
+				return fmt.Errorf("this host to %s (node %s): %d %s, want %d with %d local endpoints of %s/%s",
+					url, node, code, strings.TrimSpace(body), wantCode, wantN, ns, name)
 			}
 			return nil
 		})
@@ -250,7 +251,7 @@ func (s *scenarios) loadBalancer(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("service %s/web-lb (policy Cluster) at %s through node %s: %w", nsTenantA, lbAddr, other, err)
 	}
-	hc, err := s.checkHealthNodePort(ctx, addrOf, map[string]bool{ps[0].pod.Spec.NodeName: true, ps[1].pod.Spec.NodeName: true})
+	hc, err := s.checkHealthNodePort(ctx, nsTenantA, "web-lb-local", addrOf, map[string]bool{ps[0].pod.Spec.NodeName: true, ps[1].pod.Spec.NodeName: true})
 	if err != nil {
 		return "", fmt.Errorf("service %s/web-lb-local: %w", nsTenantA, err)
 	}

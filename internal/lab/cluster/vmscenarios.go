@@ -92,7 +92,7 @@ const (
 // reports them; on a dual-stack cluster ScenarioVMDualStack follows.
 var VMScenarios = []string{
 	ScenarioVMMasquerade, ScenarioVMTenant, ScenarioVMService, ScenarioVMPodNetwork,
-	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMPolicy, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
+	ScenarioVMStopStart, ScenarioVMMigration, ScenarioVMPolicy, ScenarioVMNodePortLB, ScenarioVMKvnetNodeRoll, ScenarioVMDrain, ScenarioVML2Bridge,
 }
 
 // VMScenarioLabel marks the namespaces the VM scenarios create;
@@ -297,6 +297,7 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	run(ScenarioVMStopStart, s.stopStart)
 	run(ScenarioVMMigration, s.migration)
 	run(ScenarioVMPolicy, s.vmPolicy)
+	run(ScenarioVMNodePortLB, s.vmNodePortLB)
 	run(ScenarioVMKvnetNodeRoll, s.kvnetNodeRoll)
 	run(ScenarioVMDrain, s.drain)
 	run(ScenarioVML2Bridge, s.l2bridge)
@@ -382,6 +383,9 @@ func (s *vmScenarios) create(ctx context.Context) error {
 	}
 	if _, err := cs.CoreV1().Services(nsVM).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("vm scenarios: create Service %s/vm-m: %w", nsVM, err)
+	}
+	if err := s.createVMServices(ctx); err != nil {
+		return err
 	}
 	hl := svc.DeepCopy()
 	hl.Name, hl.Spec.ClusterIP = vmSubdomain, corev1.ClusterIPNone
