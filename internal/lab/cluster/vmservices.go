@@ -147,4 +147,3 @@ func (s *vmScenarios) vmNodePortLB(ctx context.Context) (string, error) {
 	return fmt.Sprintf("vm-m-np (node port %s, policy Cluster) answered %q at %s; vm-m-lb-local at %s: healthCheckNodePort %d 200 at %s only, answered through %s, dropped through %s; %s reached neither %s",
 		port, v.name, strings.Join(at, ", "), lbVM, hc, v.node, v.node, other, vb, strings.Join(refused, " nor ")), nil
 }
-
