@@ -328,21 +328,8 @@ func TestMasqueradeBinding(t *testing.T) {
 	// A forwarded port: the guest's HTTP answers its name.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var page string
 	testenv.Eventually(t, 30*time.Second, "HTTP through the pod address", func() error {
-		conn, err := guest.DialContext(ctx, peer, "tcp", "192.168.50.5:80")
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(3 * time.Second))
-		fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
-		b, _ := io.ReadAll(conn)
-		page = string(b)
-		if !strings.Contains(page, "vm-masq") {
-			return fmt.Errorf("answer %q", page)
-		}
-		return nil
+		return httpName(ctx, peer, "192.168.50.5:80", "vm-masq")
 	})
 	// Not forwarded (control: port 80 just answered).
 	if err := echoFrom(peer, netip.MustParseAddrPort("192.168.50.5:7")); err == nil {
