@@ -50,6 +50,23 @@ verify: ## Fail if generated files are stale or code is unformatted
 chaos: deps tools build ## Chaos run: 10,000 operations while killing kvnet-controller, kvnet-node, the API server; then audit (root)
 	$(BIN)/kvnet-lab chaos --ops $${OPS:-10000} --seed $${SEED:-1}
 
+# The scale lab (docs/scale.md). As root, SCALE_REAL_NODES real kvnet-node
+# processes join the KWOK nodes.
+SCALE_NODES ?= 100
+SCALE_REAL_NODES ?= $(if $(filter 0,$(shell id -u)),1,0)
+SCALE_UDNS ?= 100
+SCALE_PODS ?= 5000
+SCALE_VMS ?= 500
+SCALE_CHURN ?= 30s
+SCALE_CHURN_RATE ?= 50
+SCALE_OUT ?= _out/scale
+
+.PHONY: scale
+scale: tools build $(if $(filter 0,$(shell id -u)),deps) ## Scale lab: KWOK nodes, pods, VMs, UDNs, churn; prints the table, writes $(SCALE_OUT)/summary.json. SCALE_NODES, SCALE_PODS, ...
+	$(BIN)/kvnet-lab scale --nodes $(SCALE_NODES) --real-nodes $(SCALE_REAL_NODES) --udns $(SCALE_UDNS) \
+		--pods $(SCALE_PODS) --vms $(SCALE_VMS) --churn $(SCALE_CHURN) --churn-rate $(SCALE_CHURN_RATE) \
+		--dir $(SCALE_OUT)/lab --summary $(SCALE_OUT)/summary.json
+
 .PHONY: lint
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)
 	hack/lint.sh

@@ -541,6 +541,7 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	}
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
+	planSeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
 	// The proxy listens before its networks' queries are sent to it; a
 	// network it cannot serve keeps sending them to the cluster DNS.
 	served, err := a.dns.Sync(ctx, plan.DNS)

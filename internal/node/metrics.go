@@ -16,6 +16,11 @@ var (
 		Help:    "Time to compute and apply the node's datapath state.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{"node"})
+	planSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_node_plan_duration_seconds",
+		Help:    "Time to compute the node's plan from the caches (part of kvnet_node_apply_duration_seconds).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{"node"})
 	applyErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvnet_node_apply_errors_total",
 		Help: "Failed applications of the datapath state (retried with backoff).",
@@ -88,7 +93,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(applySeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
+	metrics.Registry.MustRegister(applySeconds, planSeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
 		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds,
 		dnsQueries, dnsRewritten)
 }

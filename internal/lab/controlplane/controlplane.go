@@ -90,10 +90,11 @@ type ControlPlane struct {
 	Kubeconfig []byte
 
 	kcm     *exec.Cmd
-	apiLog  *os.File // kube-apiserver's log in Config.LogDir, or nil
-	dir     string   // scratch directory owned by the control plane
-	certDir string   // kube-apiserver's certificates, under dir
-	spawner *Spawner // forks every child (see spawn.go)
+	helpers []*Helper // Spawn's
+	apiLog  *os.File  // kube-apiserver's log in Config.LogDir, or nil
+	dir     string    // scratch directory owned by the control plane
+	certDir string    // kube-apiserver's certificates, under dir
+	spawner *Spawner  // forks every child (see spawn.go)
 	// inCluster: the certificate directory holds InCluster's CA and
 	// keys, and kube-controller-manager runs its controllers.
 	inCluster bool
@@ -375,6 +376,11 @@ func processWithArg(name, arg string) (int, error) {
 // more than once.
 func (cp *ControlPlane) Stop() error {
 	var errs []error
+	for _, h := range cp.helpers {
+		_ = h.cmd.Process.Kill()
+		<-h.exited
+	}
+	cp.helpers = nil
 	if cp.kcm != nil && cp.kcm.Process != nil {
 		_ = cp.kcm.Process.Kill()
 		cp.kcm = nil
@@ -441,4 +447,67 @@ func resolveBinDir(dir string) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// Helper is a further process Spawn started beside the control plane.
+type Helper struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once it exited; then err is set
+	err    error
+}
+
+// Pid is the helper's process ID.
+func (h *Helper) Pid() int { return h.cmd.Process.Pid }
+
+// Exited is closed once the helper has exited; Err then says how.
+func (h *Helper) Exited() <-chan struct{} { return h.exited }
+
+// Err is the helper's exit status once Exited is closed.
+func (h *Helper) Err() error { return h.err }
+
+// Spawn starts tool name (a binary of the control plane's bin directory,
+// such as kube-scheduler or kwok) with args, its output in logPath. Like
+// kube-controller-manager it dies with this process and is killed by
+// Stop; an exit within half a second is a start-up failure.
+func (cp *ControlPlane) Spawn(ctx context.Context, name string, args []string, logPath string) (*Helper, error) {
+	bin, err := Tool(name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cp.spawner.Do(cmd.Start); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	h := &Helper{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		h.err = cmd.Wait()
+		f.Close()
+		close(h.exited)
+	}()
+	cp.helpers = append(cp.helpers, h)
+	select {
+	case <-h.exited:
+		return nil, fmt.Errorf("%s exited at start: %v (log %s)", name, h.err, logPath)
+	case <-time.After(500 * time.Millisecond):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return h, nil
+}
+
+// AdminKubeconfig writes the admin kubeconfig into the control plane's
+// scratch directory (once) and returns its path, for helpers' flags.
+func (cp *ControlPlane) AdminKubeconfig() (string, error) {
+	p := filepath.Join(cp.dir, "admin.kubeconfig")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	return p, os.WriteFile(p, cp.Kubeconfig, 0o600)
 }

@@ -17,6 +17,7 @@
 package simcluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,10 @@ type Config struct {
 	AgentBinary     string
 	AgentKubeconfig string
 	Agent           *rest.Config
+	// AgentMetricsAddr, with AgentBinary, is where each kvnet-node serves
+	// its metrics inside its node's namespace (e.g. "127.0.0.1:9464");
+	// empty: none.
+	AgentMetricsAddr string
 	// Resync is kvnet-node's resync period; 0: its default.
 	Resync time.Duration
 	// DNS servers kvnet-node hands out by DHCP.
@@ -132,6 +137,7 @@ type Cluster struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	fwds   []*simnet.Forwarder
+	apiFwd map[string]*simnet.Forwarder // by simnet node name
 
 	failOnce sync.Once
 	failed   chan struct{} // closed on the first failure
@@ -166,7 +172,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{cfg: cfg, Sim: sim, failed: make(chan struct{}), agents: map[string]*agent{}}
+	c := &Cluster{cfg: cfg, Sim: sim, failed: make(chan struct{}), agents: map[string]*agent{}, apiFwd: map[string]*simnet.Forwarder{}}
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
@@ -216,6 +222,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return c, err
 		}
 		c.fwds = append(c.fwds, f)
+		c.apiFwd[nd.Name] = f
 		if err := c.StartAgent(nd.Name); err != nil {
 			return c, err
 		}
@@ -459,7 +466,7 @@ func (c *Cluster) StartAgent(n string) error {
 			"--underlay-ip", nd.IP.String(), "--underlay-interface", simnet.UnderlayDev,
 			"--status-file", c.StatusFile(n),
 			"--kubeconfig", c.cfg.AgentKubeconfig,
-			"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+			"--metrics-bind-address", cmp.Or(c.cfg.AgentMetricsAddr, "0"), "--health-probe-bind-address", "0",
 		}
 		if c.cfg.CNIKubeconfig == "" {
 			args = append(args, "--cni-kubeconfig", c.CNIKubeconfig(n))
@@ -559,6 +566,15 @@ func (c *Cluster) StartAgent(n string) error {
 		}
 	})
 	return nil
+}
+
+// APIBytesReceived is how many bytes node n's processes (kvnet-node,
+// kvnet-cni) have received from the API server so far.
+func (c *Cluster) APIBytesReceived(n string) int64 {
+	if f := c.apiFwd[n]; f != nil {
+		return f.Received()
+	}
+	return 0
 }
 
 // StopAgent stops node n's kvnet-node and waits for it; the node's

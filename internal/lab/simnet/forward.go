@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"kvnet.io/kvnet/internal/nl"
 )
@@ -23,7 +24,16 @@ type Forwarder struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[net.Conn]struct{} // both ends of every relayed connection
+
+	// received counts the bytes relayed from the target back to the
+	// namespace: what its clients received.
+	received atomic.Int64
 }
+
+// Received is the number of bytes relayed from the target to the
+// namespace's clients so far (the scale lab's measure of a node's API
+// traffic).
+func (f *Forwarder) Received() int64 { return f.received.Load() }
 
 // Forward listens on listenAddr inside the namespace at nsPath ("" is the
 // caller's) and relays every connection to target, dialled from the
@@ -68,15 +78,21 @@ func (f *Forwarder) serve() {
 			}
 			defer f.untrack(out)
 			done := make(chan struct{}, 2)
-			relay := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
+			relay := func(dst, src net.Conn, count *atomic.Int64) {
+				if count != nil {
+					// Counted as it flows: watches last as long as
+					// the connection.
+					_, _ = io.Copy(countingWriter{dst, count}, src)
+				} else {
+					_, _ = io.Copy(dst, src)
+				}
 				if tc, ok := dst.(*net.TCPConn); ok {
 					_ = tc.CloseWrite()
 				}
 				done <- struct{}{}
 			}
-			go relay(out, in)
-			go relay(in, out)
+			go relay(out, in, nil)
+			go relay(in, out, &f.received)
 			<-done
 			<-done
 		})
@@ -124,4 +140,16 @@ func (f *Forwarder) Close() error {
 		return nil
 	}
 	return err
+}
+
+// countingWriter adds what it writes to n.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n.Add(int64(k))
+	return k, err
 }

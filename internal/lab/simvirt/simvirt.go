@@ -1,6 +1,7 @@
 package simvirt
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,8 @@ type Config struct {
 	// GuestPoll. Without it, status.interfaces report the launcher pod's
 	// allocation.
 	GuestAgent GuestAgent
+	// Workers is how many VMs are reconciled at once; 0 means 4.
+	Workers int
 	// Log receives what happens; the zero value discards.
 	Log logr.Logger
 }
@@ -167,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("simvirt: create manager: %w", err)
 	}
-	if err := setup(mgr, cfg.Nodes, cfg.GuestAgent); err != nil {
+	if err := setup(mgr, cfg.Nodes, cfg.GuestAgent, cmp.Or(cfg.Workers, 4)); err != nil {
 		return fmt.Errorf("simvirt: %w", err)
 	}
 	if err := setupHandlers(mgr, cfg.Nodes); err != nil {
@@ -182,7 +185,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // setup registers the controller: one reconcile per VM name, triggered by
 // the VM, the VMI, migrations naming the VMI and launcher pods.
-func setup(mgr ctrl.Manager, nodes []string, agent GuestAgent) error {
+func setup(mgr ctrl.Manager, nodes []string, agent GuestAgent, workers int) error {
 	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), nodes: append([]string(nil), nodes...), agent: agent}
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}}
@@ -209,7 +212,7 @@ func setup(mgr ctrl.Manager, nodes []string, agent GuestAgent) error {
 		Watches(&kubevirtv1.VirtualMachineInstanceMigration{}, byVMIName).
 		Watches(&corev1.Pod{}, byDomain).
 		WithOptions(controller.Options{
-			MaxConcurrentReconciles: 4,
+			MaxConcurrentReconciles: workers,
 			SkipNameValidation:      &skip,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](retryBase, retryMax),
 		}).

@@ -327,16 +327,39 @@ func (e *chaosEnv) close() {
 
 // setUp starts the run's control plane, kvnet-controller and nodes.
 func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, err error) {
-	e := &chaosEnv{f: f, dir: dir}
+	cfg, err := controlplane.KvnetConfig()
+	if err != nil {
+		return nil, err
+	}
+	e, err := startControl(ctx, dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	e.f = f
 	defer func() {
 		if err != nil {
 			e.close()
 		}
 	}()
-	cfg, err := controlplane.KvnetConfig()
-	if err != nil {
-		return nil, err
+	if e.cl, e.launcher, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, f.guests > 0, false, false); err != nil {
+		return nil, fmt.Errorf("simulated nodes: %w", err)
 	}
+	for i := range f.nodes {
+		e.nodes = append(e.nodes, NodeName(i+1))
+	}
+	return e, nil
+}
+
+// startControl starts a private lab's control plane (cfg, its logs in
+// dir) and kvnet-controller as a process with its webhooks, as chaos and
+// scale runs use them.
+func startControl(ctx context.Context, dir string, cfg controlplane.Config) (_ *chaosEnv, err error) {
+	e := &chaosEnv{dir: dir}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
 	cfg.LogDir = dir
 	if e.cp, err = controlplane.Start(ctx, cfg); err != nil {
 		return nil, err
@@ -375,12 +398,6 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	}
 	if err := e.startController(ctx); err != nil {
 		return nil, err
-	}
-	if e.cl, e.launcher, err = startNodes(ctx, dir, e.cp, e.c, f.nodes, f.guests > 0, false, false); err != nil {
-		return nil, fmt.Errorf("simulated nodes: %w", err)
-	}
-	for i := range f.nodes {
-		e.nodes = append(e.nodes, NodeName(i+1))
 	}
 	return e, nil
 }

@@ -107,6 +107,12 @@ func shippedBinary(name string) (string, error) {
 // from the guest agent (simvirt.Config.GuestAgent); otherwise what kvnet
 // allocated to their launcher pods.
 func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests, guestAgent, multus bool) (*simcluster.Cluster, *simlauncher.Launcher, error) {
+	return startNodesWith(ctx, dir, cp, c, n, guests, guestAgent, multus, nil)
+}
+
+// startNodesWith is startNodes with the simulated cluster's configuration
+// changed by adjust (when not nil) before it starts.
+func startNodesWith(ctx context.Context, dir string, cp *controlplane.ControlPlane, c client.Client, n int, guests, guestAgent, multus bool, adjust func(*simcluster.Config)) (*simcluster.Cluster, *simlauncher.Launcher, error) {
 	nodeBin, err := shippedBinary("kvnet-node")
 	if err != nil {
 		return nil, nil, err
@@ -164,6 +170,9 @@ func startNodes(ctx context.Context, dir string, cp *controlplane.ControlPlane, 
 		if guestAgent {
 			cfg.GuestAgent = l
 		}
+	}
+	if adjust != nil {
+		adjust(&cfg)
 	}
 	cl, err := simcluster.Start(ctx, cfg)
 	if err != nil {

@@ -20,6 +20,6 @@ func NewCommand() *cobra.Command {
 		SilenceUsage: true,
 	}
 	cmd.AddCommand(lab.NewCommands()...)
-	cmd.AddCommand(demo.NewCommand(), lab.NewChaosCommand(), cluster.NewCommand())
+	cmd.AddCommand(demo.NewCommand(), lab.NewChaosCommand(), lab.NewScaleCommand(), cluster.NewCommand())
 	return cmd
 }

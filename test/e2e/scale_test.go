@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The scale lab at a size CI affords (make scale runs the default size,
+// docs/scale.md the full one): KWOK nodes, the networks, pods and VMs
+// with persistent IPs, churn with VM stop/starts and migrations, a
+// kvnet-controller restart, then the audit. It asserts what must hold at
+// any size (no duplicate IP or MAC, no leaked claim, every pod and VM
+// served, VM IPs kept) and that every figure of the summary was
+// measured; the figures themselves are benchmarks, not assertions.
+func TestScale(t *testing.T) {
+	_, run := buildKvnet(t)
+	real := 0
+	if os.Geteuid() == 0 {
+		real = 1
+	}
+	dir := t.TempDir()
+	summary := filepath.Join(dir, "summary.json")
+	out := run("scale", "--dir", filepath.Join(dir, "lab"), "--nodes", "30", "--real-nodes", strconv.Itoa(real),
+		"--udns", "20", "--pods", "1000", "--vms", "100", "--churn", "15s", "--churn-rate", "20", "--summary", summary)
+	t.Logf("kvnet-lab scale:\n%s", out)
+	b, err := os.ReadFile(summary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Parameters struct{ Pods, VMs, UDNs int }
+		Floor      struct{ PodsPerSecond float64 }
+		Networks   struct {
+			Count   int
+			ReadyMs struct{ N int } `json:"createToNetworkCreatedMs"`
+		}
+		Pods struct {
+			Count int
+			Alloc struct{ N int } `json:"createToAllocatedMs"`
+		}
+		VMs struct {
+			Count                  int
+			Running                struct{ N int } `json:"createToRunningWithIPMs"`
+			StopStarts, Migrations int
+			IPChanged              []string
+		}
+		Churn struct {
+			Pods  int
+			Alloc struct{ N int } `json:"createToAllocatedMs"`
+		}
+		WebhookMs  struct{ N int }
+		Controller struct {
+			RSSMiB                float64
+			RestartClaims         int
+			RestartServingSeconds float64
+		}
+		RealNodes []struct {
+			RSSMiB            float64
+			PlanMs            struct{ N int }
+			NftRules          int
+			APIBytesPerMinute float64
+		}
+		NodeObjectBytes int
+		EtcdBytes       int64
+		Audit           string
+		Duplicates      int
+		LeakedClaims    int
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, b)
+	}
+	if s.Duplicates != 0 || s.LeakedClaims != 0 || s.Audit != "no findings" {
+		t.Errorf("audit: %q (%d duplicates, %d leaked claims)", s.Audit, s.Duplicates, s.LeakedClaims)
+	}
+	if s.Pods.Count != 1000 || s.Pods.Alloc.N != 1000 || s.VMs.Count != 100 || s.VMs.Running.N != 100 || s.Networks.Count != 20 || s.Networks.ReadyMs.N != 20 {
+		t.Errorf("served: %d/%d pods, %d/%d VMs, %d/%d networks (want 1000, 100, 20)",
+			s.Pods.Alloc.N, s.Pods.Count, s.VMs.Running.N, s.VMs.Count, s.Networks.ReadyMs.N, s.Networks.Count)
+	}
+	if s.VMs.StopStarts == 0 || s.VMs.Migrations == 0 || s.VMs.IPChanged == nil || len(s.VMs.IPChanged) != 0 {
+		t.Errorf("VMs: %d stop/starts, %d migrations (want some of each), IPs changed: %v", s.VMs.StopStarts, s.VMs.Migrations, s.VMs.IPChanged)
+	}
+	if s.Churn.Pods == 0 || s.Churn.Alloc.N == 0 {
+		t.Errorf("churn: %d pods, %d allocation latencies", s.Churn.Pods, s.Churn.Alloc.N)
+	}
+	if s.Floor.PodsPerSecond <= 0 || s.WebhookMs.N == 0 || s.Controller.RSSMiB <= 0 || s.Controller.RestartClaims < 100 ||
+		s.Controller.RestartServingSeconds <= 0 || s.NodeObjectBytes <= 0 || s.EtcdBytes <= 0 {
+		t.Errorf("figures not measured: %s", b)
+	}
+	if len(s.RealNodes) != real {
+		t.Fatalf("%d real nodes measured, want %d", len(s.RealNodes), real)
+	}
+	for _, n := range s.RealNodes {
+		if n.RSSMiB <= 0 || n.PlanMs.N == 0 || n.NftRules == 0 || n.APIBytesPerMinute <= 0 {
+			t.Errorf("real node figures not measured: %+v", n)
+		}
+	}
+	if !strings.Contains(out, "pods → allocated") {
+		t.Errorf("no table printed:\n%s", out)
+	}
+}
