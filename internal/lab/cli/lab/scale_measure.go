@@ -117,9 +117,11 @@ type ScaleController struct {
 
 // ScaleNode is one real kvnet-node's cost.
 type ScaleNode struct {
-	Name       string    `json:"name"`
-	RSSMiB     float64   `json:"rssMiB"`
-	PeakRSSMiB float64   `json:"peakRSSMiB"`
+	Name       string  `json:"name"`
+	RSSMiB     float64 `json:"rssMiB"`
+	PeakRSSMiB float64 `json:"peakRSSMiB"`
+	// CPUSeconds: kvnet-node's CPU time over the whole run.
+	CPUSeconds float64   `json:"cpuSeconds"`
 	PlanMs     Quantiles `json:"planMs"`
 	ApplyMs    Quantiles `json:"applyMs"`
 	NftRules   int       `json:"nftRules"`
@@ -206,6 +208,7 @@ func (r *scaleRun) measure(ctx context.Context) error {
 	for _, n := range r.e.realNodes {
 		sn := s.nodeOf(n)
 		sn.RSSMiB, sn.PeakRSSMiB = procRSSMiB(r.e.cl.AgentPID(n))
+		sn.CPUSeconds = procCPUSeconds(r.e.cl.AgentPID(n))
 		nd, err := r.e.cl.Node(n)
 		if err != nil {
 			return err
@@ -403,8 +406,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims)},
 	}
 	for _, n := range s.RealNodes {
-		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f); plan %s; apply %s; %d nft rules; %.0f KiB/min from the API",
-			n.RSSMiB, n.PeakRSSMiB, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024)})
+		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API",
+			n.RSSMiB, n.PeakRSSMiB, n.CPUSeconds, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024)})
 	}
 	rows = append(rows,
 		[2]string{"largest Node object", fmt.Sprintf("%d bytes", s.NodeObjectBytes)},
