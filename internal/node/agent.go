@@ -104,8 +104,12 @@ type Agent struct {
 	links   *nl.Handle
 
 	trigger chan struct{} // buffered(1): "something changed"
-	dhcp    *dhcpServers
-	dns     *dnsproxy.Proxy
+	// remote is trigger for changes of other nodes' pods, batched: the
+	// loop reconciles for them at most every remoteBatch, so that a
+	// cluster's churn does not replan this node per event.
+	remote chan struct{}
+	dhcp   *dhcpServers
+	dns    *dnsproxy.Proxy
 	// announce watches migration targets' Standby ports for the guest.
 	announce *announcements
 	// switches follows migration targets to their switch-over, departs
@@ -175,7 +179,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvnet-node: %w", err)
 	}
-	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), stopped: make(chan struct{})}
+	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), remote: make(chan struct{}, 1), stopped: make(chan struct{})}
 	a.dhcp = newDHCPServers(cfg.Datapath)
 	a.dns = dnsproxy.New(dnsproxy.Config{NetNS: cfg.Datapath.NetNS, Observe: func(outcome string, rewritten int) {
 		dnsQueries.WithLabelValues(cfg.NodeName, outcome).Inc()
@@ -301,7 +305,7 @@ func (a *Agent) Start(ctx context.Context) error {
 
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
-	var retry <-chan time.Time
+	var retry, batch <-chan time.Time
 	backoff := 250 * time.Millisecond
 	waitPoll := waitingPollFirst
 	a.kick()
@@ -309,11 +313,18 @@ func (a *Agent) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-a.remote:
+			if batch == nil {
+				batch = time.After(remoteBatch)
+			}
+			continue
 		case <-a.trigger:
 		case <-resync.C:
 		case <-retry:
+		case <-batch:
 		}
-		retry = nil
+		// This reconcile reads every change so far, remote ones too.
+		retry, batch = nil, nil
 		waiting, err := a.reconcile(ctx)
 		switch {
 		case err == nil:
@@ -358,6 +369,29 @@ func (a *Agent) kick() {
 	case a.trigger <- struct{}{}:
 	default:
 	}
+}
+
+// remoteBatch is how long a change of another node's pod may wait for
+// the reconcile that reads it, with every other such change meanwhile
+// (a variable for tests).
+var remoteBatch = 100 * time.Millisecond
+
+// kickRemote asks for a reconcile within remoteBatch.
+func (a *Agent) kickRemote() {
+	select {
+	case a.remote <- struct{}{}:
+	default:
+	}
+}
+
+// onNode reports whether obj is a pod on this node (a pod event of its
+// own); anything else is not.
+func (a *Agent) onNode(obj any) bool {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	return ok && p.Spec.NodeName == a.cfg.NodeName
 }
 
 // publishNode writes on this node's Node its underlay address, so that
@@ -442,20 +476,51 @@ func (a *Agent) watch(ctx context.Context) error {
 		log.FromContext(ctx).Info("KubeVirt is not installed: VMIs are not watched")
 	}
 	h := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { a.kick() },
-		UpdateFunc: func(any, any) { a.kick() },
+		AddFunc: func(any) { a.kick() },
+		UpdateFunc: func(oldObj, newObj any) {
+			// The caches hold trimmed pods, nodes and namespaces: an
+			// update of what the plan does not read (a pod's
+			// conditions, a node's heartbeat) leaves them equal.
+			if !sameButVersion(oldObj, newObj) {
+				a.kick()
+			}
+		},
 		DeleteFunc: func(any) { a.kick() },
+	}
+	// Pods: this node's at once, other nodes' batched (kickRemote).
+	pods := toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { a.podChanged(o, nil) },
+		UpdateFunc: func(oldObj, newObj any) {
+			if !sameButVersion(oldObj, newObj) {
+				a.podChanged(newObj, oldObj)
+			}
+		},
+		DeleteFunc: func(o any) { a.podChanged(o, nil) },
 	}
 	for _, o := range objs {
 		inf, err := a.mgr.GetCache().GetInformer(ctx, o)
 		if err != nil {
 			return fmt.Errorf("kvnet-node: watch %T: %w", o, err)
 		}
-		if _, err := inf.AddEventHandler(h); err != nil {
+		handler := h
+		if _, ok := o.(*corev1.Pod); ok {
+			handler = pods
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// podChanged kicks the loop for a pod event: at once for a pod of this
+// node (before or after the change), batched for another node's.
+func (a *Agent) podChanged(obj, old any) {
+	if a.onNode(obj) || (old != nil && a.onNode(old)) {
+		a.kick()
+		return
+	}
+	a.kickRemote()
 }
 
 // watchLinks kicks the loop when a link appears, goes or changes in the

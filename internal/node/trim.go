@@ -4,7 +4,9 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // trimPod keeps what Desired reads of a pod: the cache holds every pod of
@@ -70,4 +72,25 @@ func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
 		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
 		Labels: m.Labels, Annotations: m.Annotations,
 	}
+}
+
+// sameButVersion reports whether two versions of a cached object differ
+// in nothing but their resourceVersion (and managed fields): an update
+// that changes nothing the agent keeps.
+func sameButVersion(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(client.Object)
+	n, ok2 := newObj.(client.Object)
+	if !ok1 || !ok2 {
+		return false
+	}
+	if o.GetResourceVersion() == n.GetResourceVersion() {
+		// A relist delivering what the cache had: nothing new either.
+		return equality.Semantic.DeepEqual(o, n)
+	}
+	oc, nc := o.DeepCopyObject().(client.Object), n.DeepCopyObject().(client.Object)
+	oc.SetResourceVersion("")
+	nc.SetResourceVersion("")
+	oc.SetManagedFields(nil)
+	nc.SetManagedFields(nil)
+	return equality.Semantic.DeepEqual(oc, nc)
 }

@@ -27,3 +27,51 @@ func TestTrimNodeKeepsWhatThePlanReads(t *testing.T) {
 		t.Errorf("trimmed node kept what nothing reads: %+v", n)
 	}
 }
+
+// An update of what the trimmed cache does not keep (a pod's conditions,
+// its container statuses) wakes no reconcile; one of anything the plan
+// reads does.
+func TestSameButVersion(t *testing.T) {
+	base := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", ResourceVersion: "1", Annotations: map[string]string{"a": "1"}},
+		Spec:       corev1.PodSpec{NodeName: "n1"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	trimmed := func(change func(*corev1.Pod)) any {
+		p := base.DeepCopy()
+		p.ResourceVersion = "2"
+		change(p)
+		o, err := trimPod(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	old, err := trimPod(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*corev1.Pod)
+		same   bool
+	}{
+		{"conditions", func(p *corev1.Pod) {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}, true},
+		{"managed fields", func(p *corev1.Pod) { p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "x"}} }, true},
+		{"annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"a": "2"} }, false},
+		{"label", func(p *corev1.Pod) { p.Labels = map[string]string{"l": "1"} }, false},
+		{"node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, false},
+		{"phase", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, false},
+		{"pod IPs", func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.0.0.1"}} }, false},
+		{"deletion", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, false},
+	} {
+		if got := sameButVersion(old, trimmed(tc.change)); got != tc.same {
+			t.Errorf("%s changed: sameButVersion = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+	if sameButVersion("not an object", "not an object") {
+		t.Error("sameButVersion of non-objects = true, want false (kick)")
+	}
+}

@@ -135,6 +135,8 @@ type Quantiles struct {
 	N   uint64  `json:"n"`
 	P50 float64 `json:"p50"`
 	P99 float64 `json:"p99"`
+	// Sum of every observation.
+	Sum float64 `json:"sum"`
 }
 
 func (s *ScaleSummary) nodeOf(name string) *ScaleNode {
@@ -250,12 +252,14 @@ func histogramQuantiles(fam *dto.MetricFamily, keep func(*dto.Metric) bool, scal
 	}
 	counts := map[float64]uint64{}
 	var total uint64
+	var sum float64
 	for _, m := range fam.GetMetric() {
 		h := m.GetHistogram()
 		if h == nil || !keep(m) {
 			continue
 		}
 		total += h.GetSampleCount()
+		sum += h.GetSampleSum()
 		for _, b := range h.GetBucket() {
 			counts[b.GetUpperBound()] += b.GetCumulativeCount()
 		}
@@ -284,7 +288,7 @@ func histogramQuantiles(fam *dto.MetricFamily, keep func(*dto.Metric) bool, scal
 		// Past the last finite bucket: its bound is all we know.
 		return lo * scale
 	}
-	return Quantiles{N: total, P50: q(0.50), P99: q(0.99)}
+	return Quantiles{N: total, P50: q(0.50), P99: q(0.99), Sum: sum * scale}
 }
 
 // scrapeInNetNS reads Prometheus metrics served at addr inside the
@@ -361,8 +365,9 @@ func procRSSMiB(pid int) (rss, peak float64) {
 	return rss, peak
 }
 
-// procCPUSeconds is a process's user + system CPU time (clock ticks of
-// 1/100 s, Linux's USER_HZ).
+// procCPUSeconds is a process's user + system CPU time, with that of
+// the children it waited for (kvnet-node's nft runs), in clock ticks of
+// 1/100 s, Linux's USER_HZ.
 func procCPUSeconds(pid int) float64 {
 	if pid == 0 {
 		return 0
@@ -377,18 +382,23 @@ func procCPUSeconds(pid int) float64 {
 		return 0
 	}
 	f := strings.Fields(rest)
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return 0
 	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	sy, _ := strconv.ParseFloat(f[12], 64)
-	return (u + sy) / 100
+	var ticks float64
+	for _, v := range f[11:15] { // utime, stime, cutime, cstime
+		t, _ := strconv.ParseFloat(v, 64)
+		ticks += t
+	}
+	return ticks / 100
 }
 
 func (s *ScaleSummary) print(w io.Writer) {
 	p := s.Parameters
 	ms := func(l Latency) string { return fmt.Sprintf("p50 %.0f ms, p99 %.0f ms (n %d)", l.P50, l.P99, l.N) }
-	q := func(l Quantiles) string { return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms (n %d)", l.P50, l.P99, l.N) }
+	q := func(l Quantiles) string {
+		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms (n %d, %.1f s in all)", l.P50, l.P99, l.N, l.Sum/1000)
+	}
 	rows := [][2]string{
 		{"size", fmt.Sprintf("%d KWOK nodes + %d real, %d networks, %d pods, %d VMs; churn %.0f s at %g pods/s",
 			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate)},
