@@ -128,8 +128,8 @@ func (f *scaleFlags) check() error {
 		return fmt.Errorf("--udns %d: at least 4 (two tenants with a primary and a secondary network each)", f.udns)
 	case f.pods < 1:
 		return fmt.Errorf("--pods %d: at least 1", f.pods)
-	case f.vms < 1:
-		return fmt.Errorf("--vms %d: at least 1", f.vms)
+	case f.vms < 4:
+		return fmt.Errorf("--vms %d: at least 4 (the churn's four VM workers each take their own)", f.vms)
 	case f.churn < 0:
 		return fmt.Errorf("--churn %s: must not be negative", f.churn)
 	case f.churnRate <= 0:

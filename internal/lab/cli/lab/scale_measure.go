@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -277,6 +278,9 @@ func histogramQuantiles(fam *dto.MetricFamily, keep func(*dto.Metric) bool, scal
 		lo, loCount := 0.0, uint64(0)
 		for _, b := range bounds {
 			c := counts[b]
+			if math.IsInf(b, 1) {
+				break // past the last finite bound: all we know is that
+			}
 			if float64(c) >= rank {
 				if c == loCount {
 					return b * scale

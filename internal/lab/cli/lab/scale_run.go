@@ -515,11 +515,13 @@ func (r *scaleRun) churn(ctx context.Context) error {
 
 	var vmErr error
 	var vmWG sync.WaitGroup
-	vmWG.Go(func() { vmErr = r.churnVMs(cctx, rng.Uint64()) })
+	vmWG.Go(func() { vmErr = r.churnVMs(cctx, 0) })
 
 	var created []string
 	var mu sync.Mutex
-	sem := make(chan struct{}, r.f.writers)
+	// Operations in flight: enough for the rate even when each takes a
+	// second or two on a saturated machine.
+	sem := make(chan struct{}, max(r.f.writers, int(2*r.f.churnRate)))
 	var wg sync.WaitGroup
 	var opErr error
 	tick := time.NewTicker(time.Duration(float64(time.Second) / r.f.churnRate))
@@ -601,20 +603,28 @@ loop:
 func (r *scaleRun) churnVMs(ctx context.Context, seed uint64) error {
 	keys := r.vmKeys()
 	var next atomic.Int64
+	var busy sync.Map // VMs a worker is on
 	var mu sync.Mutex
 	var errs error
 	var wg sync.WaitGroup
 	for w := range 4 {
+		// Each worker alternates the two, starting with its own, so
+		// both run as soon as the workers do.
+		op := seed + uint64(w)
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				k := keys[int(next.Add(1)-1)%len(keys)]
+				if _, taken := busy.LoadOrStore(k, true); taken {
+					continue // another worker's, still
+				}
 				var err error
-				if (seed+uint64(w))%2 == 0 {
+				if op%2 == 0 {
 					err = r.stopStart(ctx, k)
 				} else {
 					err = r.migrate(ctx, k)
 				}
-				seed++
+				op++
+				busy.Delete(k)
 				if err != nil && ctx.Err() == nil {
 					mu.Lock()
 					errs = errors.Join(errs, err)
