@@ -8,10 +8,13 @@ package hostsubnets
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -36,6 +39,9 @@ type Options struct {
 	// SkipNameValidation allows registering it again in one process.
 	SkipNameValidation bool
 }
+
+// writers is how many node writes a pass makes at once.
+const writers = 16
 
 // all is the one request: every event replans every node.
 var all = reconcile.Request{NamespacedName: types.NamespacedName{Name: "all-nodes"}}
@@ -123,27 +129,52 @@ func (r *reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	for _, p := range plan.Problems {
 		logger.Info("host subnets not assigned", "problem", p)
 	}
+	// The writes: only this controller writes the annotation (one
+	// replica leads; one pass at a time) and the pass planned from the
+	// API server's own list, so a plain merge patch of the annotation is
+	// safe, and a node's other changes meanwhile (its status heartbeats)
+	// no longer fail the pass. Written in parallel: at hundreds of
+	// nodes, one at a time made every new Layer3 network (and its pods)
+	// wait for a serial pass over all of them.
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, writers)
+	)
 	for _, n := range nodes {
 		want := plan.Nodes[n.Name]
 		node := byName[n.Name]
 		if v, has := node.Annotations[Annotation]; has == (len(want) > 0) && v == hostsubnet.Format(want) {
 			continue
 		}
-		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if len(want) == 0 {
-			delete(node.Annotations, Annotation)
-		} else {
-			if node.Annotations == nil {
-				node.Annotations = map[string]string{}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			patch := client.MergeFrom(node.DeepCopy())
+			if len(want) == 0 {
+				delete(node.Annotations, Annotation)
+			} else {
+				if node.Annotations == nil {
+					node.Annotations = map[string]string{}
+				}
+				node.Annotations[Annotation] = hostsubnet.Format(want)
 			}
-			node.Annotations[Annotation] = hostsubnet.Format(want)
-		}
-		if err := r.client.Patch(ctx, node, patch); err != nil {
-			// A conflict means the node changed since the list: plan
-			// again from fresh data.
-			return ctrl.Result{}, fmt.Errorf("node %s: write host subnets: %w", node.Name, err)
-		}
-		logger.Info("host subnets", "node", node.Name, "subnets", hostsubnet.Format(want), "previous", n.Current.String())
+			if err := r.client.Patch(ctx, node, patch); err != nil {
+				if apierrors.IsNotFound(err) {
+					return // gone: its subnets are free
+				}
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("node %s: write host subnets: %w", node.Name, err))
+				mu.Unlock()
+				return
+			}
+			logger.V(1).Info("host subnets", "node", node.Name, "subnets", hostsubnet.Format(want), "previous", n.Current.String())
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return ctrl.Result{}, errors.Join(errs...)
 	}
 	return ctrl.Result{}, nil
 }
