@@ -108,7 +108,7 @@ assertion.`,
 	fl.IntVar(&f.pods, "pods", 5000, "pods created before the churn")
 	fl.IntVar(&f.vms, "vms", 500, "VMs with persistent IPs")
 	fl.DurationVar(&f.churn, "churn", 30*time.Second, "how long the churn lasts")
-	fl.Float64Var(&f.churnRate, "churn-rate", 50, "pods deleted and created per second during the churn")
+	fl.Float64Var(&f.churnRate, "churn-rate", 20, "pods deleted and created per second during the churn")
 	fl.IntVar(&f.writers, "writers", 32, "concurrent writers creating objects")
 	fl.DurationVar(&f.stall, "stall-timeout", 3*time.Minute, "how long a wait may go without progress before the run fails")
 	fl.StringVar(&f.summary, "summary", "", "write the summary (JSON) to this file")
