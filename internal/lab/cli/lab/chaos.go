@@ -408,37 +408,12 @@ func runChaos(ctx context.Context, f *chaosFlags) (res *ChaosResult, err error) 
 	}
 	ctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	dir := f.dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kvnet-chaos-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
-		if !f.keep {
-			// A run that failed or found something keeps its logs.
-			defer func() {
-				if err != nil || res == nil || !res.OK() {
-					fmt.Fprintf(os.Stderr, "chaos: logs kept in %s\n", d)
-					return
-				}
-				os.RemoveAll(d)
-			}()
-		}
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	dir, err = filepath.Abs(dir)
+	dir, finish, err := runDir("chaos", f.dir, f.keep)
 	if err != nil {
 		return nil, err
 	}
-	// The stand-ins' logs (simulated kubelets, virt-controller).
-	logf, err := os.Create(filepath.Join(dir, "lab.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	ctrl.SetLogger(zap.New(zap.WriteTo(logf), nanoTimes))
+	// A run that failed or found something keeps its logs.
+	defer func() { finish(err == nil && res != nil && res.OK()) }()
 	start := time.Now()
 	e, err := setUpChaos(ctx, f, dir)
 	if err != nil {
@@ -698,4 +673,39 @@ func (e *chaosEnv) injectOnce(ctx context.Context, stop <-chan struct{}, rng *ra
 	faults.api.Add(1)
 	faults.close(i)
 	return quiet(ctx, false)
+}
+
+// runDir prepares a private run's directory: dir, or a new temporary one
+// (kvnet-<what>-*), with its lab.log, where the stand-ins (simulated
+// kubelets, virt-controller) log. finish closes the log and removes a
+// temporary directory unless keep, or the run failed or found something
+// (ok false): then it says where the logs are.
+func runDir(what, dir string, keep bool) (_ string, finish func(ok bool), err error) {
+	temp := dir == ""
+	if temp {
+		if dir, err = os.MkdirTemp("", "kvnet-"+what+"-"); err != nil {
+			return "", nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", nil, err
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return "", nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "lab.log"))
+	if err != nil {
+		return "", nil, err
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logf), nanoTimes))
+	return dir, func(ok bool) {
+		logf.Close()
+		if !temp || keep {
+			return
+		}
+		if !ok {
+			fmt.Fprintf(os.Stderr, "%s: logs kept in %s\n", what, dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}, nil
 }

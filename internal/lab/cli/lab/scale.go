@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/lab/controlplane"
@@ -352,35 +351,11 @@ func runScale(ctx context.Context, f *scaleFlags) (sum *ScaleSummary, err error)
 	}
 	ctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	dir := f.dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kvnet-scale-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
-		if !f.keep {
-			defer func() {
-				if err != nil || sum == nil || len(sum.problems()) > 0 {
-					fmt.Fprintf(os.Stderr, "scale: logs kept in %s\n", d)
-					return
-				}
-				os.RemoveAll(d)
-			}()
-		}
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	dir, err = filepath.Abs(dir)
+	dir, finish, err := runDir("scale", f.dir, f.keep)
 	if err != nil {
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(dir, "lab.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	ctrl.SetLogger(zap.New(zap.WriteTo(logf), nanoTimes))
+	defer func() { finish(err == nil && sum != nil && len(sum.problems()) == 0) }()
 	start := time.Now()
 	e, err := setUpScale(ctx, f, dir)
 	if err != nil {
