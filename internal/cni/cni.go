@@ -165,6 +165,8 @@ type request struct {
 	// runtimeConfig is the runtime's (portMappings, ...), passed on to the
 	// cluster default network with attachDefault.
 	runtimeConfig map[string]any
+	// tr traces ADD's phases (nil: not traced).
+	tr *tracer
 }
 
 func parse(stdin []byte) (*request, error) {
@@ -227,6 +229,7 @@ type podArgs struct {
 	types.CommonArgs
 	K8S_POD_NAMESPACE types.UnmarshallableString //nolint:revive // CNI_ARGS names
 	K8S_POD_NAME      types.UnmarshallableString //nolint:revive
+	K8S_POD_UID       types.UnmarshallableString //nolint:revive
 }
 
 // podIdentity reads the pod's namespace and name from CNI_ARGS
@@ -270,6 +273,9 @@ func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, 
 	if err != nil {
 		return podnetworks.Attachment{}, err
 	}
+	if a, err := r.askNode(args, ns, name, timeout); !errors.Is(err, errNodeUnavailable) {
+		return a, err
+	}
 	kubeconfig, err := kubeconfigFile.find(hostRoot, r.opts.Kubeconfig, os.Getenv)
 	if err != nil {
 		// kvnet-node writes it once it runs on the node.
@@ -279,6 +285,9 @@ func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, 
 	if err != nil {
 		return podnetworks.Attachment{}, types.NewError(types.ErrTryAgainLater, "cannot reach the API server", err.Error())
 	}
+	r.tr.path("api")
+	r.tr.mark("client")
+	defer r.tr.mark("lookup")
 	poll := p.Poll
 	if poll == 0 {
 		poll = 100 * time.Millisecond
@@ -310,17 +319,46 @@ func (p *Plugin) entry(args *skel.CmdArgs, r *request) (podnetworks.Attachment, 
 // find picks the network's entry: by NAD key when the configuration names
 // it, else by network name (hand-written and IPAM-only NADs).
 func find(nets podnetworks.Networks, r *request) (podnetworks.Attachment, bool) {
-	if r.served.Conf != nil && r.served.Conf.NADName != "" {
-		if a, ok := nets[r.served.Conf.NADName]; ok {
-			return a, true
-		}
+	return match(nets, r.nadName(), r.served.Name)
+}
+
+// nadName is the NAD key the configuration names, or "".
+func (r *request) nadName() string {
+	if r.served.Conf != nil {
+		return r.served.Conf.NADName
 	}
-	for _, a := range nets {
-		if a.Network == r.served.Name {
-			return a, true
-		}
+	return ""
+}
+
+// askNode asks kvnet-node's socket (next to its status file) for the
+// allocation; errNodeUnavailable when nothing answers there.
+func (r *request) askNode(args *skel.CmdArgs, ns, name string, timeout time.Duration) (podnetworks.Attachment, error) {
+	status, err := r.statusPath()
+	if err != nil {
+		return podnetworks.Attachment{}, errNodeUnavailable
 	}
-	return podnetworks.Attachment{}, false
+	var pa podArgs
+	_ = types.LoadArgs(args.Args, &pa) // podIdentity has read them
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Second)
+	defer cancel()
+	a, err := askNode(ctx, filepath.Join(filepath.Dir(status), SocketName), AttachmentQuery{
+		Namespace: ns, Name: name, UID: string(pa.K8S_POD_UID),
+		NAD: r.nadName(), Network: r.served.Name, Timeout: timeout,
+	})
+	if errors.Is(err, errNodeUnavailable) {
+		return a, err
+	}
+	r.tr.path("node")
+	r.tr.mark("lookup")
+	if errors.Is(err, errNoAllocation) {
+		return a, types.NewError(types.ErrTryAgainLater, "allocation not found",
+			fmt.Sprintf("no allocation for network %q in annotation %s of pod %s/%s: %v; is kvnet-controller running? (pod events say why an allocation failed)",
+				r.served.Name, podnetworks.Annotation, ns, name, err))
+	}
+	if err != nil {
+		return a, types.NewError(types.ErrTryAgainLater, "ask kvnet-node", err.Error())
+	}
+	return a, nil
 }
 
 // result turns an allocation into a CNI result; with iface set, the IPs
@@ -368,11 +406,19 @@ func result(version string, a podnetworks.Attachment, ifaces []*current.Interfac
 // Add wires the pod (or, in IPAM-only mode, returns its addresses). It
 // first collects the default network of sandboxes whose DEL never came
 // (collectLostDefaults).
-func (p *Plugin) Add(args *skel.CmdArgs) error {
-	if r, err := parse(args.StdinData); err == nil && !r.ipamOnly {
-		collectLostDefaults(args, gcBudgetAdd)
+func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
+	tr := newTracer()
+	r, err := parse(args.StdinData)
+	if err != nil {
+		return err
 	}
-	r, a, err := p.load(args)
+	r.tr = tr
+	defer func() { tr.write(args.ContainerID, args.IfName, podKey(args), err) }()
+	if !r.ipamOnly {
+		collectLostDefaults(args, gcBudgetAdd)
+		tr.mark("gc")
+	}
+	a, err := p.entry(args, r)
 	if err != nil {
 		return err
 	}
@@ -390,7 +436,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	return types.PrintResult(res, r.version)
+	err = types.PrintResult(res, r.version)
+	tr.mark("result")
+	return err
 }
 
 // wire makes the pod interface args.IfName for allocation a and returns
@@ -419,6 +467,7 @@ func wire(args *skel.CmdArgs, r *request, a podnetworks.Attachment) (*current.Re
 		mtu = r.opts.DefaultMTU
 	}
 	st, stErr := r.status()
+	r.tr.mark("status")
 	// Refused before anything is made: a pod must not run with an
 	// interface nothing connects.
 	if stErr == nil {
@@ -460,19 +509,23 @@ func wire(args *skel.CmdArgs, r *request, a podnetworks.Attachment) (*current.Re
 			return nil, types.NewError(types.ErrInternal, "read the cluster default network's routes", err.Error())
 		}
 		eth0Gateways = gws
+		r.tr.mark("gateways")
 	}
 	if err := datapath.SetupPodInterface(args.Netns, args.IfName, host, mac, ips, routes, mtu); err != nil {
 		return nil, types.NewError(types.ErrInternal, "set up pod interface", err.Error())
 	}
+	r.tr.mark("veth")
 	if primaryBesideEth0 {
 		if _, err := datapath.KeepProbePath(args.Netns, datapath.DefaultNetworkIfName, eth0Gateways); err != nil {
 			return nil, types.NewError(types.ErrInternal, "keep the kubelet's probes on the cluster default network", err.Error())
 		}
+		r.tr.mark("probepath")
 	}
 	if primaryBesideEth0 && restrictsDefaultNetwork(st, stErr) {
 		if err := restrictDefaultNetwork(args.Netns); err != nil {
 			return nil, types.NewError(types.ErrInternal, "restrict the cluster default network interface", err.Error())
 		}
+		r.tr.mark("restrict")
 	}
 	// kvnet-node attaches the host end to the network's bridge (it knows
 	// the network ID and owns the bridge); the alias tells it which pod and
@@ -480,6 +533,7 @@ func wire(args *skel.CmdArgs, r *request, a podnetworks.Attachment) (*current.Re
 	if err := setAlias(host, portalias.Format(podKey(args), nadKeyOf(r, a))); err != nil {
 		return nil, types.NewError(types.ErrInternal, "label host interface", err.Error())
 	}
+	r.tr.mark("alias")
 	res, err := result(r.version, a, []*current.Interface{
 		{Name: host},
 		{Name: args.IfName, Mac: mac.String(), Sandbox: args.Netns},

@@ -162,8 +162,10 @@ func (p *Plugin) addWithDefault(args *skel.CmdArgs, r *request, a podnetworks.At
 	if err := os.WriteFile(saved, list.Bytes, 0o600); err != nil {
 		return types.NewError(types.ErrInternal, "keep the default network's configuration", err.Error())
 	}
+	r.tr.mark("defaultconf")
 	ctx := context.Background()
 	defRes, err := cniExec(args).AddNetworkList(ctx, list, rt)
+	r.tr.mark("defaultnet")
 	if err != nil {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("cluster default network %q (%s)", list.Name, file), err.Error())
 	}
@@ -182,7 +184,9 @@ func (p *Plugin) addWithDefault(args *skel.CmdArgs, r *request, a podnetworks.At
 	if err != nil {
 		return types.NewError(types.ErrIncompatibleCNIVersion, "result version", err.Error())
 	}
-	return types.PrintResult(merged, version)
+	err = types.PrintResult(merged, version)
+	r.tr.mark("result")
+	return err
 }
 
 // masterResultVersion is the CNI version of addWithDefault's result: the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -41,6 +42,7 @@ import (
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/nl"
 	"kvnet.io/kvnet/internal/physnet"
+	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/portalias"
 	"kvnet.io/kvnet/internal/reserved"
 )
@@ -128,6 +130,9 @@ type Agent struct {
 	applied       Plan       // the last plan applied without error
 	status        cni.Status // last written to StatusFile
 	statusWritten bool
+
+	// cniServer answers kvnet-cni's ADD on the socket next to StatusFile.
+	cniServer cni.NodeServer
 }
 
 // New builds an agent; nothing changes on the node until Start.
@@ -180,6 +185,10 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("kvnet-node: %w", err)
 	}
 	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), remote: make(chan struct{}, 1), stopped: make(chan struct{})}
+	a.cniServer.Lookup = a.cachedPod
+	a.cniServer.Observe = func(outcome string, d time.Duration) {
+		cniLookupSeconds.WithLabelValues(cfg.NodeName, outcome).Observe(d.Seconds())
+	}
 	a.dhcp = newDHCPServers(cfg.Datapath)
 	a.dns = dnsproxy.New(dnsproxy.Config{NetNS: cfg.Datapath.NetNS, Observe: func(outcome string, rewritten int) {
 		dnsQueries.WithLabelValues(cfg.NodeName, outcome).Inc()
@@ -301,6 +310,16 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.watchLinks(ctx, &bg); err != nil {
 		return err
 	}
+	if a.cfg.StatusFile != "-" {
+		// Served once the caches have synced: until then kvnet-cni finds
+		// no socket and reads the API server.
+		sock := filepath.Join(filepath.Dir(a.cfg.StatusFile), cni.SocketName)
+		bg.Go(func() {
+			if err := a.cniServer.Serve(ctx, sock); err != nil {
+				logger.Error(err, "serve kvnet-cni's socket; kvnet-cni reads the API server instead", "path", sock)
+			}
+		})
+	}
 	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU())
 
 	resync := time.NewTicker(a.cfg.Resync)
@@ -382,6 +401,19 @@ func (a *Agent) kickRemote() {
 	case a.remote <- struct{}{}:
 	default:
 	}
+}
+
+// cachedPod reads a pod from the cache for kvnet-cni's socket.
+func (a *Agent) cachedPod(ctx context.Context, namespace, name string) (cni.PodState, bool, error) {
+	var pod corev1.Pod
+	err := a.mgr.GetCache().Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		return cni.PodState{}, false, nil
+	case err != nil:
+		return cni.PodState{}, false, err
+	}
+	return cni.PodState{UID: string(pod.UID), Networks: pod.Annotations[podnetworks.Annotation]}, true, nil
 }
 
 // onNode reports whether obj is a pod on this node (a pod event of its
@@ -516,6 +548,13 @@ func (a *Agent) watch(ctx context.Context) error {
 // podChanged kicks the loop for a pod event: at once for a pod of this
 // node (before or after the change), batched for another node's.
 func (a *Agent) podChanged(obj, old any) {
+	if m, err := meta.Accessor(obj); err == nil {
+		a.cniServer.PodChanged(m.GetNamespace(), m.GetName())
+	} else if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		if ns, name, err := toolscache.SplitMetaNamespaceKey(d.Key); err == nil {
+			a.cniServer.PodChanged(ns, name)
+		}
+	}
 	if a.onNode(obj) || (old != nil && a.onNode(old)) {
 		a.kick()
 		return

@@ -264,12 +264,14 @@ func (l *lab) cni(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod
 }
 
 // tryCNI is cni returning kvnet-cni's failure with its output.
-func (l *lab) tryCNI(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod) error {
+// extraEnv is added to kvnet-cni's environment.
+func (l *lab) tryCNI(command string, nad *nadv1.NetworkAttachmentDefinition, p *pod, extraEnv ...string) error {
 	cmd := exec.Command("ip", "netns", "exec", filepath.Base(l.node(p.node).NS), cniBinary)
 	cmd.Env = append(os.Environ(),
 		"CNI_COMMAND="+command, "CNI_CONTAINERID=ctr-"+p.name, "CNI_NETNS="+p.netns, "CNI_IFNAME="+p.ifName,
 		"CNI_PATH="+filepath.Dir(cniBinary), "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name,
 		l.CNIEnv(p.node)[0], l.CNIEnv(p.node)[1])
+	cmd.Env = append(cmd.Env, extraEnv...)
 	cmd.Stdin = strings.NewReader(nad.Spec.Config)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -358,6 +360,49 @@ func networkID(t *testing.T, nad *nadv1.NetworkAttachmentDefinition) int {
 
 // TestAgentTwoTenantsThreeNodes drives everything through the API: two
 // tenants with the same subnet, pods spread over three nodes.
+// TestAgentAnswersKvnetCNI: kvnet-cni's ADD learns the allocation from
+// the agent's socket next to its status file (the trace says "node"), and
+// from the API server when nothing answers there (the socket removed, as
+// when kvnet-node is down): the pod is wired either way.
+func TestAgentAnswersKvnetCNI(t *testing.T) {
+	l := newLab(t, "n1")
+	nad := tenant(t, "agent-sock", "10.1.7.0/24", false)
+	traces := t.TempDir()
+	add := func(name string) cni.Trace {
+		t.Helper()
+		p := l.allocatedPod(nad, name, "n1", "ovn-udn1", nil)
+		if err := l.tryCNI("ADD", nad, p, "KVNET_CNI_TRACE_DIR="+traces); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(traces, "ctr-"+name+"-ovn-udn1.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tr cni.Trace
+		if err := json.Unmarshal(b, &tr); err != nil {
+			t.Fatal(err)
+		}
+		if tr.Error != "" || tr.Pod != nad.Namespace+"/"+name {
+			t.Fatalf("trace %+v", tr)
+		}
+		return tr
+	}
+	sock := filepath.Join(filepath.Dir(l.StatusFile("n1")), cni.SocketName)
+	testenv.Eventually(t, waitTimeout, "the agent's socket "+sock, func() error {
+		_, err := os.Stat(sock)
+		return err
+	})
+	if tr := add("s1"); tr.Path != "node" {
+		t.Errorf("with the agent's socket: ADD took path %q, want node (%+v)", tr.Path, tr)
+	}
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	if tr := add("s2"); tr.Path != "api" {
+		t.Errorf("without the agent's socket: ADD took path %q, want api (%+v)", tr.Path, tr)
+	}
+}
+
 func TestAgentTwoTenantsThreeNodes(t *testing.T) {
 	l := newLab(t, "n1", "n2", "n3")
 	nadA := tenant(t, "agent-a", "10.1.1.0/24", false)

@@ -21,6 +21,11 @@ var (
 		Help:    "Time to compute the node's plan from the caches (part of kvnet_node_apply_duration_seconds).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	}, []string{"node"})
+	cniLookupSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvnet_node_cni_lookup_duration_seconds",
+		Help:    "Time kvnet-node took to answer kvnet-cni's ADD on its socket with the pod's allocation (waiting for it included), by outcome: found, timeout, error.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+	}, []string{"node", "outcome"})
 	applyErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvnet_node_apply_errors_total",
 		Help: "Failed applications of the datapath state (retried with backoff).",
@@ -93,7 +98,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(applySeconds, planSeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
+	metrics.Registry.MustRegister(applySeconds, planSeconds, cniLookupSeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
 		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds,
 		dnsQueries, dnsRewritten)
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	"kvnet.io/kvnet/internal/cni"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
@@ -71,6 +72,7 @@ func BenchmarkClusterPodReady(b *testing.B) {
 		b.FailNow()
 	}
 	setUpBenchNamespaces(ctx, b, c)
+	enableCNITraces(b, c)
 	w := watchBenchPods(ctx, b, c)
 
 	// Warm-up: one pod per node and namespace, not measured.
@@ -104,6 +106,7 @@ func BenchmarkClusterPodReady(b *testing.B) {
 	starts := pluginStarts(ctx, b, c)
 	fmt.Printf("load at the end: %s\n", loadAverage())
 	reportBench(b, udn, def, adds, kvnetConfNames(ctx, b, c, benchUDNNamespace))
+	reportTraces(b, udn, cniTraces(b, c))
 	for _, plugin := range benchStartPlugins {
 		b.ReportMetric(float64(percentile(starts[plugin], 50))/float64(time.Millisecond), plugin+"-start-p50-ms")
 	}
@@ -448,6 +451,86 @@ func reportBench(b *testing.B, udn, def []*benchPod, adds map[types.UID][]*multu
 	b.ReportMetric(percentile(shares, 50), "kvnet-share-p50")
 	b.ReportMetric(ms(percentile(defS.cniAdd, 50)), "default-cni-add-p50-ms")
 	b.ReportMetric(0, "ns/op") // minutes of cluster set-up: not a measurement
+}
+
+// enableCNITraces makes kvnet-cni's trace directory on every node: each
+// ADD then writes where its time went (internal/cni, Trace).
+func enableCNITraces(b *testing.B, c *Cluster) {
+	for i := range c.Nodes {
+		if err := os.MkdirAll(traceDirOf(c, i+1), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func traceDirOf(c *Cluster, node int) string {
+	return filepath.Join(c.Dir, "nodes", NodeName(node), "root", "var/lib/cni/kvnet/trace")
+}
+
+// cniTraces reads every node's kvnet-cni traces: per pod
+// (namespace/name), its last successful ADD's.
+func cniTraces(b *testing.B, c *Cluster) map[string]cni.Trace {
+	out := map[string]cni.Trace{}
+	for i := range c.Nodes {
+		files, err := filepath.Glob(filepath.Join(traceDirOf(c, i+1), "*.json"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, f := range files {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var t cni.Trace
+			if err := json.Unmarshal(raw, &t); err != nil {
+				b.Fatalf("trace %s: %v", f, err)
+			}
+			if prev, ok := out[t.Pod]; t.Error == "" && (!ok || prev.Start.Before(t.Start)) {
+				out[t.Pod] = t
+			}
+		}
+	}
+	return out
+}
+
+// reportTraces reports, over the UDN pods, kvnet-cni's own time (its
+// start-up and its ADD without the cluster default network's ADD it runs
+// inside: kvnet-own-p50-ms) and the median of each phase, and prints
+// each pod's phases. A UDN pod without a trace fails the benchmark.
+func reportTraces(b *testing.B, udn []*benchPod, traces map[string]cni.Trace) {
+	var own []time.Duration
+	phases := map[string][]time.Duration{}
+	var order []string
+	paths := map[string]int{}
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	for _, p := range udn {
+		t, ok := traces[p.ns+"/"+p.name]
+		if !ok {
+			b.Fatalf("pod %s/%s: no kvnet-cni trace of a successful ADD", p.ns, p.name)
+		}
+		paths[t.Path]++
+		d := ms(t.StartupMS + t.Total)
+		var line []string
+		for _, ph := range t.Phases {
+			if ph.Name == "defaultnet" {
+				d -= ms(ph.MS)
+			}
+			if _, seen := phases[ph.Name]; !seen {
+				order = append(order, ph.Name)
+			}
+			phases[ph.Name] = append(phases[ph.Name], ms(ph.MS))
+			line = append(line, fmt.Sprintf("%s %.1f", ph.Name, ph.MS))
+		}
+		own = append(own, d)
+		fmt.Printf("trace %s/%s (%s): startup %.0f, %s; own %s\n", p.ns, p.name, t.Path, t.StartupMS, strings.Join(line, ", "), msString(d))
+	}
+	fmt.Printf("kvnet-cni paths: %v\n", paths)
+	f := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(f(percentile(own, 50)), "kvnet-own-p50-ms")
+	b.ReportMetric(f(percentile(own, 99)), "kvnet-own-p99-ms")
+	for _, name := range order {
+		b.ReportMetric(f(percentile(phases[name], 50)), "phase-"+name+"-p50-ms")
+	}
 }
 
 // msString is d in milliseconds, for the table.
