@@ -29,6 +29,11 @@ type Trace struct {
 	// StartupMS is the process's start (exec, the Go runtime and package
 	// initialisation) up to main, from /proc/self/stat: 10 ms steps.
 	StartupMS float64 `json:"startupMs"`
+	// CPUMS is the CPU time (user and system) of kvnet-cni's process,
+	// start-up included; ChildCPUMS that of the plugins it ran (the
+	// cluster default network's, with multus-default).
+	CPUMS      float64 `json:"cpuMs"`
+	ChildCPUMS float64 `json:"childCpuMs"`
 	// Phases are the ADD's phases in order, in milliseconds.
 	Phases []Phase   `json:"phases"`
 	Total  float64   `json:"totalMs"`
@@ -85,6 +90,7 @@ func (tr *tracer) write(containerID, ifName, pod string, err error) {
 	}
 	tr.t.ContainerID, tr.t.IfName, tr.t.Pod = containerID, ifName, pod
 	tr.t.Total = ms(time.Since(tr.start))
+	tr.t.CPUMS, tr.t.ChildCPUMS = cpuMS(unix.RUSAGE_SELF), cpuMS(unix.RUSAGE_CHILDREN)
 	if err != nil {
 		tr.t.Error = err.Error()
 	}
@@ -131,4 +137,13 @@ func startupMS(now time.Time) float64 {
 		return 0
 	}
 	return ms(d)
+}
+
+// cpuMS is getrusage(who)'s user and system time in milliseconds.
+func cpuMS(who int) float64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return ms(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
 }

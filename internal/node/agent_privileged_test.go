@@ -385,6 +385,7 @@ func TestAgentAnswersKvnetCNI(t *testing.T) {
 		if tr.Error != "" || tr.Pod != nad.Namespace+"/"+name {
 			t.Fatalf("trace %+v", tr)
 		}
+		t.Logf("trace %+v", tr)
 		return tr
 	}
 	sock := filepath.Join(filepath.Dir(l.StatusFile("n1")), cni.SocketName)

@@ -73,6 +73,7 @@ func BenchmarkClusterPodReady(b *testing.B) {
 	}
 	setUpBenchNamespaces(ctx, b, c)
 	enableCNITraces(b, c)
+	fmt.Printf("Multus daemon CPU limit: %s\n", setMultusCPULimit(ctx, b, c))
 	w := watchBenchPods(ctx, b, c)
 
 	// Warm-up: one pod per node and namespace, not measured.
@@ -83,6 +84,7 @@ func BenchmarkClusterPodReady(b *testing.B) {
 	}
 
 	var udn, def []*benchPod
+	periods0, throttled0 := multusThrottle(b)
 	b.ResetTimer()
 	for round := range b.N {
 		for k := range benchPods {
@@ -101,12 +103,17 @@ func BenchmarkClusterPodReady(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	periods1, throttled1 := multusThrottle(b)
 
 	adds := multusAdds(ctx, b, c)
 	starts := pluginStarts(ctx, b, c)
 	fmt.Printf("load at the end: %s\n", loadAverage())
 	reportBench(b, udn, def, adds, kvnetConfNames(ctx, b, c, benchUDNNamespace))
 	reportTraces(b, udn, cniTraces(b, c))
+	// Every measured pod's ADD ran in a Multus daemon's CPU cgroup.
+	pods := float64(len(udn) + len(def))
+	b.ReportMetric(float64(periods1-periods0)/pods, "multus-throttled-periods/pod")
+	b.ReportMetric(float64((throttled1-throttled0)/time.Millisecond)/pods, "multus-throttled-ms/pod")
 	for _, plugin := range benchStartPlugins {
 		b.ReportMetric(float64(percentile(starts[plugin], 50))/float64(time.Millisecond), plugin+"-start-p50-ms")
 	}
@@ -498,7 +505,7 @@ func cniTraces(b *testing.B, c *Cluster) map[string]cni.Trace {
 // inside: kvnet-own-p50-ms) and the median of each phase, and prints
 // each pod's phases. A UDN pod without a trace fails the benchmark.
 func reportTraces(b *testing.B, udn []*benchPod, traces map[string]cni.Trace) {
-	var own []time.Duration
+	var own, cpu []time.Duration
 	phases := map[string][]time.Duration{}
 	var order []string
 	paths := map[string]int{}
@@ -521,13 +528,14 @@ func reportTraces(b *testing.B, udn []*benchPod, traces map[string]cni.Trace) {
 			phases[ph.Name] = append(phases[ph.Name], ms(ph.MS))
 			line = append(line, fmt.Sprintf("%s %.1f", ph.Name, ph.MS))
 		}
-		own = append(own, d)
-		fmt.Printf("trace %s/%s (%s): startup %.0f, %s; own %s\n", p.ns, p.name, t.Path, t.StartupMS, strings.Join(line, ", "), msString(d))
+		own, cpu = append(own, d), append(cpu, ms(t.CPUMS))
+		fmt.Printf("trace %s/%s (%s): startup %.0f, %s; own %s, cpu %.1f ms (plugins run %.1f ms)\n", p.ns, p.name, t.Path, t.StartupMS, strings.Join(line, ", "), msString(d), t.CPUMS, t.ChildCPUMS)
 	}
 	fmt.Printf("kvnet-cni paths: %v\n", paths)
 	f := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	b.ReportMetric(f(percentile(own, 50)), "kvnet-own-p50-ms")
 	b.ReportMetric(f(percentile(own, 99)), "kvnet-own-p99-ms")
+	b.ReportMetric(f(percentile(cpu, 50)), "kvnet-cpu-p50-ms")
 	for _, name := range order {
 		b.ReportMetric(f(percentile(phases[name], 50)), "phase-"+name+"-p50-ms")
 	}
