@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -130,5 +131,67 @@ func TestKubeVirtVersionProblem(t *testing.T) {
 		if tc.bad && (!strings.Contains(problem, "#17858") || !strings.Contains(fix, "v1.8.4")) {
 			t.Errorf("KubeVirt %q on Kubernetes %q: %q / %q, want the issue and the fix named", tc.kubevirt, tc.kubernetes, problem, fix)
 		}
+	}
+}
+
+// TestCheckMultusLimits: thick Multus's daemon with upstream's limits
+// (CPU 100m, memory 50Mi) gets a warning naming both, with the commands
+// that lift them; without a CPU limit and with 200Mi it is ok; thin
+// Multus (no multus-daemon) is not judged by its DaemonSet's limits.
+func TestCheckMultusLimits(t *testing.T) {
+	ctx := context.Background()
+	const ns = "multus-limits"
+	testenv.Create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	ds := func(command string, limits corev1.ResourceList) *appsv1.DaemonSet {
+		labels := map[string]string{"app": "multus"}
+		return &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kube-multus-ds"},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{
+						Name: "kube-multus", Image: testImage, Command: []string{command},
+						Resources: corev1.ResourceRequirements{Limits: limits},
+					}}},
+				},
+			},
+		}
+	}
+	for _, tt := range []struct {
+		name    string
+		command string
+		limits  corev1.ResourceList
+		status  install.Status
+		says    []string
+	}{
+		{"upstream thick", "/usr/src/multus-cni/bin/multus-daemon",
+			corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("50Mi")},
+			install.Warning, []string{"CPU is limited to 100m", "memory is limited to 50Mi", `"cpu":null`, "--limits=memory=200Mi", ns + "/kube-multus-ds"}},
+		{"thick, lifted", "/usr/src/multus-cni/bin/multus-daemon",
+			corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("200Mi")},
+			install.OK, []string{"no CPU limit, memory limit 200Mi"}},
+		{"thin", "/thin_entrypoint",
+			corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("50Mi")},
+			install.OK, []string{"thin Multus"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			obj := ds(tt.command, tt.limits)
+			testenv.Create(t, c, obj)
+			defer func() {
+				if err := c.Delete(ctx, obj); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			f := findings(t, install.CheckOptions{Prerequisites: true})[install.MultusLimitsCheck]
+			if f.Status != tt.status {
+				t.Errorf("%v, want %s", f, tt.status)
+			}
+			for _, s := range tt.says {
+				if !strings.Contains(f.String(), s) {
+					t.Errorf("%v: want it to say %q", f, s)
+				}
+			}
+		})
 	}
 }

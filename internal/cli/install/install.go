@@ -165,7 +165,7 @@ func NewCheckCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Check the cluster for what kvnet needs (Multus, KubeVirt, l2bridge) and for kvnet itself",
-		Long: "Prints one line per check: ok, warning (a feature will not work) or missing (kvnet cannot\n" +
+		Long: "Prints one line per check: ok, warning (a feature will not work, or pods start slowly) or missing (kvnet cannot\n" +
 			"work), with the fix. Exits 1 if anything is missing. --prerequisites checks only what must be\n" +
 			"there before `kvnet install`.",
 		Args:         cobra.NoArgs,
