@@ -7,8 +7,7 @@ package cni
 // its cache, over a Unix socket next to its status file, and waits there
 // (bounded by the request) for the allocation to arrive. ADD then
 // neither loads a kubeconfig, nor makes a TLS connection, nor asks the
-// API server anything: that work was most of an ADD's time (see
-// docs/datapath.md, "kvnet-cni's ADD").
+// API server anything (docs/datapath.md, "kvnet-cni").
 //
 // When the socket is absent or refuses (kvnet-node not running, or still
 // syncing its caches), ADD reads the pod from the API server as before:
