@@ -326,14 +326,23 @@ func askNode(ctx context.Context, path string, q AttachmentQuery) (podnetworks.A
 		conn.Close()
 		return podnetworks.Attachment{}, err
 	}
+	// A connection that breaks before the answer (kvnet-node stopping
+	// while the request waits) is kvnet-node going away: unavailable, so
+	// that ADD reads the API server; only a deadline of ours ends it.
+	broken := func(err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("ask kvnet-node at %s: %w", path, err)
+		}
+		return fmt.Errorf("%w: %s: %v", errNodeUnavailable, path, err)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return podnetworks.Attachment{}, fmt.Errorf("ask kvnet-node at %s: %w", path, err)
+		return podnetworks.Attachment{}, broken(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return podnetworks.Attachment{}, fmt.Errorf("ask kvnet-node at %s: %w", path, err)
+		return podnetworks.Attachment{}, broken(err)
 	}
 	var r nodeReply
 	if err := json.Unmarshal(body, &r); err != nil {

@@ -232,3 +232,44 @@ func TestNodeSocketBadQuery(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeSocketStopsMidRequest: kvnet-node stopping while a request
+// waits leaves it unavailable (ADD then reads the API server), not a
+// failed ADD.
+func TestNodeSocketStopsMidRequest(t *testing.T) {
+	pods := &fakePods{pods: map[string]PodState{}}
+	s := &NodeServer{Lookup: pods.lookup}
+	path := filepath.Join(t.TempDir(), SocketName)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, path) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := askNode(context.Background(), path, AttachmentQuery{Namespace: "probe", Name: "probe", Network: "n", Timeout: time.Millisecond})
+		if !errors.Is(err, errNodeUnavailable) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for Serve's listener, bounded by the deadline
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := askNode(context.Background(), path, query("", time.Minute))
+		got <- err
+	}()
+	waitForWaiter(t, s, "ns/p")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, errNodeUnavailable) {
+			t.Errorf("request cut by kvnet-node stopping: %v, want errNodeUnavailable", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the waiting request did not end when the server stopped")
+	}
+}
