@@ -193,7 +193,7 @@ func (l *Launcher) Start(ctx context.Context, pod *corev1.Pod, netns string) err
 	// The kubelet's copy of the pod may predate the allocation kvnet wrote
 	// to it (kvnet-cni read it from the API server).
 	var fresh corev1.Pod
-	if err := l.reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &fresh); err != nil {
+	if err := l.get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &fresh); err != nil {
 		return fmt.Errorf("virt-launcher: read pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	if fresh.UID != pod.UID {
@@ -275,7 +275,7 @@ func (l *Launcher) readVMI(ctx context.Context, pod *corev1.Pod) (*kubevirtv1.Vi
 	deadline := time.Now().Add(targetWait)
 	for {
 		var vmi kubevirtv1.VirtualMachineInstance
-		if err := l.reader.Get(ctx, key, &vmi); err != nil {
+		if err := l.get(ctx, key, &vmi); err != nil {
 			return nil, fmt.Errorf("virt-launcher: read VMI %s: %w", key, err)
 		}
 		m := vmi.Status.MigrationState
@@ -295,6 +295,32 @@ func (l *Launcher) readVMI(ctx context.Context, pod *corev1.Pod) (*kubevirtv1.Vi
 			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// apiOutage bounds how long the launcher waits out an API server that
+// does not answer (restarting, say) before its pod fails (a variable for
+// tests).
+var apiOutage = time.Minute
+
+// get reads key into obj, retrying what an API server outage returns
+// (anything but NotFound) for up to apiOutage: the pod's start must not
+// fail because the API server restarts meanwhile, as a real launcher's
+// would not.
+func (l *Launcher) get(ctx context.Context, key types.NamespacedName, obj client.Object) error {
+	deadline := time.Now().Add(apiOutage)
+	wait := 100 * time.Millisecond
+	for {
+		err := l.reader.Get(ctx, key, obj)
+		if err == nil || apierrors.IsNotFound(err) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 

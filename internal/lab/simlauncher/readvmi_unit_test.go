@@ -2,6 +2,7 @@ package simlauncher
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -85,5 +86,60 @@ func TestReadVMIWaitsForMigrationState(t *testing.T) {
 	}
 	if r.vmiReads != 3 {
 		t.Errorf("read the VMI %d times, want 3: it went on after the pod was gone", r.vmiReads)
+	}
+}
+
+// outageReader fails its first reads as an API server that is down does,
+// then serves a pod; NotFound for any other name.
+type outageReader struct {
+	mu    sync.Mutex
+	reads int
+	down  int
+}
+
+func (r *outageReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reads++
+	if key.Name != "p" {
+		return apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, key.Name)
+	}
+	if r.reads <= r.down {
+		return errors.New(`Get "https://127.0.0.1:6443/api/v1/namespaces/ns/pods/p": dial tcp 127.0.0.1:6443: connect: connection refused`)
+	}
+	obj.SetName(key.Name)
+	return nil
+}
+
+func (r *outageReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return nil
+}
+
+// TestGetWaitsOutAPIOutage: the launcher's reads wait out an API server
+// that refuses connections (a restart), but not past apiOutage, and a
+// NotFound is final at once.
+func TestGetWaitsOutAPIOutage(t *testing.T) {
+	r := &outageReader{down: 3}
+	l := &Launcher{reader: r}
+	var p corev1.Pod
+	if err := l.get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "p"}, &p); err != nil || p.Name != "p" {
+		t.Fatalf("after 3 refused reads: %v (%q)", err, p.Name)
+	}
+	if r.reads != 4 {
+		t.Errorf("%d reads, want 4", r.reads)
+	}
+
+	r = &outageReader{}
+	l = &Launcher{reader: r}
+	if err := l.get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "gone"}, &p); !apierrors.IsNotFound(err) || r.reads != 1 {
+		t.Errorf("NotFound: %v after %d reads, want it at once", err, r.reads)
+	}
+
+	defer func(d time.Duration) { apiOutage = d }(apiOutage)
+	apiOutage = 300 * time.Millisecond
+	r = &outageReader{down: 1 << 30}
+	l = &Launcher{reader: r}
+	if err := l.get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "p"}, &p); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("an outage longer than apiOutage: %v, want the refusal", err)
 	}
 }
