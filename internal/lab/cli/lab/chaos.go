@@ -480,6 +480,9 @@ type ChaosResult struct {
 	Guests         int      `json:"guests"`
 	GuestsAnswered int      `json:"guestsAnswered"`
 	GuestFindings  []string `json:"guestFindings,omitempty"`
+	// GuestCrashes are the guests whose own kernel panicked (not
+	// findings: see checkGuests).
+	GuestCrashes []string `json:"guestCrashes,omitempty"`
 }
 
 // OK says the run found nothing wrong.
@@ -540,6 +543,9 @@ func (r *ChaosResult) print(w interface{ Write([]byte) (int, error) }) {
 		fmt.Fprintf(w, "  DUPLICATE: %s\n", d)
 	}
 	fmt.Fprintf(w, "guests: %d of %d VMs running as QEMU guests answered TCP echo and HTTP at their claim's IP from a pod of their tenant\n", r.GuestsAnswered, r.Guests)
+	for _, g := range r.GuestCrashes {
+		fmt.Fprintf(w, "  not checked: %s\n", g)
+	}
 	for _, g := range r.GuestFindings {
 		fmt.Fprintf(w, "  GUEST: %s\n", g)
 	}

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/lab/simlauncher"
 	"kvnet.io/kvnet/internal/lab/simvirt"
 )
 
@@ -58,6 +59,9 @@ type Migrations struct {
 	Expected int `json:"expectedFailures"`
 	// Gone: deleted with their tenant (namespace) before they ended.
 	Gone int `json:"gone"`
+	// AfterGuestCrash: failed because their VM's guest was gone, its
+	// kernel having panicked (see checkGuests): not findings.
+	AfterGuestCrash int `json:"afterGuestCrash,omitempty"`
 	// Unexpected are findings: a migration that failed when nothing the
 	// run did explains it, or that vanished, with the reason.
 	Unexpected []string `json:"unexpected,omitempty"`
@@ -100,6 +104,12 @@ func (w *world) migrationOutcomes(ctx context.Context) (Migrations, error) {
 			if explained && vmiWentAway(reason) {
 				r.Expected++
 				continue
+			}
+			if vmNS, vmName, ok := strings.Cut(cm.vm, "/"); ok && strings.Contains(reason, simlauncher.ErrNoGuest.Error()) {
+				if _, panicked := w.guestPanicked(vmNS, vmName); panicked {
+					r.AfterGuestCrash++
+					continue
+				}
 			}
 			why := "the run neither stopped nor deleted the VM since its VMI was created"
 			if explained {

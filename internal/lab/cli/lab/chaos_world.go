@@ -976,7 +976,7 @@ loop:
 		return res, err
 	}
 	res.Guests = f.guests
-	res.GuestsAnswered, res.GuestFindings = w.checkGuests(ctx)
+	res.GuestsAnswered, res.GuestFindings, res.GuestCrashes = w.checkGuests(ctx)
 	res.Audit = []string{}
 	for _, fd := range findings {
 		res.Audit = append(res.Audit, fmt.Sprintf("%s %s %s: %s", fd.Kind, fd.Network, fd.Object, fd.Detail))
