@@ -38,35 +38,41 @@ func serveNode(t *testing.T, dir string, pods *fakePods) (*NodeServer, string) {
 	t.Helper()
 	s := &NodeServer{Lookup: pods.lookup}
 	path := filepath.Join(dir, SocketName)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, path) }()
+	stop := startNode(t, s, path)
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("serve: %v", err)
 		}
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket %s left behind: %v", path, err)
 		}
 	})
-	// Serve's listener is up once the socket accepts.
+	return s, path
+}
+
+// startNode serves s at path and returns once the socket answers; stop
+// ends the server and returns Serve's error.
+func startNode(t *testing.T, s *NodeServer, path string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, path) }()
+	stop = func() error {
+		cancel()
+		return <-done
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := askNode(context.Background(), path, AttachmentQuery{Namespace: "probe", Name: "probe", Network: "n", Timeout: time.Millisecond})
 		if !errors.Is(err, errNodeUnavailable) {
-			break
+			return stop
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("socket %s never accepted: %v", path, err)
+			_ = stop()
+			t.Fatalf("socket %s never answered: %v", path, err)
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve returned: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
+		time.Sleep(10 * time.Millisecond) // polling for Serve's listener, bounded by the deadline
 	}
-	return s, path
 }
 
 func query(uid string, timeout time.Duration) AttachmentQuery {
@@ -240,28 +246,14 @@ func TestNodeSocketStopsMidRequest(t *testing.T) {
 	pods := &fakePods{pods: map[string]PodState{}}
 	s := &NodeServer{Lookup: pods.lookup}
 	path := filepath.Join(t.TempDir(), SocketName)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, path) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := askNode(context.Background(), path, AttachmentQuery{Namespace: "probe", Name: "probe", Network: "n", Timeout: time.Millisecond})
-		if !errors.Is(err, errNodeUnavailable) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond) // polling for Serve's listener, bounded by the deadline
-	}
+	stop := startNode(t, s, path)
 	got := make(chan error, 1)
 	go func() {
 		_, err := askNode(context.Background(), path, query("", time.Minute))
 		got <- err
 	}()
 	waitForWaiter(t, s, "ns/p")
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	select {
