@@ -109,11 +109,18 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 	fs.StringVar(&w.DefaultNetworkNAD, "default-network-nad", w.DefaultNetworkNAD, "<namespace>/<name> of the cluster default network's NAD, written in launcher pods' default-network element; "+
 		"required in "+manager.PrimaryByDefaultNetwork+" mode (OVN-Kubernetes: ovn-kubernetes/default), unused otherwise")
 	fs.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader lease (default: the pod's)")
+	fs.BoolVar(&opts.DynamicHostSubnets, "enable-dynamic-host-subnets", opts.DynamicHostSubnets,
+		"give a node host subnets of a Layer3 network only while pods of the network run there (and for --host-subnet-grace after), as OVN-Kubernetes' --enable-dynamic-udn-allocation")
+	fs.DurationVar(&opts.HostSubnetGrace, "host-subnet-grace", opts.HostSubnetGrace,
+		"with --enable-dynamic-host-subnets, how long a node keeps a Layer3 network's host subnets after its last pod of the network ended")
 	reservedSubnets := reserved.Flags(fs)
 	globalNS := fs.String("global-namespaces", strings.Join(opts.GlobalNamespaces, ","),
 		"comma-separated namespaces (or prefixes ending in *) no UserDefinedNetwork or ClusterUserDefinedNetwork may serve, besides default and openshift-*, which never are")
 	return func(podNamespace string) (manager.Options, error) {
 		var err error
+		if opts.HostSubnetGrace <= 0 {
+			return manager.Options{}, fmt.Errorf("--host-subnet-grace %s: must be positive", opts.HostSubnetGrace)
+		}
 		if opts.ReservedSubnets, err = reservedSubnets(); err != nil {
 			return manager.Options{}, err
 		}

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"kvnet.io/kvnet/internal/k8s/manager"
 )
@@ -54,6 +55,9 @@ func TestFlags(t *testing.T) {
 		o.Webhook.Namespace != "tenant-ops" {
 		t.Errorf("default-network mode: %+v, %v", o.Webhook, err)
 	}
+	if o, err := parse(t, "", "--enable-dynamic-host-subnets", "--host-subnet-grace=30s"); err != nil || !o.DynamicHostSubnets || o.HostSubnetGrace != 30*time.Second {
+		t.Errorf("dynamic host subnets: %v, grace %s, %v", o.DynamicHostSubnets, o.HostSubnetGrace, err)
+	}
 	if o, err := parse(t, "", "--webhook-port=0"); err != nil || o.Webhook != nil {
 		t.Errorf("--webhook-port=0: webhook %+v, %v; want none", o.Webhook, err)
 	}
@@ -68,6 +72,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"--primary-network-attachment="}, `primary network attachment "": want "multus", "multus-default" or "default-network"`},
 		{[]string{"--primary-network-attachment=bogus"}, `primary network attachment "bogus"`},
 		{[]string{"--webhook-port=70000"}, "webhook port 70000"},
+		{[]string{"--host-subnet-grace=0s"}, "--host-subnet-grace 0s: must be positive"},
+		{[]string{"--host-subnet-grace=-1m"}, "--host-subnet-grace -1m0s: must be positive"},
 	} {
 		_, err := parse(t, "", tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -55,7 +55,14 @@ func HostBits(s netconf.Layer3Subnet) int {
 type Network struct {
 	Name    string
 	Subnets []netconf.Layer3Subnet
+	// Nodes, when not nil, are the only nodes that get host subnets of
+	// the network (dynamic allocation: the nodes that use it); the others
+	// drop theirs, which are then free. Nil: every node.
+	Nodes map[string]bool
 }
+
+// wants reports whether node should hold host subnets of n.
+func (n Network) wants(node string) bool { return n.Nodes == nil || n.Nodes[node] }
 
 // Validate reports whether n's subnets can be cut into host subnets; the
 // error names the network, subnet and length.
@@ -150,7 +157,8 @@ type Result struct {
 // the host subnets it holds while they are valid (inside the network's
 // cluster subnet, of its host length) and no node before it (by name)
 // holds the same; every other node gets the lowest free host subnet of
-// each cluster subnet. Networks not listed are dropped from the nodes.
+// each cluster subnet. Networks not listed are dropped from the nodes, and
+// so is a network from the nodes its Nodes leaves out.
 // A node gets a network only when every cluster subnet of it has a host
 // subnet for the node; Problems says which did not.
 func Assign(networks []Network, nodes []Node) Result {
@@ -174,7 +182,7 @@ func Assign(networks []Network, nodes []Node) Result {
 			// Keep what nodes hold.
 			for _, n := range nodes {
 				cur := n.Current[nw.Name]
-				if i >= len(cur) {
+				if i >= len(cur) || !nw.wants(n.Name) {
 					continue
 				}
 				p := cur[i]
@@ -187,7 +195,7 @@ func Assign(networks []Network, nodes []Node) Result {
 			// Hand out the lowest free ones to the others.
 			next := uint64(0)
 			for _, n := range nodes {
-				if _, ok := got[i][n.Name]; ok {
+				if _, ok := got[i][n.Name]; ok || !nw.wants(n.Name) {
 					continue
 				}
 				for {

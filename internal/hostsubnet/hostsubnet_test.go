@@ -34,6 +34,34 @@ func TestAssignFreshNodes(t *testing.T) {
 	}
 }
 
+// With Nodes set (dynamic allocation), only those nodes hold the
+// network: a node left out drops its host subnet, which the next node
+// wanting one gets, while a kept node keeps its own.
+func TestAssignOnlyListedNodes(t *testing.T) {
+	nw := l3("a", "10.100.0.0/16/24")
+	nw.Nodes = map[string]bool{"n2": true, "n3": true}
+	other := l3("b", "10.200.0.0/16/24") // every node
+	res := Assign([]Network{nw, other}, []Node{
+		{Name: "n1", Current: Subnets{"a": netiptest.MustPrefixes("10.100.0.0/24")}},
+		{Name: "n2"},
+		{Name: "n3", Current: Subnets{"a": netiptest.MustPrefixes("10.100.5.0/24")}},
+	})
+	want := map[string]Subnets{
+		"n1": {"b": netiptest.MustPrefixes("10.200.0.0/24")},
+		"n2": {"a": netiptest.MustPrefixes("10.100.0.0/24"), "b": netiptest.MustPrefixes("10.200.1.0/24")},
+		"n3": {"a": netiptest.MustPrefixes("10.100.5.0/24"), "b": netiptest.MustPrefixes("10.200.2.0/24")},
+	}
+	if len(res.Problems) != 0 || !reflect.DeepEqual(res.Nodes, want) {
+		t.Fatalf("got %v (problems %v)\nwant %v", res.Nodes, res.Problems, want)
+	}
+	// An empty, non-nil set: no node holds the network.
+	nw.Nodes = map[string]bool{}
+	res = Assign([]Network{nw}, []Node{{Name: "n2", Current: want["n2"]}})
+	if got := res.Nodes["n2"]; len(got) != 0 {
+		t.Fatalf("no node wants network a, n2 holds %v", got)
+	}
+}
+
 func TestAssignKeepsAndRepairs(t *testing.T) {
 	nw := l3("a", "10.100.0.0/16/24")
 	res := Assign([]Network{nw}, []Node{

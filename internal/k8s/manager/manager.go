@@ -91,6 +91,11 @@ type Options struct {
 	// ReservedSubnets are the cluster's reserved subnets; zero means the
 	// defaults.
 	ReservedSubnets reserved.Subnets
+	// DynamicHostSubnets gives a node host subnets of a Layer3 network
+	// only while pods of the network run there, and for HostSubnetGrace
+	// (0: hostsubnets.DefaultGrace) after the last one ended.
+	DynamicHostSubnets bool
+	HostSubnetGrace    time.Duration
 	// Drain, once started, closes the webhooks' connections after each
 	// response (see webhooks.Drain); nil: never.
 	Drain *webhooks.Drain
@@ -113,7 +118,8 @@ const (
 func DefaultOptions() Options {
 	w := DefaultWebhookOptions()
 	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", LeaderElection: true, Webhook: &w,
-		GlobalNamespaces: slices.Clone(udn.DefaultGlobalNamespaces), ReservedSubnets: reserved.Default()}
+		GlobalNamespaces: slices.Clone(udn.DefaultGlobalNamespaces), ReservedSubnets: reserved.Default(),
+		HostSubnetGrace: hostsubnets.DefaultGrace}
 }
 
 // DefaultWebhookOptions returns the webhook defaults: port 9443 in
@@ -259,7 +265,8 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := nodeids.Setup(mgr, nodeids.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up node ID controller: %w", err)
 	}
-	if err := hostsubnets.Setup(mgr, hostsubnets.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
+	if err := hostsubnets.Setup(mgr, hostsubnets.Options{
+		SkipNameValidation: opts.SkipNameValidation, Dynamic: opts.DynamicHostSubnets, Grace: opts.HostSubnetGrace}); err != nil {
 		return nil, fmt.Errorf("set up host subnet controller: %w", err)
 	}
 	if err := epmirror.Setup(mgr, epmirror.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {

@@ -3,6 +3,15 @@
 // once and writes each node's kvnet.io/node-subnets annotation. The
 // annotations are the only record, so assignments survive controller
 // restarts, and a deleted node's subnets are free for the next node.
+//
+// With dynamic allocation (Options.Dynamic, as OVN-Kubernetes'
+// --enable-dynamic-udn-allocation) a node holds a network's host subnets
+// only while it uses the network: while a scheduled pod that has not
+// ended attaches to it there, and for a grace period after the last one
+// (Options.Grace), so that a pod deleted and created again does not move
+// the node to another subnet. A new Layer3 network then writes no Node
+// until its first pod is scheduled, and a Node carries only its own
+// networks.
 package hostsubnets
 
 import (
@@ -10,8 +19,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +39,8 @@ import (
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 	"kvnet.io/kvnet/internal/hostsubnet"
+	"kvnet.io/kvnet/internal/ipam"
+	"kvnet.io/kvnet/internal/k8s/nads"
 	"kvnet.io/kvnet/internal/netconf"
 )
 
@@ -38,17 +51,34 @@ const Annotation = hostsubnet.Annotation
 type Options struct {
 	// SkipNameValidation allows registering it again in one process.
 	SkipNameValidation bool
+	// Dynamic gives a node host subnets of a network only while pods of
+	// the network run there (and for Grace after).
+	Dynamic bool
+	// Grace is how long a node keeps a network's host subnets after its
+	// last pod of the network ended; zero means DefaultGrace.
+	Grace time.Duration
 }
+
+// DefaultGrace is Options.Grace's default, OVN-Kubernetes' for dynamic
+// UDN allocation.
+const DefaultGrace = 120 * time.Second
 
 // writers is how many node writes a pass makes at once.
 const writers = 16
 
-// all is the one request: every event replans every node.
+// all is the request of node and NAD events: they replan every node.
 var all = reconcile.Request{NamespacedName: types.NamespacedName{Name: "all-nodes"}}
+
+// pods is the request of pod events (dynamic allocation): it replans every
+// node only when the nodes that use a network changed.
+var pods = reconcile.Request{NamespacedName: types.NamespacedName{Name: "pods"}}
 
 // Setup registers the host subnet controller with mgr.
 func Setup(mgr ctrl.Manager, opts Options) error {
-	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader()}
+	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), now: time.Now}
+	if opts.Dynamic {
+		r.dynamic = &dynamic{grace: cmp.Or(opts.Grace, DefaultGrace), seen: map[string]map[string]time.Time{}}
+	}
 	toAll := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{all}
 	})
@@ -59,17 +89,60 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		DeleteFunc: func(event.DeleteEvent) bool { return true },
 		UpdateFunc: func(event.UpdateEvent) bool { return false },
 	})
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("host-subnets").
 		Watches(&corev1.Node{}, toAll, builder.WithPredicates(nodeChanges)).
-		Watches(&nadv1.NetworkAttachmentDefinition{}, toAll).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: &opts.SkipNameValidation}).
+		Watches(&nadv1.NetworkAttachmentDefinition{}, toAll)
+	if opts.Dynamic {
+		toPods := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{pods}
+		})
+		b = b.Watches(&corev1.Pod{}, toPods, builder.WithPredicates(podPlacement))
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
+}
+
+// podPlacement passes the pod events that can change which nodes use a
+// network: a scheduled pod created, bound, ended or deleted.
+var podPlacement = predicate.Funcs{
+	CreateFunc: func(e event.CreateEvent) bool {
+		p, ok := e.Object.(*corev1.Pod)
+		return ok && p.Spec.NodeName != ""
+	},
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*corev1.Pod)
+		n, ok2 := e.ObjectNew.(*corev1.Pod)
+		return ok1 && ok2 && (o.Spec.NodeName != n.Spec.NodeName || ended(o) != ended(n))
+	},
+	DeleteFunc: func(event.DeleteEvent) bool { return true },
+}
+
+// ended reports whether pod's containers are done for good.
+func ended(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
 type reconciler struct {
 	client    client.Client
 	apiReader client.Reader
+	now       func() time.Time
+	// dynamic is nil unless Options.Dynamic. Reconciles run one at a
+	// time, so it needs no lock.
+	dynamic *dynamic
+}
+
+// dynamic is the state of dynamic allocation.
+type dynamic struct {
+	grace time.Duration
+	// seen[network][node] is when the node last used the network (or,
+	// for a node found holding it unused, when that was first seen).
+	seen map[string]map[string]time.Time
+	// planned are the node sets the last written pass planned with, and
+	// held what every node held after it: a pod event whose sets equal
+	// planned needs no pass.
+	planned map[string]map[string]bool
+	held    map[string]hostsubnet.Subnets
 }
 
 // Networks returns the Layer3 networks the NADs define, by name; a network
@@ -98,11 +171,30 @@ func Networks(nads []nadv1.NetworkAttachmentDefinition) []hostsubnet.Network {
 	return out
 }
 
-func (r *reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
-	var nads nadv1.NetworkAttachmentDefinitionList
-	if err := r.client.List(ctx, &nads); err != nil {
+	var nadList nadv1.NetworkAttachmentDefinitionList
+	if err := r.client.List(ctx, &nadList); err != nil {
 		return ctrl.Result{}, err
+	}
+	networks := Networks(nadList.Items)
+	var (
+		active map[string]map[string]bool
+		wanted map[string]map[string]bool
+		result ctrl.Result
+	)
+	if d := r.dynamic; d != nil {
+		var err error
+		if active, err = r.activeNodes(ctx, networks); err != nil {
+			return ctrl.Result{}, err
+		}
+		if req == pods && d.held != nil {
+			var next time.Duration
+			wanted, next = d.wanted(networks, active, d.held, r.now())
+			if equalSets(wanted, d.planned) {
+				return ctrl.Result{RequeueAfter: next}, nil
+			}
+		}
 	}
 	// Nodes from the API server, not the cache: a node patched by the
 	// previous pass but not yet in the cache would look free of its
@@ -125,7 +217,17 @@ func (r *reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		}
 		nodes = append(nodes, hostsubnet.Node{Name: n.Name, Current: cur})
 	}
-	plan := hostsubnet.Assign(Networks(nads.Items), nodes)
+	if d := r.dynamic; d != nil {
+		held := make(map[string]hostsubnet.Subnets, len(nodes))
+		for _, n := range nodes {
+			held[n.Name] = n.Current
+		}
+		wanted, result.RequeueAfter = d.wanted(networks, active, held, r.now())
+		for i := range networks {
+			networks[i].Nodes = wanted[networks[i].Name]
+		}
+	}
+	plan := hostsubnet.Assign(networks, nodes)
 	for _, p := range plan.Problems {
 		logger.Info("host subnets not assigned", "problem", p)
 	}
@@ -176,7 +278,115 @@ func (r *reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	if len(errs) > 0 {
 		return ctrl.Result{}, errors.Join(errs...)
 	}
-	return ctrl.Result{}, nil
+	if d := r.dynamic; d != nil {
+		d.planned, d.held = wanted, plan.Nodes
+	}
+	return result, nil
+}
+
+// activeNodes returns, for each Layer3 network, the nodes where a
+// scheduled pod that has not ended attaches to it (from the cache).
+func (r *reconciler) activeNodes(ctx context.Context, networks []hostsubnet.Network) (map[string]map[string]bool, error) {
+	active := make(map[string]map[string]bool, len(networks))
+	for _, nw := range networks {
+		active[nw.Name] = map[string]bool{}
+	}
+	if len(networks) == 0 {
+		return active, nil
+	}
+	var list corev1.PodList
+	if err := r.client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	type primary struct {
+		labelled bool
+		key      string
+	}
+	primaries := map[string]primary{}
+	lookup := func(key string) (*netconf.Served, bool, error) { return nads.Lookup(ctx, r.client, key) }
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if pod.Spec.NodeName == "" || pod.Spec.HostNetwork || ended(pod) {
+			continue
+		}
+		p, ok := primaries[pod.Namespace]
+		if !ok {
+			var err error
+			if p.labelled, p.key, err = nads.Primary(ctx, r.client, pod.Namespace); err != nil {
+				return nil, err
+			}
+			primaries[pod.Namespace] = p
+		}
+		// A pod whose networks cannot be read attaches to none: the
+		// allocator refuses it as well.
+		atts, _ := ipam.PodAttachments(pod, p.labelled, p.key, lookup)
+		for _, a := range atts {
+			if a.Network == nil {
+				continue
+			}
+			if set, ok := active[a.Network.Name]; ok {
+				set[pod.Spec.NodeName] = true
+			}
+		}
+	}
+	return active, nil
+}
+
+// wanted returns, for each network, the nodes that should hold its host
+// subnets: those that use it now, and those holding it (held) whose last
+// use is less than the grace period ago; and how long until the first of
+// those graces ends (0: none), when the plan must be made again.
+func (d *dynamic) wanted(networks []hostsubnet.Network, active map[string]map[string]bool, held map[string]hostsubnet.Subnets, now time.Time) (map[string]map[string]bool, time.Duration) {
+	out := make(map[string]map[string]bool, len(networks))
+	var next time.Duration
+	for _, nw := range networks {
+		seen := d.seen[nw.Name]
+		if seen == nil {
+			seen = map[string]time.Time{}
+			d.seen[nw.Name] = seen
+		}
+		set := maps.Clone(active[nw.Name])
+		if set == nil {
+			set = map[string]bool{}
+		}
+		for node := range set {
+			seen[node] = now
+		}
+		for node, s := range held {
+			if len(s[nw.Name]) == 0 || set[node] {
+				continue
+			}
+			t, ok := seen[node]
+			if !ok {
+				// Found holding it unused (after a restart, say): the
+				// grace starts now.
+				t, seen[node] = now, now
+			}
+			if left := d.grace - now.Sub(t); left > 0 {
+				set[node] = true
+				if next == 0 || left < next {
+					next = left
+				}
+			}
+		}
+		for node := range seen {
+			if !set[node] && len(held[node][nw.Name]) == 0 {
+				delete(seen, node)
+			}
+		}
+		out[nw.Name] = set
+	}
+	for name := range d.seen {
+		if _, ok := out[name]; !ok {
+			delete(d.seen, name)
+		}
+	}
+	return out, next
+}
+
+// equalSets reports whether a and b hold the same nodes per network.
+func equalSets(a, b map[string]map[string]bool) bool {
+	return maps.EqualFunc(a, b, func(x, y map[string]bool) bool { return maps.Equal(x, y) })
 }
 
 // current returns the host subnets node holds (nil if none or unreadable).
