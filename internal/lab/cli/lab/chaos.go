@@ -143,6 +143,7 @@ func (f *chaosFlags) check() error {
 func newChaosControllerCommand() *cobra.Command {
 	var kubeconfig, probeAddr string
 	var webhookPort int
+	var dynamicHostSubnets bool
 	cmd := &cobra.Command{
 		Use:    "controller",
 		Short:  "run kvnet-controller for a chaos run (internal)",
@@ -158,13 +159,15 @@ func newChaosControllerCommand() *cobra.Command {
 			defer cancel()
 			return manager.Run(ctx, cfg, manager.Options{
 				MetricsAddr: "0", ProbeAddr: probeAddr,
-				Webhook: controlplane.WebhookOptions(webhookPort, false),
+				Webhook:            controlplane.WebhookOptions(webhookPort, false),
+				DynamicHostSubnets: dynamicHostSubnets,
 			})
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's service account")
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", "address of /readyz")
 	cmd.Flags().IntVar(&webhookPort, "webhook-port", 0, "port of the webhooks on 127.0.0.1")
+	cmd.Flags().BoolVar(&dynamicHostSubnets, "enable-dynamic-host-subnets", false, "as kvnet-controller's flag")
 	return cmd
 }
 
@@ -183,6 +186,8 @@ type chaosEnv struct {
 	ctrlKubeconfig string
 	webhookPort    int
 	probeAddr      string
+	// ctrlArgs are more flags of the controller processes.
+	ctrlArgs []string
 
 	mu   sync.Mutex   // guards ctrl
 	ctrl *ctrlProcess // the running kvnet-controller
@@ -221,8 +226,9 @@ func (e *chaosEnv) startControllerOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "chaos", "controller", "--kubeconfig", e.ctrlKubeconfig,
-		"--probe-addr", e.probeAddr, "--webhook-port", strconv.Itoa(e.webhookPort))
+	args := append([]string{"chaos", "controller", "--kubeconfig", e.ctrlKubeconfig,
+		"--probe-addr", e.probeAddr, "--webhook-port", strconv.Itoa(e.webhookPort)}, e.ctrlArgs...)
+	cmd := exec.Command(self, args...)
 	cmd.Stdout, cmd.Stderr = e.log, e.log
 	// It dies with this process (see simcluster on Pdeathsig and threads).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -353,8 +359,8 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 // startControl starts a private lab's control plane (cfg, its logs in
 // dir) and kvnet-controller as a process with its webhooks, as chaos and
 // scale runs use them.
-func startControl(ctx context.Context, dir string, cfg controlplane.Config) (_ *chaosEnv, err error) {
-	e := &chaosEnv{dir: dir}
+func startControl(ctx context.Context, dir string, cfg controlplane.Config, ctrlArgs ...string) (_ *chaosEnv, err error) {
+	e := &chaosEnv{dir: dir, ctrlArgs: ctrlArgs}
 	defer func() {
 		if err != nil {
 			e.close()

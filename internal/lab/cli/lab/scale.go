@@ -28,19 +28,22 @@ import (
 
 // scaleFlags configure `kvnet-lab scale`.
 type scaleFlags struct {
-	dir       string
-	keep      bool
-	nodes     int
-	realNodes int
-	udns      int
-	pods      int
-	vms       int
-	churn     time.Duration
-	churnRate float64
-	writers   int
-	stall     time.Duration
-	summary   string
-	output    string
+	// dynamicHostSubnets runs kvnet-controller with
+	// --enable-dynamic-host-subnets.
+	dynamicHostSubnets bool
+	dir                string
+	keep               bool
+	nodes              int
+	realNodes          int
+	udns               int
+	pods               int
+	vms                int
+	churn              time.Duration
+	churnRate          float64
+	writers            int
+	stall              time.Duration
+	summary            string
+	output             string
 }
 
 // NewScaleCommand returns `kvnet-lab scale`: the scale lab.
@@ -110,6 +113,8 @@ assertion.`,
 	fl.Float64Var(&f.churnRate, "churn-rate", 20, "pods deleted and created per second during the churn")
 	fl.IntVar(&f.writers, "writers", 32, "concurrent writers creating objects")
 	fl.DurationVar(&f.stall, "stall-timeout", 3*time.Minute, "how long a wait may go without progress before the run fails")
+	fl.BoolVar(&f.dynamicHostSubnets, "dynamic-host-subnets", false,
+		"run kvnet-controller with --enable-dynamic-host-subnets: Layer3 host subnets only on the nodes that use the network")
 	fl.StringVar(&f.summary, "summary", "", "write the summary (JSON) to this file")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for the table")
 	return cmd
@@ -186,7 +191,11 @@ func setUpScale(ctx context.Context, f *scaleFlags, dir string) (_ *scaleEnv, er
 		"max-requests-inflight":          "1600",
 		"max-mutating-requests-inflight": "800",
 	}
-	ce, err := startControl(ctx, dir, cfg)
+	var ctrlArgs []string
+	if f.dynamicHostSubnets {
+		ctrlArgs = append(ctrlArgs, "--enable-dynamic-host-subnets")
+	}
+	ce, err := startControl(ctx, dir, cfg, ctrlArgs...)
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,9 @@ type ScaleParameters struct {
 	ChurnSeconds float64 `json:"churnSeconds"`
 	ChurnRate    float64 `json:"churnRate"`
 	Writers      int     `json:"writers"`
+	// DynamicHostSubnets: kvnet-controller ran with
+	// --enable-dynamic-host-subnets.
+	DynamicHostSubnets bool `json:"dynamicHostSubnets,omitempty"`
 }
 
 // ScaleFloor is the write floor: pods created and annotated by the run's
@@ -397,6 +400,14 @@ func procCPUSeconds(pid int) float64 {
 	return ticks / 100
 }
 
+// dynamicNote names dynamic host subnets in the size row.
+func dynamicNote(on bool) string {
+	if on {
+		return "; dynamic host subnets"
+	}
+	return ""
+}
+
 func (s *ScaleSummary) print(w io.Writer) {
 	p := s.Parameters
 	ms := func(l Latency) string { return fmt.Sprintf("p50 %.0f ms, p99 %.0f ms (n %d)", l.P50, l.P99, l.N) }
@@ -404,8 +415,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms (n %d, %.1f s in all)", l.P50, l.P99, l.N, l.Sum/1000)
 	}
 	rows := [][2]string{
-		{"size", fmt.Sprintf("%d KWOK nodes + %d real, %d networks, %d pods, %d VMs; churn %.0f s at %g pods/s",
-			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate)},
+		{"size", fmt.Sprintf("%d KWOK nodes + %d real, %d networks, %d pods, %d VMs; churn %.0f s at %g pods/s%s",
+			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate, dynamicNote(p.DynamicHostSubnets))},
 		{"API write floor", fmt.Sprintf("%.0f pods/s (%.0f writes/s; %d pods created + annotated by %d writers)",
 			s.Floor.PodsPerSecond, s.Floor.WritesPerSecond, s.Floor.Pods, p.Writers)},
 		{"networks → NetworkCreated", fmt.Sprintf("%s; %.1f/s, %.2f× the floor", ms(s.Networks.ReadyMs), s.Networks.PerSecond, s.Networks.VsFloor)},

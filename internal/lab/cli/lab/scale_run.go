@@ -136,6 +136,7 @@ func newScaleRun(ctx context.Context, e *scaleEnv) (*scaleRun, error) {
 		sum: &ScaleSummary{Parameters: ScaleParameters{
 			Nodes: e.f.nodes, RealNodes: e.f.realNodes, UDNs: e.f.udns, Pods: e.f.pods, VMs: e.f.vms,
 			ChurnSeconds: e.f.churn.Seconds(), ChurnRate: e.f.churnRate, Writers: e.f.writers,
+			DynamicHostSubnets: e.f.dynamicHostSubnets,
 		}}}
 	cudns := e.f.udns / 10
 	tenants := (e.f.udns - cudns) / 2
