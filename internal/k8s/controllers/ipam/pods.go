@@ -439,6 +439,9 @@ func (r *podReconciler) podError(ctx context.Context, pod *corev1.Pod, networkNa
 	case errors.Is(err, errNotScheduled):
 		return ctrl.Result{}, nil
 	case errors.Is(err, errNoHostSubnet):
+		// Retried as soon as the node's host subnets change, and
+		// periodically as a backstop.
+		r.st.waitFor(nodeWait(pod.Spec.NodeName), client.ObjectKeyFromObject(pod))
 		reason, event, result = "NoHostSubnet", eventAllocationFailed, ctrl.Result{RequeueAfter: retryMissing}
 	case errors.Is(err, ipam.ErrMissingNAD):
 		reason, event, result = "MissingNetworkAttachmentDefinition", eventAllocationFailed, ctrl.Result{RequeueAfter: retryMissing}

@@ -94,6 +94,15 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 				GenericFunc: func(event.GenericEvent) bool { return false },
 			})}).
 		WatchesRawSource(source.Channel(st.wake, &handler.EnqueueRequestForObject{})).
+		// A node's new host subnets wake its pods waiting for them.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(
+			func(_ context.Context, o client.Object) []reconcile.Request {
+				var reqs []reconcile.Request
+				for _, p := range st.takeWaiting(nodeWait(o.GetName())) {
+					reqs = append(reqs, reconcile.Request{NamespacedName: p})
+				}
+				return reqs
+			}), builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(pr)
 	if err != nil {

@@ -72,15 +72,10 @@ func (st *state) waitFor(network string, pod types.NamespacedName) {
 
 // freed wakes the pods waiting for an address of the networks.
 func (st *state) freed(networks ...string) {
-	st.mu.Lock()
 	var pods []types.NamespacedName
 	for _, n := range networks {
-		for p := range st.waiting[n] {
-			pods = append(pods, p)
-		}
-		delete(st.waiting, n)
+		pods = append(pods, st.takeWaiting(n)...)
 	}
-	st.mu.Unlock()
 	for _, p := range pods {
 		obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
 		select {
@@ -89,6 +84,22 @@ func (st *state) freed(networks ...string) {
 		}
 	}
 }
+
+// takeWaiting returns and forgets the pods waiting under key.
+func (st *state) takeWaiting(key string) []types.NamespacedName {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var pods []types.NamespacedName
+	for p := range st.waiting[key] {
+		pods = append(pods, p)
+	}
+	delete(st.waiting, key)
+	return pods
+}
+
+// nodeWait is the waiting key of pods waiting for a host subnet on node
+// (no network name holds a NUL).
+func nodeWait(node string) string { return "\x00node/" + node }
 
 // network returns the allocator of s's network, creating it on first use.
 func (st *state) network(s *netconf.Served) (*network, error) {

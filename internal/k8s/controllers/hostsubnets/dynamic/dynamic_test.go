@@ -119,10 +119,15 @@ func TestDynamicHostSubnets(t *testing.T) {
 		}
 		return nil
 	})
-	p2.Status.Phase = corev1.PodFailed
-	if err := c.Status().Update(ctx, p2); err != nil {
-		t.Fatal(err)
-	}
+	// The allocator writes p2 too: read it again on a conflict.
+	testenv.Eventually(t, 30*time.Second, "p2 marked failed", func() error {
+		var cur corev1.Pod
+		if err := c.Get(ctx, client.ObjectKeyFromObject(p2), &cur); err != nil {
+			return err
+		}
+		cur.Status.Phase = corev1.PodFailed
+		return c.Status().Update(ctx, &cur)
+	})
 	released(t, "dy-b")
 
 	// A restarted controller finds dy-a's subnet held and in use: kept.
