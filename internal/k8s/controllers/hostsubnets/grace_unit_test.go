@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"kvnet.io/kvnet/internal/hostsubnet"
 )
 
@@ -42,5 +44,36 @@ func TestWantedGrace(t *testing.T) {
 	// A network gone is forgotten.
 	if _, next := d.wanted(nil, nil, nil, t0.Add(19*time.Second)); next != 0 || len(d.seen) != 0 {
 		t.Fatalf("no networks: next %s, seen %v", next, d.seen)
+	}
+}
+
+// usage.set asks for a pass only when a network's first pod on a node
+// comes or its last goes.
+func TestUsageTransitions(t *testing.T) {
+	u := newUsage()
+	key := func(n string) types.NamespacedName { return types.NamespacedName{Namespace: "t", Name: n} }
+	steps := []struct {
+		pod  string
+		use  podUse
+		want bool
+	}{
+		{"p1", podUse{node: "a", networks: []string{"n"}}, true},       // first of n on a
+		{"p2", podUse{node: "a", networks: []string{"n"}}, false},      // second
+		{"p1", podUse{}, false},                                        // p1 ends: p2 still there
+		{"p2", podUse{node: "a", networks: []string{"n"}}, false},      // the same again
+		{"p2", podUse{node: "b", networks: []string{"n"}}, true},       // moved: a left, b came
+		{"p3", podUse{node: "b", networks: []string{"n", "m"}}, true},  // m new on b
+		{"p3", podUse{node: "b", networks: []string{"n", "m"}}, false}, // repeated event
+		{"p3", podUse{node: "b", networks: []string{"n"}}, true},       // m gone from b
+		{"p2", podUse{}, false},                                        // p3 keeps n on b
+		{"p3", podUse{}, true},                                         // last of n on b
+	}
+	for i, s := range steps {
+		if got := u.set(key(s.pod), s.use); got != s.want {
+			t.Fatalf("step %d (%s %+v): changed %v, want %v", i, s.pod, s.use, got, s.want)
+		}
+	}
+	if a := u.active(); len(a) != 0 || len(u.pods) != 0 {
+		t.Fatalf("after every pod went: active %v, pods %v", a, u.pods)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -77,7 +78,7 @@ var pods = reconcile.Request{NamespacedName: types.NamespacedName{Name: "pods"}}
 func Setup(mgr ctrl.Manager, opts Options) error {
 	r := &reconciler{client: mgr.GetClient(), apiReader: mgr.GetAPIReader(), now: time.Now}
 	if opts.Dynamic {
-		r.dynamic = &dynamic{grace: cmp.Or(opts.Grace, DefaultGrace), seen: map[string]map[string]time.Time{}}
+		r.dynamic = &dynamic{grace: cmp.Or(opts.Grace, DefaultGrace), seen: map[string]map[string]time.Time{}, use: newUsage()}
 	}
 	toAll := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{all}
@@ -94,10 +95,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Watches(&corev1.Node{}, toAll, builder.WithPredicates(nodeChanges)).
 		Watches(&nadv1.NetworkAttachmentDefinition{}, toAll)
 	if opts.Dynamic {
-		toPods := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-			return []reconcile.Request{pods}
-		})
-		b = b.Watches(&corev1.Pod{}, toPods, builder.WithPredicates(podPlacement))
+		b = b.Watches(&corev1.Pod{}, r.dynamic.use.handler(r.client), builder.WithPredicates(podPlacement))
 	}
 	return b.WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(r)
@@ -143,6 +141,8 @@ type dynamic struct {
 	// planned needs no pass.
 	planned map[string]map[string]bool
 	held    map[string]hostsubnet.Subnets
+	// use counts the pods that use each network on each node.
+	use *usage
 }
 
 // Networks returns the Layer3 networks the NADs define, by name; a network
@@ -184,10 +184,14 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		result ctrl.Result
 	)
 	if d := r.dynamic; d != nil {
-		var err error
-		if active, err = r.activeNodes(ctx, networks); err != nil {
-			return ctrl.Result{}, err
+		// Pod events keep the counts; a pass for a node or NAD event (a
+		// NAD decides which pods attach to a network) counts again.
+		if req != pods || !d.use.counted() {
+			if err := d.use.recount(ctx, r.client); err != nil {
+				return ctrl.Result{}, err
+			}
 		}
+		active = d.use.active()
 		if req == pods && d.held != nil {
 			var next time.Duration
 			wanted, next = d.wanted(networks, active, d.held, r.now())
@@ -284,52 +288,177 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return result, nil
 }
 
-// activeNodes returns, for each Layer3 network, the nodes where a
-// scheduled pod that has not ended attaches to it (from the cache).
-func (r *reconciler) activeNodes(ctx context.Context, networks []hostsubnet.Network) (map[string]map[string]bool, error) {
-	active := make(map[string]map[string]bool, len(networks))
-	for _, nw := range networks {
-		active[nw.Name] = map[string]bool{}
+// usage counts, per Layer3 network and node, the scheduled pods that have
+// not ended and attach to the network there. Pod events update it as they
+// come, and wake a pass only when a network gains its first pod on a node
+// or loses its last: a pass then costs no walk over every pod.
+type usage struct {
+	mu     sync.Mutex
+	pods   map[types.NamespacedName]podUse
+	nodes  map[string]map[string]int // network -> node -> pods
+	recent bool                      // counted from a full list once
+}
+
+// podUse is where one pod uses which Layer3 networks.
+type podUse struct {
+	node     string
+	networks []string
+}
+
+func newUsage() *usage {
+	return &usage{pods: map[types.NamespacedName]podUse{}, nodes: map[string]map[string]int{}}
+}
+
+// counted reports whether the counts were made from a full list once.
+func (u *usage) counted() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.recent
+}
+
+// set records pod's use (zero: none) and reports whether a network gained
+// its first pod on a node or lost its last.
+func (u *usage) set(key types.NamespacedName, use podUse) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	type pair struct{ network, node string }
+	old := u.pods[key]
+	// left holds the (network, node) pairs whose last pod this was,
+	// unless this pod still uses them.
+	left := map[pair]bool{}
+	for _, nw := range old.networks {
+		if u.nodes[nw][old.node]--; u.nodes[nw][old.node] <= 0 {
+			delete(u.nodes[nw], old.node)
+			if len(u.nodes[nw]) == 0 {
+				delete(u.nodes, nw)
+			}
+			left[pair{nw, old.node}] = true
+		}
 	}
-	if len(networks) == 0 {
-		return active, nil
+	changed := false
+	for _, nw := range use.networks {
+		if u.nodes[nw] == nil {
+			u.nodes[nw] = map[string]int{}
+		}
+		if u.nodes[nw][use.node]++; u.nodes[nw][use.node] == 1 {
+			if p := (pair{nw, use.node}); left[p] {
+				delete(left, p)
+			} else {
+				changed = true
+			}
+		}
 	}
+	changed = changed || len(left) > 0
+	if len(use.networks) == 0 {
+		delete(u.pods, key)
+	} else {
+		u.pods[key] = use
+	}
+	return changed
+}
+
+// active returns the nodes that use each network.
+func (u *usage) active() map[string]map[string]bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make(map[string]map[string]bool, len(u.nodes))
+	for nw, nodes := range u.nodes {
+		set := make(map[string]bool, len(nodes))
+		for n := range nodes {
+			set[n] = true
+		}
+		out[nw] = set
+	}
+	return out
+}
+
+// recount counts again from every pod in the cache.
+func (u *usage) recount(ctx context.Context, c client.Reader) error {
 	var list corev1.PodList
-	if err := r.client.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
+	if err := c.List(ctx, &list); err != nil {
+		return fmt.Errorf("list pods: %w", err)
 	}
-	type primary struct {
-		labelled bool
-		key      string
-	}
-	primaries := map[string]primary{}
-	lookup := func(key string) (*netconf.Served, bool, error) { return nads.Lookup(ctx, r.client, key) }
+	uses := make(map[types.NamespacedName]podUse, len(list.Items))
 	for i := range list.Items {
-		pod := &list.Items[i]
-		if pod.Spec.NodeName == "" || pod.Spec.HostNetwork || ended(pod) {
-			continue
+		use, err := useOf(ctx, c, &list.Items[i])
+		if err != nil {
+			return err
 		}
-		p, ok := primaries[pod.Namespace]
-		if !ok {
-			var err error
-			if p.labelled, p.key, err = nads.Primary(ctx, r.client, pod.Namespace); err != nil {
-				return nil, err
-			}
-			primaries[pod.Namespace] = p
-		}
-		// A pod whose networks cannot be read attaches to none: the
-		// allocator refuses it as well.
-		atts, _ := ipam.PodAttachments(pod, p.labelled, p.key, lookup)
-		for _, a := range atts {
-			if a.Network == nil {
-				continue
-			}
-			if set, ok := active[a.Network.Name]; ok {
-				set[pod.Spec.NodeName] = true
-			}
+		if len(use.networks) > 0 {
+			uses[client.ObjectKeyFromObject(&list.Items[i])] = use
 		}
 	}
-	return active, nil
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.pods, u.nodes, u.recent = uses, map[string]map[string]int{}, true
+	for _, use := range uses {
+		for _, nw := range use.networks {
+			if u.nodes[nw] == nil {
+				u.nodes[nw] = map[string]int{}
+			}
+			u.nodes[nw][use.node]++
+		}
+	}
+	return nil
+}
+
+// useOf returns the Layer3 networks pod uses on its node: none unless it
+// is scheduled, not on the host's network and has not ended. A pod whose
+// networks cannot be read uses none (the allocator refuses it too).
+func useOf(ctx context.Context, c client.Reader, pod *corev1.Pod) (podUse, error) {
+	if pod.Spec.NodeName == "" || pod.Spec.HostNetwork || ended(pod) {
+		return podUse{}, nil
+	}
+	labelled, primaryKey, err := nads.Primary(ctx, c, pod.Namespace)
+	if err != nil {
+		return podUse{}, err
+	}
+	lookup := func(key string) (*netconf.Served, bool, error) { return nads.Lookup(ctx, c, key) }
+	atts, _ := ipam.PodAttachments(pod, labelled, primaryKey, lookup)
+	use := podUse{node: pod.Spec.NodeName}
+	for _, a := range atts {
+		if a.Network != nil && a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3 &&
+			!slices.Contains(use.networks, a.Network.Name) {
+			use.networks = append(use.networks, a.Network.Name)
+		}
+	}
+	return use, nil
+}
+
+// handler keeps u current from pod events and asks for a pass when a
+// node's use of a network starts or ends. A pod whose namespace cannot be
+// read is left to the next full count.
+func (u *usage) handler(c client.Reader) handler.EventHandler {
+	update := func(ctx context.Context, pod *corev1.Pod, gone bool, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		var use podUse
+		if !gone {
+			var err error
+			if use, err = useOf(ctx, c, pod); err != nil {
+				log.FromContext(ctx).Info("pod's networks not read", "pod", client.ObjectKeyFromObject(pod), "reason", err.Error())
+				return
+			}
+		}
+		if u.set(client.ObjectKeyFromObject(pod), use) {
+			q.Add(pods)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if p, ok := e.Object.(*corev1.Pod); ok {
+				update(ctx, p, false, q)
+			}
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if p, ok := e.ObjectNew.(*corev1.Pod); ok {
+				update(ctx, p, false, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if p, ok := e.Object.(*corev1.Pod); ok {
+				update(ctx, p, true, q)
+			}
+		},
+	}
 }
 
 // wanted returns, for each network, the nodes that should hold its host
