@@ -67,8 +67,12 @@ const DefaultGrace = 120 * time.Second
 // writers is how many node writes a pass makes at once.
 const writers = 16
 
-// all is the request of node and NAD events: they replan every node.
+// all is the request of node events: they replan every node.
 var all = reconcile.Request{NamespacedName: types.NamespacedName{Name: "all-nodes"}}
+
+// nadsChanged is the request of NAD events: with dynamic allocation, a NAD
+// also decides which pods attach to a network, so it counts them again.
+var nadsChanged = reconcile.Request{NamespacedName: types.NamespacedName{Name: "nads"}}
 
 // pods is the request of pod events (dynamic allocation): it replans every
 // node only when the nodes that use a network changed.
@@ -93,7 +97,9 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("host-subnets").
 		Watches(&corev1.Node{}, toAll, builder.WithPredicates(nodeChanges)).
-		Watches(&nadv1.NetworkAttachmentDefinition{}, toAll)
+		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{nadsChanged}
+		}))
 	if opts.Dynamic {
 		b = b.Watches(&corev1.Pod{}, r.dynamic.use.handler(r.client), builder.WithPredicates(podPlacement))
 	}
@@ -184,9 +190,9 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		result ctrl.Result
 	)
 	if d := r.dynamic; d != nil {
-		// Pod events keep the counts; a pass for a node or NAD event (a
-		// NAD decides which pods attach to a network) counts again.
-		if req != pods || !d.use.counted() {
+		// Pod events keep the counts; a NAD event counts again (a NAD
+		// decides which pods attach to a network).
+		if req == nadsChanged || !d.use.counted() {
 			if err := d.use.recount(ctx, r.client); err != nil {
 				return ctrl.Result{}, err
 			}
