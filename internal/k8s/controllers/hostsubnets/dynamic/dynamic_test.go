@@ -1,7 +1,3 @@
-// Package dynamic_test runs kvnet-controller with dynamic host subnets
-// (--enable-dynamic-host-subnets) against a real API server: a package of
-// its own, as the controller of package hostsubnets' tests gives every
-// node every network.
 package dynamic_test
 
 import (
