@@ -41,7 +41,7 @@ func TestClusterKubeVirt(t *testing.T) {
 	// Deployed says every component rolled out once; under load a
 	// replica may be restarting a moment later (a slow probe), so each
 	// is waited for.
-	testenv.Eventually(t, 5*time.Minute, "virt-handler ready on every node, virt-api, virt-controller and virt-operator available", func() error {
+	testenv.Eventually(recapTB{t}, 5*time.Minute, "virt-handler ready on every node, virt-api, virt-controller and virt-operator available", func() error {
 		ds, err := c.Client.AppsV1().DaemonSets(KubeVirtNamespace).Get(ctx, "virt-handler", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -62,10 +62,10 @@ func TestClusterKubeVirt(t *testing.T) {
 	})
 	env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile))
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if !strings.Contains(string(env), "GUEST_IMAGE="+c.Registry+"/kvnet-lab/guest:lab\n") {
-		t.Errorf("env file lacks GUEST_IMAGE:\n%s", env)
+		failf(t, "env file lacks GUEST_IMAGE:\n%s", env)
 	}
 
 	installKvnet(ctx, t, c, kvnetCLI(t, c))
@@ -74,25 +74,25 @@ func TestClusterKubeVirt(t *testing.T) {
 	prom := startPrometheus(ctx, t, c)
 	results, err := RunVMScenarios(ctx, c.ScenarioTarget(), testLog{t})
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	checkMigrationHistograms(ctx, t, c, prom)
 	want := append(slices.Clip(VMScenarios), ScenarioVMDualStack)
 	if len(results) != len(want) {
-		t.Fatalf("%d results, want one per scenario (%d: %v)", len(results), len(want), want)
+		fatalf(t, "%d results, want one per scenario (%d: %v)", len(results), len(want), want)
 	}
 	noDummy := !kernelHasDummy(t)
 	for i, r := range results {
 		if r.Name != want[i] {
-			t.Errorf("result %d is %q, want %q", i, r.Name, want[i])
+			failf(t, "result %d is %q, want %q", i, r.Name, want[i])
 		}
 		switch {
 		case r.Name == ScenarioVML2Bridge && noDummy:
 			if !r.Blocked || !strings.Contains(r.Detail, "LinkAdd: operation not supported") {
-				t.Errorf("%s on a kernel without dummy links: want Blocked by KubeVirt's LinkAdd, got %s", r.Name, r)
+				failf(t, "%s on a kernel without dummy links: want Blocked by KubeVirt's LinkAdd, got %s", r.Name, r)
 			}
 		case !r.OK:
-			t.Errorf("%s", r)
+			failf(t, "%s", r)
 		}
 	}
 	if t.Failed() {
@@ -126,11 +126,11 @@ func checkMigrationHistograms(ctx context.Context, t *testing.T, c *Cluster, pro
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(c.CP.Config)
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	l, err := dyn.Resource(vmimGVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	// Only VMs on kvnet's networks switch a kvnet port: those in
 	// namespaces with a primary UDN (the drain also moves a VM of the
@@ -145,7 +145,7 @@ func checkMigrationHistograms(ctx context.Context, t *testing.T, c *Cluster, pro
 		if _, ok := primary[ns]; !ok {
 			n, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 			if err != nil {
-				t.Fatal(err)
+				fatalf(t, "%v", err)
 			}
 			_, primary[ns] = n.Labels["k8s.ovn.org/primary-user-defined-network"]
 		}
@@ -154,13 +154,13 @@ func checkMigrationHistograms(ctx context.Context, t *testing.T, c *Cluster, pro
 		}
 	}
 	if succeeded == 0 {
-		t.Fatal("no VirtualMachineInstanceMigration of a VM on a primary UDN succeeded in the VM scenarios")
+		fatalf(t, "no VirtualMachineInstanceMigration of a VM on a primary UDN succeeded in the VM scenarios")
 	}
 	sum := func(metric string) string {
 		return fmt.Sprintf("sum(max_over_time(%s[3h]))", metric)
 	}
 	var got map[string]float64
-	testenv.Eventually(t, time.Minute, "Prometheus counts every live migration in kvnet's histograms", func() error {
+	testenv.Eventually(recapTB{t}, time.Minute, "Prometheus counts every live migration in kvnet's histograms", func() error {
 		got = map[string]float64{}
 		for _, m := range []string{"kvnet_migration_target_wait_seconds_count", "kvnet_migration_switchover_seconds_count",
 			`kvnet_migration_switchovers_total{trigger="first-frame"}`, "kvnet_migration_switchovers_total"} {

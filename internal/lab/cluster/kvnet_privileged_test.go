@@ -158,7 +158,7 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	for _, r := range results {
 		got[r.Name], ok[r.Name] = true, r.OK
 		if !r.OK {
-			t.Errorf("scenario %s: %s", r.Name, r.Detail)
+			failf(t, "scenario %s: %s", r.Name, r.Detail)
 		}
 	}
 	want := PodScenarios

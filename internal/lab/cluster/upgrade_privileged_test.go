@@ -35,7 +35,7 @@ func buildPreviousKvnet(ctx context.Context, t *testing.T, c *Cluster) func(args
 	t.Helper()
 	root, err := repo.Root()
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	src := t.TempDir()
 	if err := exec.CommandContext(ctx, "git", "-C", root, "cat-file", "-e", previousKvnet+"^{commit}").Run(); err != nil {
@@ -47,24 +47,24 @@ func buildPreviousKvnet(ctx context.Context, t *testing.T, c *Cluster) func(args
 	} else {
 		archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, previousKvnet, src)
 		if out, err := archive.CombinedOutput(); err != nil {
-			t.Fatalf("check out kvnet %s: %v\n%s", previousKvnet, err, out)
+			fatalf(t, "check out kvnet %s: %v\n%s", previousKvnet, err, out)
 		}
 	}
 	out := filepath.Join(t.TempDir(), "images")
 	build := exec.CommandContext(ctx, "go", "run", "./hack/images", "--out", out, "--registry", c.Registry+"/kvnet", "--tag", previousTag)
 	build.Dir = src
 	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("kvnet %s: make images: %v\n%s", previousKvnet[:7], err, b)
+		fatalf(t, "kvnet %s: make images: %v\n%s", previousKvnet[:7], err, b)
 	}
 	refs, err := PushLayouts(ctx, out, c.Registry+"/kvnet", previousTag)
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	t.Logf("kvnet %s's images: %v", previousKvnet[:7], refs)
 	bin := filepath.Join(t.TempDir(), "kvnet-previous")
 	cli := testenv.GoBuild(src, "-o", bin, "./cmd/kvnet")
 	if b, err := cli.CombinedOutput(); err != nil {
-		t.Fatalf("kvnet %s: go build ./cmd/kvnet: %v\n%s", previousKvnet[:7], err, b)
+		fatalf(t, "kvnet %s: go build ./cmd/kvnet: %v\n%s", previousKvnet[:7], err, b)
 	}
 	return func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", c.Kubeconfig)...)
@@ -77,7 +77,7 @@ func buildPreviousKvnet(ctx context.Context, t *testing.T, c *Cluster) func(args
 // images tagged tag, every replica and node Ready.
 func waitKvnetRolled(ctx context.Context, t *testing.T, c *Cluster, tag string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Minute, "kvnet rolled to tag "+tag, func() error {
+	testenv.Eventually(recapTB{t}, 10*time.Minute, "kvnet rolled to tag "+tag, func() error {
 		d, err := c.Client.AppsV1().Deployments(KvnetNamespace).Get(ctx, "kvnet-controller", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -127,7 +127,7 @@ var streams = []string{"echo", "echo-vm-d1", "echo-vm-d2", "echo-pod"}
 func upgradeWithVMs(ctx context.Context, t *testing.T, c *Cluster, current func(args ...string) (string, error)) {
 	dyn, err := dynamic.NewForConfig(c.CP.Config)
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	s := &vmScenarios{scenarios: &scenarios{t: c.ScenarioTarget(), dyn: dyn, out: os.Stderr, pods: map[string]*scenarioPod{}}}
 	type vmState struct{ ip, mac, node string }
@@ -137,15 +137,15 @@ func upgradeWithVMs(ctx context.Context, t *testing.T, c *Cluster, current func(
 		for _, name := range append([]string{"vm-m"}, drainVMs...) {
 			vmi, err := dyn.Resource(vmiGVR).Namespace(nsVM).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
-				t.Fatal(err)
+				fatalf(t, "%v", err)
 			}
 			claim, err := s.claimIP(ctx, nsVM, name+".default")
 			if err != nil {
-				t.Fatal(err)
+				fatalf(t, "%v", err)
 			}
 			mac, node, err := vmiClaimIP(vmi, claim)
 			if err != nil {
-				t.Fatal(err)
+				fatalf(t, "%v", err)
 			}
 			out[name] = vmState{claim.String(), mac, node}
 		}
@@ -155,7 +155,7 @@ func upgradeWithVMs(ctx context.Context, t *testing.T, c *Cluster, current func(
 	for _, e := range streams {
 		n, err := s.waitEchoGrows(ctx, nsVM, e, 0)
 		if err != nil {
-			t.Fatalf("echo stream %s before the upgrades: %v", e, err)
+			fatalf(t, "echo stream %s before the upgrades: %v", e, err)
 		}
 		lines[e] = n
 	}
@@ -165,14 +165,14 @@ func upgradeWithVMs(ctx context.Context, t *testing.T, c *Cluster, current func(
 		start := time.Now()
 		out, err := kvnet("install", "--registry", c.Registry+"/kvnet", "--tag", tag)
 		if err != nil {
-			t.Fatalf("%s: kvnet install: %v\n%s", what, err, out)
+			fatalf(t, "%s: kvnet install: %v\n%s", what, err, out)
 		}
 		waitKvnetRolled(ctx, t, c, tag)
 		took := time.Since(start)
 		for _, e := range streams {
 			n, err := s.waitEchoGrows(ctx, nsVM, e, lines[e])
 			if err != nil {
-				t.Errorf("%s: echo stream %s: %v", what, e, err)
+				failf(t, "%s: echo stream %s: %v", what, e, err)
 				continue
 			}
 			gap, _ := s.echoGap(ctx, nsVM, e, lines[e])
@@ -180,16 +180,16 @@ func upgradeWithVMs(ctx context.Context, t *testing.T, c *Cluster, current func(
 			lines[e] = n
 		}
 		if after := vms(); fmt.Sprint(after) != fmt.Sprint(before) {
-			t.Errorf("%s: VMs (IP, MAC, node) %v, before %v", what, after, before)
+			failf(t, "%s: VMs (IP, MAC, node) %v, before %v", what, after, before)
 		}
 		out, err = current("check")
 		for _, l := range strings.Split(out, "\n") {
 			if strings.HasPrefix(l, "missing") {
-				t.Errorf("%s: kvnet check: %s", what, l)
+				failf(t, "%s: kvnet check: %s", what, l)
 			}
 		}
 		if err != nil {
-			t.Errorf("%s: kvnet check: %v\n%s", what, err, out)
+			failf(t, "%s: kvnet check: %v\n%s", what, err, out)
 		}
 		t.Logf("%s: kvnet install to rolled out in %s; VMs kept %v", what, took.Round(time.Second), before)
 	}

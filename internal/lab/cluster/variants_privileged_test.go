@@ -9,12 +9,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -86,6 +91,56 @@ func TestClusterVariants(t *testing.T) {
 	}
 }
 
+func init() {
+	// The package's controller-runtime clients log through its logger:
+	// errors to stderr, and no "log.SetLogger(...) was never called"
+	// stack trace in the middle of a test's output.
+	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+}
+
+// recap holds what failed on the clusters of this test binary (failf),
+// for upForTest to repeat at the end of a failed test's output.
+var recap struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// failf fails t with the message, and keeps it (its first 500 bytes) for
+// the recap at the end of the cluster's test.
+func failf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	t.Error(msg)
+	short := msg
+	if len(short) > 500 {
+		short = short[:500] + "..."
+	}
+	recap.mu.Lock()
+	recap.lines = append(recap.lines, t.Name()+": "+short)
+	recap.mu.Unlock()
+}
+
+// fatalf is failf that stops the test.
+func fatalf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	failf(t, format, args...)
+	t.FailNow()
+}
+
+// recapTB is t for helpers that take a testing.TB: what they fail with
+// is kept for the recap too.
+type recapTB struct{ *testing.T }
+
+func (r recapTB) Errorf(format string, args ...any) {
+	r.Helper()
+	failf(r.T, format, args...)
+}
+
+func (r recapTB) Fatalf(format string, args ...any) {
+	r.Helper()
+	fatalf(r.T, format, args...)
+}
+
 // upForTest brings a cluster up for t and takes it down when t ends,
 // first logging the nodes' errors if t failed.
 func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
@@ -94,12 +149,23 @@ func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
 	if err != nil {
 		t.Fatalf("up: %v", err)
 	}
+	recap.mu.Lock()
+	from := len(recap.lines)
+	recap.mu.Unlock()
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range c.Nodes[:2] {
 				for _, f := range []string{"kubelet.log", "containerd.log"} {
-					t.Logf("%s %s (errors, last 20):\n%s", n, f, errorLines(filepath.Join(c.Dir, "nodes", n, "logs", f), 20))
+					t.Logf("%s %s (errors, last 10):\n%s", n, f, errorLines(filepath.Join(c.Dir, "nodes", n, "logs", f), 10))
 				}
+			}
+			// Last, what failed: CI shows only the beginning and
+			// the end of a long output.
+			recap.mu.Lock()
+			failed := slices.Clone(recap.lines[from:])
+			recap.mu.Unlock()
+			if len(failed) > 0 {
+				t.Logf("what failed on this cluster (repeated from above):\n%s", strings.Join(failed, "\n"))
 			}
 		}
 		if err := c.Down(); err != nil {
