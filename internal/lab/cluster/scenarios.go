@@ -300,6 +300,8 @@ type ScenarioResult struct {
 	// first failed check otherwise; and observations that are not (yet)
 	// checks, such as which interface network-status marks default.
 	Detail string
+	// Took is how long the scenario ran (0: not measured).
+	Took time.Duration
 }
 
 func (r ScenarioResult) String() string {
@@ -309,6 +311,9 @@ func (r ScenarioResult) String() string {
 		s = "BLOCKED"
 	case !r.OK:
 		s = "FAIL"
+	}
+	if r.Took > 0 {
+		return fmt.Sprintf("%s %s [%s]: %s", s, r.Name, r.Took.Round(100*time.Millisecond), r.Detail)
 	}
 	return fmt.Sprintf("%s %s: %s", s, r.Name, r.Detail)
 }
@@ -778,8 +783,9 @@ func (s *scenarios) createPod(ctx context.Context, p *corev1.Pod) {
 // runScenario runs f as scenario name and appends its result to
 // results, printing it to out.
 func runScenario(ctx context.Context, out io.Writer, results *[]ScenarioResult, name string, f func(context.Context) (string, error)) {
+	start := time.Now()
 	detail, err := f(ctx)
-	r := ScenarioResult{Name: name, OK: err == nil, Detail: detail}
+	r := ScenarioResult{Name: name, OK: err == nil, Detail: detail, Took: time.Since(start)}
 	var b *blockedError
 	if errors.As(err, &b) {
 		r.Blocked = true

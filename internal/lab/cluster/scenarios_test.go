@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -81,6 +82,9 @@ func TestScenarioResultString(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 	if got := (ScenarioResult{Name: "x", Blocked: true, Detail: "d"}).String(); got != "BLOCKED x: d" {
+		t.Errorf("got %q", got)
+	}
+	if got := (ScenarioResult{Name: "x", OK: true, Detail: "d", Took: 12345 * time.Millisecond}).String(); got != "PASS x [12.3s]: d" {
 		t.Errorf("got %q", got)
 	}
 }
