@@ -289,7 +289,17 @@ func RunVMScenarios(ctx context.Context, t ScenarioTarget, out io.Writer) ([]Sce
 	s.waitVMs(ctx, "vm-m", "vm-p", "vm-6")
 
 	var results []ScenarioResult
-	run := func(name string, f func(context.Context) (string, error)) { runScenario(ctx, out, &results, name, f) }
+	run := func(name string, f func(context.Context) (string, error)) {
+		runScenario(ctx, out, &results, name, func(ctx context.Context) (string, error) {
+			detail, err := f(ctx)
+			if err != nil {
+				if p := s.guestPanics(ctx); p != "" {
+					err = fmt.Errorf("%w; %s", err, p)
+				}
+			}
+			return detail, err
+		})
+	}
 	run(ScenarioVMMasquerade, s.masquerade)
 	run(ScenarioVMTenant, s.tenant)
 	run(ScenarioVMService, s.service)
@@ -579,6 +589,45 @@ func (s *vmScenarios) launcherPod(ctx context.Context, ns, uid, node string) (*c
 		}
 	}
 	return nil, fmt.Errorf("no running launcher pod of VMI %s on %s", uid, node)
+}
+
+// guestPanics returns, for a failed scenario, which of the scenarios'
+// guests' consoles show its kernel crashed (empty: none): a guest that
+// crashed answers nothing, whatever kvnet does.
+func (s *vmScenarios) guestPanics(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var found []string
+	for _, ns := range []string{nsVM, nsVMB, nsVMPlain, nsVM6} {
+		pods, err := s.t.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-launcher"})
+		if err != nil {
+			continue
+		}
+		for _, p := range pods.Items {
+			console, err := s.podLog(ctx, ns, p.Name, "guest-console-log")
+			if err != nil {
+				continue
+			}
+			if crash := guestCrash(console); crash != "" {
+				found = append(found, fmt.Sprintf("the guest of %s/%s on %s crashed: %s", ns, p.Name, p.Spec.NodeName, crash))
+			}
+		}
+	}
+	return strings.Join(found, "; ")
+}
+
+// guestCrash returns the first kernel crash line of a guest's console and
+// the two lines after it (empty: none).
+func guestCrash(console string) string {
+	lines := strings.Split(console, "\n")
+	for i, l := range lines {
+		if strings.Contains(l, "Kernel panic") || strings.Contains(l, "kernel BUG") || strings.Contains(l, "BUG:") ||
+			strings.Contains(l, "list_del corruption") || strings.Contains(l, "general protection fault") || strings.Contains(l, "Oops:") {
+			end := min(i+3, len(lines))
+			return strings.Join(lines[i:end], " | ")
+		}
+	}
+	return ""
 }
 
 // console returns the guest's serial console so far, as KubeVirt's

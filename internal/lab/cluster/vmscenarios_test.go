@@ -202,3 +202,14 @@ kvnet_node_ready{node="node-2"} 1
 		t.Fatalf("sum of nothing %v", got)
 	}
 }
+
+func TestGuestCrash(t *testing.T) {
+	console := "KVNET-READY\n[  812.1] list_del corruption. prev->next should be ffff\n[  812.2] ------------[ cut here ]------------\n[  812.3] kernel BUG at lib/list_debug.c:62!\n[  812.4] invalid opcode: 0000 [#1] SMP\n[  812.5] RIP: 0010:__list_del_entry_valid\n"
+	got := guestCrash(console)
+	if !strings.HasPrefix(got, "[  812.1] list_del corruption.") || strings.Count(got, " | ") != 2 {
+		t.Errorf("guestCrash = %q", got)
+	}
+	if got := guestCrash("KVNET-READY\nKVNET-LEASE eth0 02:00:00:00:00:01 10.0.2.2/24\n"); got != "" {
+		t.Errorf("guestCrash of a healthy console = %q", got)
+	}
+}
