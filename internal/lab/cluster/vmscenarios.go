@@ -596,16 +596,27 @@ func (s *vmScenarios) launcherPod(ctx context.Context, ns, uid, node string) (*c
 // the VMI's UID).
 const ghostRecordDir = "/var/run/kubevirt-private/ghost-records"
 
-// dropStaleGhostRecord works around a KubeVirt v1.8.4 bug the migration
-// scenario hit: the source node's virt-handler sometimes keeps the ghost
-// record of a VMI that migrated away (its cleanup is skipped once the VMI
-// belongs to another node), and a restarted virt-handler loads it again;
-// a later migration of that VMI back to the node then stays in
-// PreparingTarget for good ("can not add ghost record when entry already
-// exists with differing socket file location"). It gives KubeVirt 30 s to
-// drop v's record on node (v has left node), then removes it itself and
-// says so (empty: KubeVirt had dropped it).
-func (s *vmScenarios) dropStaleGhostRecord(ctx context.Context, v *runningVM, node string) (string, error) {
+// cleanupMigrationSource works around a KubeVirt v1.8.4 bug the VM
+// scenarios hit: after a live migration the source node's virt-handler
+// sometimes skips its cleanup of the source (its domain is gone from the
+// handler's cache before the handler looks, and the VMI belongs to
+// another node by then), leaving the source launcher pod's containerDisk
+// bind-mounted (kubelet's teardown of the pod's emptyDir fails with
+// EBUSY) and the VMI's ghost record in place; a restarted handler does
+// not repair it. A later migration of the VM back to that node then stays
+// in PreparingTarget for good ("can not add ghost record when entry
+// already exists with differing socket file location", then "Found
+// multiple pods active for vmi ... Waiting on outdated pod directories to
+// be removed"). It gives KubeVirt 30 s to clean up after source launcher
+// pod sourcePod of v on node, then does what the handler skipped, in the
+// handler's pod (which sees kubelet's pod directories at /pods): unmounts
+// the pod's containerDisk images and removes the ghost record. It returns
+// what it did (empty: KubeVirt had cleaned up).
+func (s *vmScenarios) cleanupMigrationSource(ctx context.Context, v *runningVM, node, sourcePod string) (string, error) {
+	pod, err := s.t.Client.CoreV1().Pods(v.ns).Get(ctx, sourcePod, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("source launcher pod: %w", err)
+	}
 	pods, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).List(ctx, metav1.ListOptions{
 		LabelSelector: "kubevirt.io=virt-handler", FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
@@ -615,35 +626,43 @@ func (s *vmScenarios) dropStaleGhostRecord(ctx context.Context, v *runningVM, no
 		return "", fmt.Errorf("no virt-handler pod on %s", node)
 	}
 	handler := pods.Items[0].Name
-	record := ghostRecordDir + "/" + v.uid
-	present := func(ctx context.Context) (bool, error) {
-		_, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "test", "-e", record)
-		if code, ok := ExitStatus(err); ok && code == 1 {
-			return false, nil
+	// leftovers prints the pod's containerDisk mounts and the ghost
+	// record if either is there (exit 3), and exits 0 when neither is.
+	leftovers := fmt.Sprintf(`m=$(grep -o "/pods/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u)
+g=%s/%s
+[ -e "$g" ] || g=
+[ -z "$m$g" ] && exit 0
+echo $m $g
+exit 3`, pod.UID, ghostRecordDir, v.uid)
+	var left string
+	err = poll(ctx, 30*time.Second, func(ctx context.Context) error {
+		out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "sh", "-c", leftovers)
+		if code, ok := ExitStatus(err); ok && code == 3 {
+			left = strings.TrimSpace(out)
+			return fmt.Errorf("left: %s", left)
 		}
 		if err != nil {
-			return false, fmt.Errorf("virt-handler %s: test -e %s: %w: %s", handler, record, err, strings.TrimSpace(errOut))
+			return &stopPolling{fmt.Errorf("virt-handler %s: %w: %s", handler, err, strings.TrimSpace(errOut))}
 		}
-		return true, nil
-	}
-	err = poll(ctx, 30*time.Second, func(ctx context.Context) error {
-		p, err := present(ctx)
-		if err == nil && p {
-			err = errors.New("still there")
-		}
-		return err
+		left = ""
+		return nil
 	})
-	if err == nil {
+	var sp *stopPolling
+	if errors.As(err, &sp) {
+		return "", sp.err
+	}
+	if left == "" {
 		return "", nil
 	}
-	if p, err := present(ctx); err != nil || !p {
-		return "", err
+	fix := fmt.Sprintf(`for m in $(grep -o "/pods/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u); do umount "$m" || exit 1; done
+rm -f %s/%s`, pod.UID, ghostRecordDir, v.uid)
+	if _, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "sh", "-c", fix); err != nil {
+		return "", fmt.Errorf("virt-handler %s: clean up after %s: %w: %s", handler, sourcePod, err, strings.TrimSpace(errOut))
 	}
-	if _, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "rm", "-f", record); err != nil {
-		return "", fmt.Errorf("virt-handler %s: rm %s: %w: %s", handler, record, err, strings.TrimSpace(errOut))
-	}
-	s.logf("KubeVirt left VM %s's ghost record on %s after it migrated away; removed %s (KubeVirt bug)", v, node, record)
-	return fmt.Sprintf("KubeVirt's virt-handler on %s kept VM %s's ghost record 30 s after the VM left (a KubeVirt v1.8.4 bug that strands a later migration back to %s in PreparingTarget); the scenario removed it", node, v.name, node), nil
+	note := fmt.Sprintf("KubeVirt's virt-handler on %s had not cleaned up after source pod %s of VM %s 30 s after the migration (a KubeVirt v1.8.4 bug that strands a later migration back to %s); the scenario unmounted and removed %s",
+		node, sourcePod, v, node, left)
+	s.logf("%s", note)
+	return note, nil
 }
 
 // guestPanics returns, for a failed scenario, which of the scenarios'
@@ -1074,9 +1093,27 @@ func (s *vmScenarios) migrate(ctx context.Context, v *runningVM, name, node stri
 		return status, sp.err
 	}
 	if err != nil {
-		err = fmt.Errorf("%w; %s", err, s.migrationDiag(ctx, v, name))
+		return status, fmt.Errorf("%w; %s", err, s.migrationDiag(ctx, v, name))
 	}
-	return status, err
+	// v.node is still the source's node.
+	ms, _ := status["migrationState"].(map[string]any)
+	source, _ := ms["sourcePod"].(string)
+	if source == "" {
+		// The migration's own status may lack it a moment after it
+		// succeeded; the VMI's is the last migration's.
+		vmi, err := s.dyn.Resource(vmiGVR).Namespace(v.ns).Get(ctx, v.name, metav1.GetOptions{})
+		if err != nil {
+			return status, err
+		}
+		source, _, _ = unstructured.NestedString(vmi.Object, "status", "migrationState", "sourcePod")
+	}
+	if source == "" {
+		return status, fmt.Errorf("migration %s succeeded without a status.migrationState.sourcePod", name)
+	}
+	if _, err := s.cleanupMigrationSource(ctx, v, v.node, source); err != nil {
+		return status, fmt.Errorf("migration %s: after it, on the source node %s: %w", name, v.node, err)
+	}
+	return status, nil
 }
 
 // migrationDiag says why a migration of v is stuck: its status, the
@@ -1450,16 +1487,8 @@ func (s *vmScenarios) migration(ctx context.Context) (string, error) {
 		name := fmt.Sprintf("mig-%d", i+1)
 		overNet := i == 1
 		if overNet {
-			// The second migration goes back to the node the VM
-			// left, whose virt-handler restarts first.
-			note, err := s.dropStaleGhostRecord(ctx, v, to)
-			if err != nil {
-				return strings.Join(steps, "; "), err
-			}
-			if note != "" {
-				steps = append(steps, note)
-			}
-			// It goes over the dedicated migration network.
+			// The second migration goes over the dedicated migration
+			// network.
 			if err := s.useMigrationNetwork(ctx); err != nil {
 				return strings.Join(steps, "; "), err
 			}
