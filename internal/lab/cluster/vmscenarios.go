@@ -626,14 +626,7 @@ func (s *vmScenarios) cleanupMigrationSource(ctx context.Context, v *runningVM, 
 		return "", fmt.Errorf("no virt-handler pod on %s", node)
 	}
 	handler := pods.Items[0].Name
-	// leftovers prints the pod's containerDisk mounts and the ghost
-	// record if either is there (exit 3), and exits 0 when neither is.
-	leftovers := fmt.Sprintf(`m=$(grep -o "/pods/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u)
-g=%s/%s
-[ -e "$g" ] || g=
-[ -z "$m$g" ] && exit 0
-echo $m $g
-exit 3`, pod.UID, ghostRecordDir, v.uid)
+	leftovers := sourceLeftoversScript("/pods", string(pod.UID), ghostRecordDir, v.uid)
 	var left string
 	err = poll(ctx, 30*time.Second, func(ctx context.Context) error {
 		out, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "sh", "-c", leftovers)
@@ -654,8 +647,7 @@ exit 3`, pod.UID, ghostRecordDir, v.uid)
 	if left == "" {
 		return "", nil
 	}
-	fix := fmt.Sprintf(`for m in $(grep -o "/pods/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u); do umount "$m" || exit 1; done
-rm -f %s/%s`, pod.UID, ghostRecordDir, v.uid)
+	fix := sourceCleanupScript("/pods", string(pod.UID), ghostRecordDir, v.uid)
 	if _, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "sh", "-c", fix); err != nil {
 		return "", fmt.Errorf("virt-handler %s: clean up after %s: %w: %s", handler, sourcePod, err, strings.TrimSpace(errOut))
 	}
@@ -663,6 +655,26 @@ rm -f %s/%s`, pod.UID, ghostRecordDir, v.uid)
 		node, sourcePod, v, node, left)
 	s.logf("%s", note)
 	return note, nil
+}
+
+// sourceLeftoversScript is a shell script that prints what virt-handler
+// left of launcher pod podUID (its containerDisk mounts under podsDir, as
+// /proc/self/mountinfo shows them) and of VMI vmiUID (its ghost record in
+// ghostDir) and exits 3, or exits 0 when nothing is left.
+func sourceLeftoversScript(podsDir, podUID, ghostDir, vmiUID string) string {
+	return fmt.Sprintf(`m=$(grep -o "%s/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u)
+g=%s/%s
+[ -e "$g" ] || g=
+[ -z "$m$g" ] && exit 0
+echo $m $g
+exit 3`, podsDir, podUID, ghostDir, vmiUID)
+}
+
+// sourceCleanupScript is a shell script that unmounts what
+// sourceLeftoversScript finds mounted and removes the ghost record.
+func sourceCleanupScript(podsDir, podUID, ghostDir, vmiUID string) string {
+	return fmt.Sprintf(`for m in $(grep -o "%s/%s/volumes/kubernetes.io~empty-dir/container-disks/[^ ]*" /proc/self/mountinfo | sort -u); do umount "$m" || exit 1; done
+rm -f %s/%s`, podsDir, podUID, ghostDir, vmiUID)
 }
 
 // guestPanics returns, for a failed scenario, which of the scenarios'
