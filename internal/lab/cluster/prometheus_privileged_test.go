@@ -330,7 +330,6 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	// kvnet-controller exports a network's pool once it allocates there:
 	// a first pod.
 	fill(0)
-	start := time.Now()
 	var size int
 	testenv.Eventually(t, 2*time.Minute, "the pool of "+network+" in Prometheus", func() error {
 		got, err := ps.query(ctx, fmt.Sprintf("max by (network) (kvnet_ipam_pool_size{network=%q})", network), "network")
@@ -360,7 +359,7 @@ func testPrometheusAlerts(ctx context.Context, t *testing.T, c *Cluster) {
 	for i := 1; i < size; i++ {
 		fill(i)
 	}
-	start = time.Now()
+	start := time.Now()
 	testenv.Eventually(t, 3*time.Minute, "KvnetIPPoolNearlyFull and KvnetIPPoolExhausted firing for "+network, func() error {
 		as, err := ps.alerts(ctx)
 		if err != nil {
