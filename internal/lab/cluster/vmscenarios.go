@@ -634,18 +634,16 @@ func (s *vmScenarios) cleanupMigrationSource(ctx context.Context, v *runningVM, 
 			left = strings.TrimSpace(out)
 			return fmt.Errorf("left: %s", left)
 		}
-		if err != nil {
-			return &stopPolling{fmt.Errorf("virt-handler %s: %w: %s", handler, err, strings.TrimSpace(errOut))}
-		}
 		left = ""
+		if err != nil {
+			// An exec that failed (API server or kubelet busy) is
+			// tried again until the deadline.
+			return fmt.Errorf("virt-handler %s: %w: %s", handler, err, strings.TrimSpace(errOut))
+		}
 		return nil
 	})
-	var sp *stopPolling
-	if errors.As(err, &sp) {
-		return "", sp.err
-	}
 	if left == "" {
-		return "", nil
+		return "", err
 	}
 	fix := sourceCleanupScript("/pods", string(pod.UID), ghostRecordDir, v.uid)
 	if _, errOut, err := PodExec(ctx, s.t.Config, s.t.Client, KubeVirtNamespace, handler, "sh", "-c", fix); err != nil {
