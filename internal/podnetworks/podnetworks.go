@@ -14,6 +14,8 @@
 package podnetworks
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,6 +147,42 @@ func (a Attachment) MAC() net.HardwareAddr {
 		return nil
 	}
 	return hw
+}
+
+// NetworkLabelPrefix begins the key of the label kvnet-controller puts,
+// with the annotation, on every pod attached to a kvnet network: one label
+// per network (NetworkLabel), so that a kvnet-node can watch the pods of
+// the networks it serves and no others.
+const NetworkLabelPrefix = "network.kvnet.io/"
+
+// NetworkLabel returns the key of the label of the pods attached to
+// network: NetworkLabelPrefix and the first 16 hex digits of the SHA-256
+// of the network's name (a name may be longer than a label's 63
+// characters). Its value is empty. Two networks sharing a key would only
+// make a node watch more pods than it needs.
+func NetworkLabel(network string) string {
+	sum := sha256.Sum256([]byte(network))
+	return NetworkLabelPrefix + hex.EncodeToString(sum[:8])
+}
+
+// Labels returns the network labels (NetworkLabel, empty values) of the
+// networks n attaches.
+func (n Networks) Labels() map[string]string {
+	out := make(map[string]string, len(n))
+	for _, a := range n {
+		out[NetworkLabel(a.Network)] = ""
+	}
+	return out
+}
+
+// HasLabels reports whether labels hold every label of want.
+func HasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if have, ok := labels[k]; !ok || have != v {
+			return false
+		}
+	}
+	return true
 }
 
 // Completed reports whether a pod has finished (Succeeded or Failed): it

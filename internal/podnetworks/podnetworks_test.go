@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestParse(t *testing.T) {
@@ -68,4 +70,35 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip: %v", err)
 		}
 	})
+}
+
+func TestNetworkLabels(t *testing.T) {
+	long := strings.Repeat("cluster_udn_a-very-long-tenant-network-name", 3)
+	n := Networks{
+		"a/p": {Network: "a_primary", Role: RolePrimary},
+		"a/s": {Network: long, Role: RoleSecondary},
+		"b/s": {Network: long, Role: RoleSecondary}, // a CUDN's other NAD: one label
+	}
+	labels := n.Labels()
+	if len(labels) != 2 {
+		t.Fatalf("labels %v: want one per network (2)", labels)
+	}
+	for k, v := range labels {
+		errs := validation.IsQualifiedName(k)
+		if len(errs) > 0 || v != "" || !strings.HasPrefix(k, NetworkLabelPrefix) {
+			t.Errorf("label %q=%q: %v", k, v, errs)
+		}
+	}
+	if NetworkLabel("a_primary") == NetworkLabel(long) {
+		t.Error("two networks share a label")
+	}
+	if NetworkLabel("a_primary") != NetworkLabel("a_primary") {
+		t.Error("NetworkLabel is not deterministic")
+	}
+	if !HasLabels(map[string]string{"x": "1", NetworkLabel("a_primary"): "", NetworkLabel(long): ""}, labels) {
+		t.Error("HasLabels: a superset does not have them")
+	}
+	if HasLabels(map[string]string{NetworkLabel("a_primary"): ""}, labels) {
+		t.Error("HasLabels: a subset has them")
+	}
 }

@@ -643,3 +643,59 @@ func TestClaimOfDeletedNamespaceDeleted(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPodsLabelledWithTheirNetworks: an allocated pod carries one label
+// per network it is attached to (kvnet-node watches a network's pods by
+// it); a pod whose labels are removed gets them back, and so does a pod
+// annotated by a kvnet before the labels (an upgrade).
+func TestPodsLabelledWithTheirNetworks(t *testing.T) {
+	ctx := context.Background()
+	mkNS(t, "labels", true)
+	mkUDN(t, "labels", "tenant", udnv1.NetworkRolePrimary, false, "10.12.0.0/24")
+	mkUDN(t, "labels", "side", udnv1.NetworkRoleSecondary, false, "10.13.0.0/24")
+	create(t, mkPod("labels", "web", secondary("side", "")))
+	nets := waitAnnotated(t, "labels", "web")
+	want := map[string]string{podnetworks.NetworkLabel("labels_tenant"): "", podnetworks.NetworkLabel("labels_side"): ""}
+	if len(nets) != 2 || !podnetworks.HasLabels(nets.Labels(), want) {
+		t.Fatalf("attachments %v: want labels_tenant and labels_side", nets)
+	}
+	labelled := func(name string) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, "pod labels/"+name+" labelled with its networks", func() error {
+			var p corev1.Pod
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "labels", Name: name}, &p); err != nil {
+				return err
+			}
+			if !podnetworks.HasLabels(p.Labels, want) {
+				return fmt.Errorf("labels %v, want %v among them", p.Labels, want)
+			}
+			return nil
+		})
+	}
+	labelled("web")
+
+	// Somebody removes them.
+	var p corev1.Pod
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "labels", Name: "web"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	for k := range want {
+		delete(p.Labels, k)
+	}
+	if err := c.Patch(ctx, &p, patch); err != nil {
+		t.Fatal(err)
+	}
+	labelled("web")
+
+	// A pod annotated before kvnet labelled pods: created with the
+	// annotation (as the upgraded controller finds it), without labels.
+	old := mkPod("labels", "old", secondary("side", ""))
+	value, err := nets.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Annotations[podnetworks.Annotation] = value
+	create(t, old)
+	labelled("old")
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -97,7 +98,7 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 	}
 	if len(missing) == 0 {
-		return ctrl.Result{}, nil
+		return r.labelPod(ctx, &pod, existing)
 	}
 
 	var podOwned []*network // rolled back if the attempt fails
@@ -135,6 +136,7 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		pod.Annotations = map[string]string{}
 	}
 	pod.Annotations[podnetworks.Annotation] = value
+	setLabels(&pod, result.Labels())
 	if err := r.client.Patch(ctx, &pod, patch); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, nil
@@ -149,6 +151,35 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	allocationSeconds.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
 	log.FromContext(ctx).V(1).Info("allocated", "attachments", len(missing))
 	return ctrl.Result{}, nil
+}
+
+// labelPod gives an allocated pod the network labels of its annotation
+// (podnetworks.NetworkLabel) where it lacks them: a pod allocated by a
+// kvnet before the labels, or whose labels somebody removed. kvnet-node
+// finds the pods of a network by its label.
+func (r *podReconciler) labelPod(ctx context.Context, pod *corev1.Pod, nets podnetworks.Networks) (ctrl.Result, error) {
+	want := nets.Labels()
+	if podnetworks.HasLabels(pod.Labels, want) {
+		return ctrl.Result{}, nil
+	}
+	patch := client.MergeFrom(pod.DeepCopy())
+	setLabels(pod, want)
+	if err := r.client.Patch(ctx, pod, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("label pod with its networks: %w", err)
+	}
+	log.FromContext(ctx).V(1).Info("labelled with its networks", "labels", len(want))
+	return ctrl.Result{}, nil
+}
+
+// setLabels adds labels to the pod's.
+func setLabels(pod *corev1.Pod, labels map[string]string) {
+	if pod.Labels == nil {
+		pod.Labels = make(map[string]string, len(labels))
+	}
+	maps.Copy(pod.Labels, labels)
 }
 
 // attachments returns the pod's kvnet attachments, reading its namespace

@@ -167,6 +167,9 @@ var podNeedsWork = predicate.Funcs{
 		if _, annotated := n.Annotations[podnetworks.Annotation]; !annotated {
 			return true
 		}
+		if !hasNetworkLabel(n) {
+			return true // labels removed (or never written): labelPod
+		}
 		for _, k := range []string{multus.NetworksAnnotation, multus.DefaultNetworkAnnotation, ipam.LegacyPrimaryClaimAnnotation} {
 			if o.Annotations[k] != n.Annotations[k] {
 				return true
@@ -174,6 +177,17 @@ var podNeedsWork = predicate.Funcs{
 		}
 		return false
 	},
+}
+
+// hasNetworkLabel reports whether the pod has a network label
+// (podnetworks.NetworkLabelPrefix): an annotated pod without any lost them.
+func hasNetworkLabel(p *corev1.Pod) bool {
+	for k := range p.Labels {
+		if strings.HasPrefix(k, podnetworks.NetworkLabelPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitingPods returns the pods of a namespace without their annotation (and
