@@ -48,6 +48,9 @@ func main() {
 	flag.BoolVar(&cfg.AllowDefaultNetwork, "allow-default-network", false,
 		"leave the cluster default network interface (eth0) of pods on a primary user-defined network open to every pod; "+
 			"by default only the node (kubelet probes) and replies to the pod's own connections get in")
+	flag.StringVar(&cfg.PodScope, "pod-scope", node.PodScopeCluster,
+		"which pods kvnet-node watches: \"cluster\", every pod of the cluster; \"networks\", this node's and those of the networks it serves, found by their network.kvnet.io/ label "+
+			"(its memory, plan time and API traffic then grow with its networks, not with the cluster; kvnet-controller labels every pod it allocates, older ones when it starts)")
 	flag.StringVar(&cfg.StatusFile, "status-file", "", "status file read by kvnet-cni STATUS (default /run/kvnet/cni-status.json)")
 	flag.DurationVar(&cfg.Resync, "resync", time.Minute, "re-apply the datapath this often even without changes")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9464", "address of the Prometheus metrics endpoint; 0 disables it")
@@ -159,6 +162,9 @@ func configure(cfg *node.Config, f flagValues) error {
 	if errs := validation.IsDNS1123Subdomain(cfg.ClusterDomain); len(errs) > 0 {
 		return fmt.Errorf("--cluster-domain %q: %s", cfg.ClusterDomain, strings.Join(errs, "; "))
 	}
+	if err := node.CheckPodScope(cfg.PodScope); err != nil {
+		return fmt.Errorf("--%w", err)
+	}
 	if f.underlayIP != "" {
 		ip, err := netip.ParseAddr(f.underlayIP)
 		if err != nil {
@@ -263,7 +269,7 @@ func parsePrefixes(name, value string) ([]netip.Prefix, error) {
 // clusterSettings are the flags the ConfigMap kvnet-node-config sets, one
 // key each (config/node/config.yaml): the DaemonSet passes key k as the
 // environment variable settingEnv(k).
-var clusterSettings = []string{"cluster-dns-service", "cluster-domain", "service-cidrs", "default-network-cidrs", "vxlan-port", "allow-default-network", "dns-proxy-port"}
+var clusterSettings = []string{"cluster-dns-service", "cluster-domain", "service-cidrs", "default-network-cidrs", "vxlan-port", "allow-default-network", "dns-proxy-port", "pod-scope"}
 
 // settingEnv returns the environment variable of flag name:
 // KVNET_DEFAULT_NETWORK_CIDRS for default-network-cidrs.

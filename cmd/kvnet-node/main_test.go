@@ -44,6 +44,7 @@ func TestClusterSettingsFromEnv(t *testing.T) {
 		"default-network-cidrs": {"calico", `--default-network-cidrs "calico"`},
 		"vxlan-port":            {"vx", `$KVNET_VXLAN_PORT (ConfigMap kvnet-node-config, key vxlan-port) "vx": parse error`},
 		"dns-proxy-port":        {"70000", `--dns-proxy-port 70000`},
+		"pod-scope":             {"some", `--pod-scope "some": want "cluster" or "networks"`},
 		"allow-default-network": {"maybe", `$KVNET_ALLOW_DEFAULT_NETWORK (ConfigMap kvnet-node-config, key allow-default-network) "maybe": parse error`},
 	}
 	for _, name := range clusterSettings {

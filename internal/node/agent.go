@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -95,6 +96,10 @@ type Config struct {
 	// CNIKubeconfig, if set, is where the agent keeps a kubeconfig for
 	// kvnet-cni with its own credentials (the DaemonSet's host path).
 	CNIKubeconfig string
+	// PodScope is which pods the agent watches: PodScopeCluster ("" too),
+	// every pod of the cluster, or PodScopeNetworks, its own and those of
+	// the networks it serves.
+	PodScope string
 }
 
 // Agent is kvnet-node.
@@ -118,8 +123,11 @@ type Agent struct {
 	// migration sources to their guest's last frame (set by Start).
 	switches *switchovers
 	departs  *departures
-	parsed   AnnotationCache          // owned by the loop
-	gwMemo   map[string]gatewayResult // owned by the loop: see gateways
+	// scope watches the pods of the networks the node serves
+	// (PodScopeNetworks; nil: the cache has every pod).
+	scope  *podScope
+	parsed AnnotationCache          // owned by the loop
+	gwMemo map[string]gatewayResult // owned by the loop: see gateways
 
 	started atomic.Bool   // Start was entered
 	stopped chan struct{} // closed when Start has returned, its goroutines joined
@@ -158,6 +166,17 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	podCache := cache.ByObject{Transform: trimPod}
+	switch cfg.PodScope {
+	case "", PodScopeCluster:
+		cfg.PodScope = PodScopeCluster
+	case PodScopeNetworks:
+		// The manager's cache: this node's pods; the networks' pods are
+		// watched by the podScope.
+		podCache.Field = ownPodsSelector(cfg.NodeName)
+	default:
+		return nil, fmt.Errorf("kvnet-node: %w", CheckPodScope(cfg.PodScope))
+	}
 	restCfg = rest.CopyConfig(restCfg)
 	if restCfg.QPS == 0 {
 		restCfg.QPS, restCfg.Burst = 20, 40
@@ -168,8 +187,9 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 		HealthProbeBindAddress: cfg.ProbeAddr,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// Every pod of the cluster is cached (remote pods are FDB
-			// entries), so keep only what Desired reads.
-			&corev1.Pod{}:  {Transform: trimPod},
+			// entries) unless PodScope says otherwise, so keep only what
+			// Desired reads.
+			&corev1.Pod{}:  podCache,
 			&corev1.Node{}: {Transform: trimNode},
 			// Namespaces: their labels, for policies' namespace selectors.
 			&corev1.Namespace{}: {Transform: trimNamespace},
@@ -185,6 +205,13 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("kvnet-node: %w", err)
 	}
 	a := &Agent{cfg: cfg, restCfg: restCfg, mgr: mgr, dp: dp, trigger: make(chan struct{}, 1), remote: make(chan struct{}, 1), stopped: make(chan struct{})}
+	if cfg.PodScope == PodScopeNetworks {
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return nil, fmt.Errorf("kvnet-node: watch pods by network: %w", err)
+		}
+		a.scope = newPodScope(cfg.NodeName, cs, a.kick)
+	}
 	a.cniServer.Lookup = a.cachedPod
 	a.cniServer.Observe = func(outcome string, d time.Duration) {
 		cniLookupSeconds.WithLabelValues(cfg.NodeName, outcome).Observe(d.Seconds())
@@ -260,6 +287,15 @@ func (a *Agent) LastApplied() Plan {
 	return a.applied
 }
 
+// WatchedNetworks returns the networks whose pods the agent watches by
+// their label (PodScopeNetworks; nil otherwise), sorted.
+func (a *Agent) WatchedNetworks() []string {
+	if a.scope == nil {
+		return nil
+	}
+	return a.scope.networks()
+}
+
 // MTU is the pod MTU of the node's datapath.
 func (a *Agent) MTU() int { return a.dp.MTU() }
 
@@ -303,6 +339,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	if err := a.watch(ctx); err != nil {
 		return err
+	}
+	if a.scope != nil {
+		defer a.scope.stopAll()
 	}
 	if !a.mgr.GetCache().WaitForCacheSync(ctx) {
 		return errors.New("kvnet-node: caches did not sync")
@@ -529,6 +568,9 @@ func (a *Agent) watch(ctx context.Context) error {
 		},
 		DeleteFunc: func(o any) { a.podChanged(o, nil) },
 	}
+	if a.scope != nil {
+		a.scope.handler = pods
+	}
 	for _, o := range objs {
 		inf, err := a.mgr.GetCache().GetInformer(ctx, o)
 		if err != nil {
@@ -646,6 +688,9 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	a.markPrimaryDefault(ctx, in.Pods)
 	plan := Desired(in)
 	planSeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
+	if a.scope != nil {
+		a.scope.sync(ctx, plan.PodNetworks)
+	}
 	// The proxy listens before its networks' queries are sent to it; a
 	// network it cannot serve keeps sending them to the cluster DNS.
 	served, err := a.dns.Sync(ctx, plan.DNS)
@@ -696,7 +741,13 @@ func (a *Agent) lastFrameOf(ctx context.Context) func(types.NamespacedName, stri
 	return func(key types.NamespacedName, network string) (migration.LastFrame, bool) {
 		var pod corev1.Pod
 		if err := a.mgr.GetCache().Get(ctx, key, &pod); err != nil {
-			return migration.LastFrame{}, false
+			// Under PodScopeNetworks a source pod on another node is
+			// the podScope's.
+			p, ok := a.scopedPod(key)
+			if !ok {
+				return migration.LastFrame{}, false
+			}
+			pod = *p
 		}
 		v, ok := pod.Annotations[migration.LastFramesAnnotation]
 		if !ok {
@@ -710,6 +761,14 @@ func (a *Agent) lastFrameOf(ctx context.Context) func(types.NamespacedName, stri
 		f, ok := frames[network]
 		return f, ok
 	}
+}
+
+// scopedPod returns a pod of a network the podScope watches, if any.
+func (a *Agent) scopedPod(key types.NamespacedName) (*corev1.Pod, bool) {
+	if a.scope == nil {
+		return nil, false
+	}
+	return a.scope.get(key)
 }
 
 // watched is the plan's ports as the announcements take them: only a
@@ -741,10 +800,14 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	}
 	in.NADs = nads.Items
 	var pods corev1.PodList
-	if err := c.List(ctx, &pods); err != nil {
+	// Not copied: Desired and the agent only read them.
+	if err := c.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
 		return in, err
 	}
 	in.Pods = pods.Items
+	if a.scope != nil {
+		in.Pods = a.scope.pods(in.Pods)
+	}
 	for _, pod := range in.Pods {
 		if _, ok := pod.Annotations[migration.GuestArrivedAnnotation]; ok {
 			if in.GuestArrived == nil {

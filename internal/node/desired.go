@@ -191,6 +191,10 @@ type Plan struct {
 	// launcher pod that was its VMI's last migration source while the
 	// VMI runs on another node: its guest left.
 	DepartedSources map[string]bool
+	// PodNetworks are the networks whose pods this node needs: those with
+	// a pod here and the primary networks whose node ports it opens
+	// (under PodScopeNetworks, the networks whose pods it watches).
+	PodNetworks map[string]bool
 }
 
 // Gateway is a network's gateway address on this node and its MAC.
@@ -239,7 +243,11 @@ func Desired(in Input) Plan {
 	if len(nodePortNets) > 0 {
 		p.plan.State.NodeAddrs = allNodeAddrs(in.Nodes, p.vteps)
 	}
+	p.plan.PodNetworks = maps.Clone(nodePortNets)
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
+		if slices.ContainsFunc(holders[name], func(h *holder) bool { return h.node == in.Node }) {
+			p.plan.PodNetworks[name] = true
+		}
 		p.planNetwork(name, nets[name], holders[name], primaryNS[name], nodePortNets[name])
 	}
 	return p.plan

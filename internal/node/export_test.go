@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"kvnet.io/kvnet/internal/datapath"
 )
@@ -32,4 +33,13 @@ func RefusePolicyRules(t testing.TB) (set func(names ...string)) {
 	}
 	t.Cleanup(func() { validatePolicies = orig })
 	return func(names ...string) { refused.Store(&names) }
+}
+
+// SetScopeGrace sets how long an unneeded network's pods stay watched
+// (PodScopeNetworks) until the test ends. Call it before the test's
+// agents start.
+func SetScopeGrace(t testing.TB, d time.Duration) {
+	orig := scopeGrace
+	scopeGrace = d
+	t.Cleanup(func() { scopeGrace = orig })
 }

@@ -91,6 +91,10 @@ var (
 		Name: "kvnet_node_dns_proxy_rewritten_records_total",
 		Help: "A and AAAA records the DNS proxy rewrote from a pod's default-network address to its address on its primary network.",
 	}, []string{"node"})
+	watchedNetworksGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_node_watched_networks",
+		Help: "Networks whose pods the node watches by their network label (--pod-scope=networks).",
+	}, []string{"node"})
 	readyGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvnet_node_ready",
 		Help: "1 once the agent has applied the datapath state since it started.",
@@ -100,7 +104,7 @@ var (
 func init() {
 	metrics.Registry.MustRegister(applySeconds, planSeconds, cniLookupSeconds, applyErrors, portsGauge, remoteMACsGauge, remoteNodesGauge, leasesGauge, waitingGauge, readyGauge,
 		rulesSyncSeconds, policyPortsGauge, policiesGauge, switchoversTotal, switchoverSeconds, switchoverWaitSeconds, darkSeconds,
-		dnsQueries, dnsRewritten)
+		dnsQueries, dnsRewritten, watchedNetworksGauge)
 }
 
 // policyCounts returns, per network of s, how many of its ports policies

@@ -84,6 +84,8 @@ type Config struct {
 	AgentMetricsAddr string
 	// Resync is kvnet-node's resync period; 0: its default.
 	Resync time.Duration
+	// PodScope is kvnet-node's --pod-scope; "": its default.
+	PodScope string
 	// DNS servers kvnet-node hands out by DHCP.
 	DNS []netip.Addr
 	// ClusterDNS is kvnet-node's cluster DNS Service; zero: its default.
@@ -481,6 +483,9 @@ func (c *Cluster) StartAgent(n string) error {
 		if c.cfg.Resync > 0 {
 			args = append(args, "--resync", c.cfg.Resync.String())
 		}
+		if c.cfg.PodScope != "" {
+			args = append(args, "--pod-scope", c.cfg.PodScope)
+		}
 		if c.cfg.ClusterDNS.Name != "" {
 			args = append(args, "--cluster-dns-service", c.cfg.ClusterDNS.String())
 		}
@@ -537,6 +542,7 @@ func (c *Cluster) StartAgent(n string) error {
 			DNSProxyPort: node.DefaultDNSProxyPort,
 			StatusFile:   c.StatusFile(n),
 			Resync:       c.cfg.Resync,
+			PodScope:     c.cfg.PodScope,
 		}
 		if c.cfg.CNIKubeconfig == "" {
 			nc.CNIKubeconfig = c.CNIKubeconfig(n)
