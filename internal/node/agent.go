@@ -195,7 +195,12 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 			&corev1.Namespace{}: {Transform: trimNamespace},
 			// Only the cluster DNS's and the API server's slices.
 			&discoveryv1.EndpointSlice{}: {Label: clusterSliceSelector(cfg.ClusterDNS)},
-		}},
+		},
+			// The rest: VMIs trimmed, no managed fields on any. (A
+			// ByObject entry for VMIs would need KubeVirt's CRD at
+			// start.)
+			DefaultTransform: trimOther,
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kvnet-node: create manager: %w", err)

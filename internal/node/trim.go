@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
 )
 
 // trimPod keeps what Desired reads of a pod: the cache holds every pod of
@@ -64,6 +66,41 @@ func trimNode(obj any) (any, error) {
 	return &corev1.Node{TypeMeta: node.TypeMeta, ObjectMeta: trimMeta(node.ObjectMeta),
 		Spec:   corev1.NodeSpec{PodCIDR: node.Spec.PodCIDR, PodCIDRs: node.Spec.PodCIDRs},
 		Status: corev1.NodeStatus{Addresses: node.Status.Addresses}}, nil
+}
+
+// trimVMI keeps what the plan and the agent's Events read of a VMI: its
+// metadata, which network each interface binds how (launcherServesDHCPv4),
+// its node and its live migration. kvnet's VMI type keeps every field it
+// does not declare; a VMI's status and managed fields are kilobytes, and
+// every node caches every VMI.
+func trimVMI(obj any) (any, error) {
+	vmi, ok := obj.(*kubevirtv1.VirtualMachineInstance)
+	if !ok {
+		return obj, nil
+	}
+	out := &kubevirtv1.VirtualMachineInstance{TypeMeta: vmi.TypeMeta, ObjectMeta: trimMeta(vmi.ObjectMeta)}
+	for _, n := range vmi.Spec.Networks {
+		out.Spec.Networks = append(out.Spec.Networks, kubevirtv1.Network{Name: n.Name, Pod: n.Pod})
+	}
+	for _, i := range vmi.Spec.Domain.Devices.Interfaces {
+		out.Spec.Domain.Devices.Interfaces = append(out.Spec.Domain.Devices.Interfaces, kubevirtv1.Interface{Name: i.Name, Bridge: i.Bridge})
+	}
+	out.Status.NodeName = vmi.Status.NodeName
+	out.Status.MigrationState = vmi.Status.MigrationState
+	return out, nil
+}
+
+// trimOther is the cache's transform of the kinds without their own: a
+// VMI is trimmed (trimVMI), any other object loses its managed fields,
+// which nothing reads.
+func trimOther(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *kubevirtv1.VirtualMachineInstance:
+		return trimVMI(o)
+	case metav1.Object:
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {

@@ -1,10 +1,14 @@
 package node
 
 import (
+	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kubevirtv1 "kvnet.io/kvnet/api/kubevirt/v1"
+	"kvnet.io/kvnet/internal/migration"
 )
 
 // TestTrimNodeKeepsWhatThePlanReads: the node informer's transform keeps
@@ -73,5 +77,52 @@ func TestSameButVersion(t *testing.T) {
 	}
 	if sameButVersion("not an object", "not an object") {
 		t.Error("sameButVersion of non-objects = true, want false (kick)")
+	}
+}
+
+// TestTrimVMIKeepsWhatThePlanReads: the VMI transform keeps the bindings,
+// node and migration the plan reads (and the metadata Events need) and
+// drops the rest: status interfaces, managed fields, undeclared fields.
+func TestTrimVMIKeepsWhatThePlanReads(t *testing.T) {
+	in := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "u1",
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "virt-handler"}}},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Networks: []kubevirtv1.Network{{Name: "default", Pod: &kubevirtv1.PodNetwork{}}},
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{
+				Interfaces: []kubevirtv1.Interface{{Name: "default", Bridge: &kubevirtv1.InterfaceBridge{}, MacAddress: "02:00:00:00:00:01"}},
+				Unknown:    `{"disks":[{"name":"root"}]}`,
+			}},
+		},
+		Status: kubevirtv1.VirtualMachineInstanceStatus{
+			NodeName:   "n2",
+			Interfaces: []kubevirtv1.VirtualMachineInstanceNetworkInterface{{Name: "default", IP: "10.0.0.5"}},
+			MigrationState: &kubevirtv1.VirtualMachineInstanceMigrationState{
+				SourceNode: "n1", TargetNode: "n2", SourcePod: "a", TargetPod: "b"},
+			Unknown: `{"guestOSInfo":{"name":"big"}}`,
+		},
+	}
+	out, err := trimOther(in.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := out.(*kubevirtv1.VirtualMachineInstance)
+	if !launcherServesDHCPv4(v) || v.Status.NodeName != "n2" || v.UID != "u1" ||
+		!reflect.DeepEqual(migration.Of(v), migration.Of(in)) {
+		t.Errorf("trimmed VMI lost what the plan reads: %+v", v)
+	}
+	if len(v.ManagedFields) != 0 || len(v.Status.Interfaces) != 0 || v.Status.Unknown != "" ||
+		v.Spec.Domain.Devices.Unknown != "" || v.Spec.Domain.Devices.Interfaces[0].MacAddress != "" {
+		t.Errorf("trimmed VMI kept what nothing reads: %+v", v)
+	}
+	// Other kinds lose their managed fields only.
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Labels: map[string]string{"a": "b"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+	o, err := trimOther(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := o.(*corev1.Service); len(s.ManagedFields) != 0 || s.Labels["a"] != "b" || s.Spec.ClusterIP != "10.96.0.10" {
+		t.Errorf("trimmed Service %+v", s)
 	}
 }
