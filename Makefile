@@ -59,12 +59,13 @@ SCALE_PODS ?= 5000
 SCALE_VMS ?= 500
 SCALE_CHURN ?= 30s
 SCALE_CHURN_RATE ?= 20
+SCALE_POD_SCOPE ?= cluster
 SCALE_OUT ?= _out/scale
 
 .PHONY: scale
 scale: tools build $(if $(filter 0,$(shell id -u)),deps) ## Scale lab: KWOK nodes, pods, VMs, UDNs, churn; prints the table, writes $(SCALE_OUT)/summary.json. SCALE_NODES, SCALE_PODS, ...
 	$(BIN)/kvnet-lab scale --nodes $(SCALE_NODES) --real-nodes $(SCALE_REAL_NODES) --udns $(SCALE_UDNS) \
-		--pods $(SCALE_PODS) --vms $(SCALE_VMS) --churn $(SCALE_CHURN) --churn-rate $(SCALE_CHURN_RATE) \
+		--pods $(SCALE_PODS) --vms $(SCALE_VMS) --churn $(SCALE_CHURN) --churn-rate $(SCALE_CHURN_RATE) --pod-scope $(SCALE_POD_SCOPE) \
 		--dir $(SCALE_OUT)/lab --summary $(SCALE_OUT)/summary.json
 
 .PHONY: lint

@@ -25,7 +25,9 @@ func TestScale(t *testing.T) {
 	dir := t.TempDir()
 	summary := filepath.Join(dir, "summary.json")
 	out := run("scale", "--dir", filepath.Join(dir, "lab"), "--nodes", "30", "--real-nodes", strconv.Itoa(real),
-		"--udns", "20", "--pods", "1000", "--vms", "100", "--churn", "15s", "--churn-rate", "20", "--summary", summary)
+		"--udns", "20", "--pods", "1000", "--vms", "100", "--churn", "15s", "--churn-rate", "20", "--summary", summary,
+		// The scope a large cluster runs (docs/scale.md).
+		"--pod-scope", "networks")
 	t.Logf("kvnet-lab scale:\n%s", out)
 	b, err := os.ReadFile(summary)
 	if err != nil {
@@ -63,6 +65,7 @@ func TestScale(t *testing.T) {
 			PlanMs            struct{ N int }
 			NftRules          int
 			APIBytesPerMinute float64
+			WatchedNetworks   int
 		}
 		NodeObjectBytes int
 		EtcdBytes       int64
@@ -96,6 +99,11 @@ func TestScale(t *testing.T) {
 	for _, n := range s.RealNodes {
 		if n.RSSMiB <= 0 || n.PlanMs.N == 0 || n.NftRules == 0 || n.APIBytesPerMinute <= 0 {
 			t.Errorf("real node figures not measured: %+v", n)
+		}
+		// Its pods' networks (4 pods, a primary network each and some a
+		// secondary one), not all 20.
+		if n.WatchedNetworks < 1 || n.WatchedNetworks > 8 {
+			t.Errorf("real node watches the pods of %d networks, want those of its 4 pods (1-8)", n.WatchedNetworks)
 		}
 	}
 	if !strings.Contains(out, "pods → allocated") {

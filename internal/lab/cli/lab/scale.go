@@ -24,6 +24,7 @@ import (
 	"kvnet.io/kvnet/internal/lab/controlplane"
 	"kvnet.io/kvnet/internal/lab/simcluster"
 	"kvnet.io/kvnet/internal/lab/simvirt"
+	"kvnet.io/kvnet/internal/node"
 )
 
 // scaleFlags configure `kvnet-lab scale`.
@@ -31,19 +32,21 @@ type scaleFlags struct {
 	// dynamicHostSubnets runs kvnet-controller with
 	// --enable-dynamic-host-subnets.
 	dynamicHostSubnets bool
-	dir                string
-	keep               bool
-	nodes              int
-	realNodes          int
-	udns               int
-	pods               int
-	vms                int
-	churn              time.Duration
-	churnRate          float64
-	writers            int
-	stall              time.Duration
-	summary            string
-	output             string
+	// podScope is the real kvnet-nodes' --pod-scope.
+	podScope  string
+	dir       string
+	keep      bool
+	nodes     int
+	realNodes int
+	udns      int
+	pods      int
+	vms       int
+	churn     time.Duration
+	churnRate float64
+	writers   int
+	stall     time.Duration
+	summary   string
+	output    string
 }
 
 // NewScaleCommand returns `kvnet-lab scale`: the scale lab.
@@ -115,6 +118,8 @@ assertion.`,
 	fl.DurationVar(&f.stall, "stall-timeout", 3*time.Minute, "how long a wait may go without progress before the run fails")
 	fl.BoolVar(&f.dynamicHostSubnets, "dynamic-host-subnets", false,
 		"run kvnet-controller with --enable-dynamic-host-subnets: Layer3 host subnets only on the nodes that use the network")
+	fl.StringVar(&f.podScope, "pod-scope", node.PodScopeCluster,
+		"the real kvnet-nodes' --pod-scope: cluster (every pod of the cluster) or networks (their own and their networks' pods)")
 	fl.StringVar(&f.summary, "summary", "", "write the summary (JSON) to this file")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for the table")
 	return cmd
@@ -124,6 +129,8 @@ func (f *scaleFlags) check() error {
 	switch {
 	case f.nodes < 2:
 		return fmt.Errorf("--nodes %d: at least 2 (migrations need another node)", f.nodes)
+	case node.CheckPodScope(f.podScope) != nil:
+		return fmt.Errorf("--%w", node.CheckPodScope(f.podScope))
 	case f.realNodes < 0:
 		return fmt.Errorf("--real-nodes %d: must not be negative", f.realNodes)
 	case f.realNodes > 0 && os.Geteuid() != 0:
@@ -318,6 +325,7 @@ func (e *scaleEnv) startRealNodes(ctx context.Context) error {
 	cl, _, err := startNodesWith(ctx, e.dir, e.cp, e.c, e.f.realNodes, false, false, false, func(cfg *simcluster.Config) {
 		cfg.Virt = false
 		cfg.AgentMetricsAddr = agentMetricsAddr
+		cfg.PodScope = e.f.podScope
 	})
 	if err != nil {
 		return err

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"kvnet.io/kvnet/internal/lab/guest"
+	"kvnet.io/kvnet/internal/node"
 )
 
 // ScaleSummary is the outcome of a scale run (_out/scale/summary.json).
@@ -95,6 +96,8 @@ type ScaleParameters struct {
 	// DynamicHostSubnets: kvnet-controller ran with
 	// --enable-dynamic-host-subnets.
 	DynamicHostSubnets bool `json:"dynamicHostSubnets,omitempty"`
+	// PodScope is the real kvnet-nodes' --pod-scope.
+	PodScope string `json:"podScope,omitempty"`
 }
 
 // ScaleFloor is the write floor: pods created and annotated by the run's
@@ -132,6 +135,9 @@ type ScaleNode struct {
 	// APIBytesPerMinute: bytes from the API server per minute of churn
 	// (kvnet-node and its node's kvnet-cni calls).
 	APIBytesPerMinute float64 `json:"apiBytesPerMinute"`
+	// WatchedNetworks: the networks whose pods it watched at the end
+	// (--pod-scope=networks; 0 otherwise).
+	WatchedNetworks int `json:"watchedNetworks"`
 }
 
 // Quantiles of a histogram.
@@ -226,6 +232,11 @@ func (r *scaleRun) measure(ctx context.Context) error {
 		all := func(*dto.Metric) bool { return true }
 		sn.PlanMs = histogramQuantiles(fams["kvnet_node_plan_duration_seconds"], all, 1000)
 		sn.ApplyMs = histogramQuantiles(fams["kvnet_node_apply_duration_seconds"], all, 1000)
+		if f := fams["kvnet_node_watched_networks"]; f != nil {
+			for _, m := range f.GetMetric() {
+				sn.WatchedNetworks += int(m.GetGauge().GetValue())
+			}
+		}
 		if sn.NftRules, err = nftRules(ctx, nd.NS); err != nil {
 			return fmt.Errorf("%s: %w", n, err)
 		}
@@ -408,6 +419,23 @@ func dynamicNote(on bool) string {
 	return ""
 }
 
+// watchedNote says how many networks' pods a node watched, if any.
+func watchedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; watches the pods of %d networks", n)
+}
+
+// scopeNote names the real nodes' pod scope in the size row, unless the
+// default.
+func scopeNote(scope string) string {
+	if scope == "" || scope == node.PodScopeCluster {
+		return ""
+	}
+	return "; kvnet-node --pod-scope=" + scope
+}
+
 func (s *ScaleSummary) print(w io.Writer) {
 	p := s.Parameters
 	ms := func(l Latency) string { return fmt.Sprintf("p50 %.0f ms, p99 %.0f ms (n %d)", l.P50, l.P99, l.N) }
@@ -416,7 +444,7 @@ func (s *ScaleSummary) print(w io.Writer) {
 	}
 	rows := [][2]string{
 		{"size", fmt.Sprintf("%d KWOK nodes + %d real, %d networks, %d pods, %d VMs; churn %.0f s at %g pods/s%s",
-			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate, dynamicNote(p.DynamicHostSubnets))},
+			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate, dynamicNote(p.DynamicHostSubnets)+scopeNote(p.PodScope))},
 		{"API write floor", fmt.Sprintf("%.0f pods/s (%.0f writes/s; %d pods created + annotated by %d writers)",
 			s.Floor.PodsPerSecond, s.Floor.WritesPerSecond, s.Floor.Pods, p.Writers)},
 		{"networks → NetworkCreated", fmt.Sprintf("%s; %.1f/s, %.2f× the floor", ms(s.Networks.ReadyMs), s.Networks.PerSecond, s.Networks.VsFloor)},
@@ -431,8 +459,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims)},
 	}
 	for _, n := range s.RealNodes {
-		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API",
-			n.RSSMiB, n.PeakRSSMiB, n.CPUSeconds, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024)})
+		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API%s",
+			n.RSSMiB, n.PeakRSSMiB, n.CPUSeconds, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024, watchedNote(n.WatchedNetworks))})
 	}
 	rows = append(rows,
 		[2]string{"largest Node object", fmt.Sprintf("%d bytes", s.NodeObjectBytes)},

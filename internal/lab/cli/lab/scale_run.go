@@ -137,6 +137,7 @@ func newScaleRun(ctx context.Context, e *scaleEnv) (*scaleRun, error) {
 			Nodes: e.f.nodes, RealNodes: e.f.realNodes, UDNs: e.f.udns, Pods: e.f.pods, VMs: e.f.vms,
 			ChurnSeconds: e.f.churn.Seconds(), ChurnRate: e.f.churnRate, Writers: e.f.writers,
 			DynamicHostSubnets: e.f.dynamicHostSubnets,
+			PodScope:           e.f.podScope,
 		}}}
 	cudns := e.f.udns / 10
 	tenants := (e.f.udns - cudns) / 2
