@@ -364,7 +364,7 @@ func (a *Agent) Start(ctx context.Context) error {
 			}
 		})
 	}
-	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU())
+	logger.Info("kvnet-node started", "underlayIP", a.cfg.Datapath.UnderlayIP.String(), "underlayDev", a.cfg.Datapath.UnderlayDev, "mtu", a.dp.MTU(), "podScope", a.cfg.PodScope)
 
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()

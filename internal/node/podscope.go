@@ -109,7 +109,7 @@ func (s *podScope) sync(ctx context.Context, needed map[string]bool) (started, s
 		}
 	}
 	if len(started)+len(stopped) > 0 {
-		log.FromContext(ctx).V(1).Info("pods watched by network", "started", started, "stopped", stopped, "networks", len(s.watches))
+		log.FromContext(ctx).Info("watching the pods of networks", "started", started, "stopped", stopped, "networks", len(s.watches))
 	}
 	watchedNetworksGauge.WithLabelValues(s.node).Set(float64(len(s.watches)))
 	return started, stopped

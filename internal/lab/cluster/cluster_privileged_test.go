@@ -189,7 +189,7 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 	t.Run("KubeProxy", func(t *testing.T) { testKubeProxy(ctx, t, c, ns.Name) })
 	t.Run("CoreDNS", func(t *testing.T) { testCoreDNS(ctx, t, c, ns.Name) })
 	t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns.Name) })
-	t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, true) })
+	t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, true, "") })
 }
 
 // testCoreDNS resolves the Service web (KubeProxy made it) by name from

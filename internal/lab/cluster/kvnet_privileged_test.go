@@ -46,6 +46,51 @@ func kvnetCLI(t testing.TB, c *Cluster) func(args ...string) (string, error) {
 	}
 }
 
+// setNodeConfig creates the kvnet-system namespace and, with data, the
+// ConfigMap kvnet-node-config that kvnet install then keeps (create-only).
+func setNodeConfig(ctx context.Context, t testing.TB, c *Cluster, data map[string]string) {
+	t.Helper()
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: KvnetNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: KvnetNamespace, Name: "kvnet-node-config"}, Data: data}
+	if _, err := c.Client.CoreV1().ConfigMaps(KvnetNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkPodScopeNetworks: every kvnet-node runs --pod-scope=networks
+// (its log's start line says so) and, after the pod scenarios, the
+// kvnet-nodes watched the pods of networks by their label.
+func checkPodScopeNetworks(ctx context.Context, t *testing.T, c *Cluster) {
+	pods, err := c.Client.CoreV1().Pods(KvnetNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kvnet-node"})
+	if err != nil {
+		fatalf(t, "list kvnet-node pods: %v", err)
+	}
+	if len(pods.Items) != len(c.Nodes) {
+		fatalf(t, "%d kvnet-node pods, want %d", len(pods.Items), len(c.Nodes))
+	}
+	watched := 0
+	for _, p := range pods.Items {
+		b, err := c.Client.CoreV1().Pods(KvnetNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "node"}).DoRaw(ctx)
+		if err != nil {
+			failf(t, "kvnet-node %s: logs: %v", p.Name, err)
+			continue
+		}
+		logs := string(b)
+		if !strings.Contains(logs, `"podScope":"networks"`) {
+			failf(t, "kvnet-node %s on %s: its log does not say it runs --pod-scope=networks", p.Name, p.Spec.NodeName)
+		}
+		if strings.Contains(logs, "watching the pods of networks") {
+			watched++
+		}
+	}
+	if watched == 0 {
+		failf(t, "no kvnet-node logged watching the pods of a network")
+	}
+}
+
 // installKvnet installs kvnet from the registry's images with kvnet
 // install, as a user does, waits for kvnet-controller and kvnet-node on
 // every node (waitKvnetReady), and checks it (checkKvnet).
@@ -115,11 +160,22 @@ func checkKvnet(t testing.TB, kvnet func(args ...string) (string, error)) {
 // the pool alerts (testPrometheusAlerts) and replaces kvnet install by
 // the Helm chart (testHelm, which leaves kvnet uninstalled but for its
 // CRDs), and uninstalls it with its CRDs.
-func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool) {
+//
+// podScope, when set, is kvnet-node's --pod-scope, given as an admin
+// does: the ConfigMap kvnet-node-config made before kvnet install (which
+// keeps it); after the pod scenarios, every kvnet-node must have logged
+// watching the pods of some network.
+func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool, podScope string) {
 	kvnet := kvnetCLI(t, c)
+	if podScope != "" {
+		setNodeConfig(ctx, t, c, map[string]string{"pod-scope": podScope})
+	}
 	installKvnet(ctx, t, c, kvnet)
 
 	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c) })
+	if podScope == "networks" {
+		t.Run("PodScopeNetworks", func(t *testing.T) { checkPodScopeNetworks(ctx, t, c) })
+	}
 	if dayTwo {
 		t.Run("KvnetNodeKilled", func(t *testing.T) { testKvnetNodeKilled(ctx, t, c) })
 		t.Run("ControllerAvailability", func(t *testing.T) { testControllerAvailability(ctx, t, c) })

@@ -50,10 +50,12 @@ func TestClusterVariants(t *testing.T) {
 	for _, v := range []struct {
 		name, network, multus, family string
 		check                         func(context.Context, *testing.T, *Cluster)
+		// podScope is kvnet-node's --pod-scope ("": its default).
+		podScope string
 	}{
-		{"ThinMultus", NetworkFlannel, MultusThin, IPFamilyIPv4, checkThinMultus},
-		{"PTP32", NetworkPTP32, MultusThick, IPFamilyIPv4, checkPTP32},
-		{"DualStack", NetworkFlannel, MultusThick, IPFamilyDual, checkDualStack},
+		{"ThinMultus", NetworkFlannel, MultusThin, IPFamilyIPv4, checkThinMultus, ""},
+		{"PTP32", NetworkPTP32, MultusThick, IPFamilyIPv4, checkPTP32, ""},
+		{"DualStack", NetworkFlannel, MultusThick, IPFamilyDual, checkDualStack, "networks"},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -86,7 +88,7 @@ func TestClusterVariants(t *testing.T) {
 			t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns) })
 			// The day-2 subtests (kvnet-node killed, kvnet-controller
 			// rolled) test kvnet, not the variant: once is enough.
-			t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, false) })
+			t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, false, v.podScope) })
 		})
 	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"kvnet.io/kvnet/internal/lab/guest"
 	"kvnet.io/kvnet/internal/node"
+	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // ScaleSummary is the outcome of a scale run (_out/scale/summary.json).
@@ -138,6 +139,11 @@ type ScaleNode struct {
 	// WatchedNetworks: the networks whose pods it watched at the end
 	// (--pod-scope=networks; 0 otherwise).
 	WatchedNetworks int `json:"watchedNetworks"`
+	// Pods and Networks: its pods at the end (the scheduler and the
+	// virt-controller stand-in may place some there besides the run's
+	// own), and the networks they are attached to.
+	Pods     int `json:"pods"`
+	Networks int `json:"networks"`
 }
 
 // Quantiles of a histogram.
@@ -219,6 +225,7 @@ func (r *scaleRun) measure(ctx context.Context) error {
 
 	for _, n := range r.e.realNodes {
 		sn := s.nodeOf(n)
+		sn.Pods, sn.Networks = podsAndNetworksOn(pods.Items, n)
 		sn.RSSMiB, sn.PeakRSSMiB = procRSSMiB(r.e.cl.AgentPID(n))
 		sn.CPUSeconds = procCPUSeconds(r.e.cl.AgentPID(n))
 		nd, err := r.e.cl.Node(n)
@@ -242,6 +249,27 @@ func (r *scaleRun) measure(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// podsAndNetworksOn counts the running pods on node and the kvnet
+// networks they are attached to.
+func podsAndNetworksOn(pods []corev1.Pod, node string) (count, networks int) {
+	nets := map[string]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName != node || podnetworks.Completed(p) || p.DeletionTimestamp != nil {
+			continue
+		}
+		count++
+		attached, err := podnetworks.Parse(p.Annotations[podnetworks.Annotation])
+		if err != nil {
+			continue
+		}
+		for _, a := range attached {
+			nets[a.Network] = true
+		}
+	}
+	return count, len(nets)
 }
 
 func parseMetrics(in io.Reader) (map[string]*dto.MetricFamily, error) {
@@ -459,8 +487,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims)},
 	}
 	for _, n := range s.RealNodes {
-		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API%s",
-			n.RSSMiB, n.PeakRSSMiB, n.CPUSeconds, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024, watchedNote(n.WatchedNetworks))})
+		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API; %d pods on %d networks%s",
+			n.RSSMiB, n.PeakRSSMiB, n.CPUSeconds, q(n.PlanMs), q(n.ApplyMs), n.NftRules, n.APIBytesPerMinute/1024, n.Pods, n.Networks, watchedNote(n.WatchedNetworks))})
 	}
 	rows = append(rows,
 		[2]string{"largest Node object", fmt.Sprintf("%d bytes", s.NodeObjectBytes)},
