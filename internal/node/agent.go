@@ -136,6 +136,7 @@ type Agent struct {
 	ready         bool
 	last          Plan
 	applied       Plan       // the last plan applied without error
+	firstApplied  Plan       // the first plan applied without error
 	status        cni.Status // last written to StatusFile
 	statusWritten bool
 
@@ -281,6 +282,14 @@ func (a *Agent) LastPlan() Plan {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.last
+}
+
+// FirstApplied returns the first plan applied without error since the
+// agent started (for tests): what the node had once it was ready.
+func (a *Agent) FirstApplied() Plan {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.firstApplied
 }
 
 // LastApplied returns the plan last applied without error (for tests): its
@@ -695,6 +704,16 @@ func (a *Agent) reconcile(ctx context.Context) (waiting int, err error) {
 	planSeconds.WithLabelValues(a.cfg.NodeName).Observe(time.Since(start).Seconds())
 	if a.scope != nil {
 		a.scope.sync(ctx, plan.PodNetworks)
+		// A network whose pods are not listed yet would lose its
+		// other nodes' pods from the datapath (after a restart, every
+		// network): hold the apply until its watch has synced (which
+		// kicks the loop), for scopeSyncWait at most.
+		if waiting, overdue := a.scope.unsynced(time.Now()); len(waiting) > 0 {
+			log.FromContext(ctx).V(1).Info("holding the apply until the pods of these networks are listed", "networks", waiting)
+			return 1, nil // looked at again soon, as a port waiting for its link
+		} else if len(overdue) > 0 {
+			log.FromContext(ctx).Error(errors.New("watch not synced"), "applying without these networks' pods on other nodes: their watch has not listed them", "networks", overdue, "after", scopeSyncWait.String())
+		}
 	}
 	// The proxy listens before its networks' queries are sent to it; a
 	// network it cannot serve keeps sending them to the cluster DNS.
@@ -940,6 +959,9 @@ func (a *Agent) report(ctx context.Context, plan Plan, ok bool) {
 	a.last = plan
 	if ok {
 		a.applied = plan
+		if !wasReady {
+			a.firstApplied = plan
+		}
 	}
 	a.ready = a.ready || ok
 	a.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,10 @@ func CheckPodScope(scope string) error {
 // finds them known (a variable for tests).
 var scopeGrace = time.Minute
 
+// scopeSyncWait is how long the agent holds its applies for a new watch
+// to list its network's pods (a variable for tests).
+var scopeSyncWait = 10 * time.Second
+
 // ownPodsSelector selects the pods of node (the pod cache's field
 // selector under PodScopeNetworks).
 func ownPodsSelector(node string) fields.Selector {
@@ -72,7 +77,9 @@ type podScope struct {
 type networkWatch struct {
 	inf      toolscache.SharedIndexInformer
 	stop     chan struct{}
-	unneeded time.Time // when the node stopped needing it; zero while needed
+	started  time.Time
+	synced   atomic.Bool // it has listed the network's pods
+	unneeded time.Time   // when the node stopped needing it; zero while needed
 }
 
 // newPodScope returns a podScope; its handler is set before its first
@@ -123,17 +130,37 @@ func (s *podScope) start(ctx context.Context, network string) *networkWatch {
 	})
 	inf := toolscache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, toolscache.Indexers{})
 	_ = inf.SetTransform(func(o any) (any, error) { return trimPod(o) })
-	w := &networkWatch{inf: inf, stop: make(chan struct{})}
+	w := &networkWatch{inf: inf, stop: make(chan struct{}), started: s.now()}
 	if _, err := inf.AddEventHandler(s.handler); err != nil {
 		log.FromContext(ctx).Error(err, "watch a network's pods", "network", network)
 	}
 	go inf.Run(w.stop)
 	go func() {
 		if toolscache.WaitForCacheSync(w.stop, inf.HasSynced) {
+			w.synced.Store(true)
 			s.kick()
 		}
 	}()
 	return w
+}
+
+// unsynced returns the networks whose watch has not listed their pods
+// yet: started less than scopeSyncWait before now (waiting), or longer
+// ago (overdue).
+func (s *podScope) unsynced(now time.Time) (waiting, overdue []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(s.watches)) {
+		w := s.watches[name]
+		switch {
+		case w.synced.Load():
+		case now.Sub(w.started) < scopeSyncWait:
+			waiting = append(waiting, name)
+		default:
+			overdue = append(overdue, name)
+		}
+	}
+	return waiting, overdue
 }
 
 // stopAll ends every watch.

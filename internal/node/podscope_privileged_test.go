@@ -11,6 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kvnet.io/kvnet/internal/datapath"
 	"kvnet.io/kvnet/internal/lab/simcluster"
 	"kvnet.io/kvnet/internal/node"
 	"kvnet.io/kvnet/internal/testenv"
@@ -86,6 +87,17 @@ func TestAgentPodScopeNetworks(t *testing.T) {
 		mustReach(t, b1, b3.ip())
 		l.deletePod(nadB, b1)
 		watches("n1", netA) // after the grace period, at a reconcile (resync 5 s)
+		mustReach(t, a1, a2.ip())
+	})
+	t.Run("a restarted node applies nothing before it has listed its networks' pods", func(t *testing.T) {
+		// Its first apply with only its own pods known would take a2
+		// (on n2) out of n1's datapath until the watch listed it.
+		l.stopAgent("n1")
+		l.startAgent("n1")
+		first := l.agent("n1").FirstApplied()
+		if !slices.ContainsFunc(first.State.RemoteMACs, func(m datapath.RemoteMAC) bool { return m.MAC.String() == a2.a.MACAddress }) {
+			t.Errorf("n1's first apply after its restart has no FDB entry for a2 (%s) on n2: %v", a2.a.MACAddress, first.State.RemoteMACs)
+		}
 		mustReach(t, a1, a2.ip())
 	})
 }
