@@ -54,8 +54,9 @@ func TestScale(t *testing.T) {
 			Pods  int
 			Alloc struct{ N int } `json:"createToAllocatedMs"`
 		}
-		WebhookMs  struct{ N int }
-		Controller struct {
+		WebhookMs        struct{ N int }
+		WebhookHandlerMs struct{ N int }
+		Controller       struct {
 			RSSMiB                float64
 			RestartClaims         int
 			RestartServingSeconds float64
@@ -90,7 +91,7 @@ func TestScale(t *testing.T) {
 	if s.Churn.Pods == 0 || s.Churn.Alloc.N == 0 {
 		t.Errorf("churn: %d pods, %d allocation latencies", s.Churn.Pods, s.Churn.Alloc.N)
 	}
-	if s.Floor.PodsPerSecond <= 0 || s.WebhookMs.N == 0 || s.Controller.RSSMiB <= 0 || s.Controller.RestartClaims < 100 ||
+	if s.Floor.PodsPerSecond <= 0 || s.WebhookMs.N == 0 || s.WebhookHandlerMs.N == 0 || s.Controller.RSSMiB <= 0 || s.Controller.RestartClaims < 100 ||
 		s.Controller.RestartServingSeconds <= 0 || s.NodeObjectBytes <= 0 || s.EtcdBytes <= 0 {
 		t.Errorf("figures not measured: %s", b)
 	}

@@ -141,7 +141,7 @@ func (f *chaosFlags) check() error {
 // and restarts: the controller's manager, configured as the lab runs it
 // (webhooks on 127.0.0.1, no leader election: one replica).
 func newChaosControllerCommand() *cobra.Command {
-	var kubeconfig, probeAddr string
+	var kubeconfig, probeAddr, metricsAddr string
 	var webhookPort int
 	var dynamicHostSubnets bool
 	cmd := &cobra.Command{
@@ -158,7 +158,7 @@ func newChaosControllerCommand() *cobra.Command {
 			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer cancel()
 			return manager.Run(ctx, cfg, manager.Options{
-				MetricsAddr: "0", ProbeAddr: probeAddr,
+				MetricsAddr: metricsAddr, ProbeAddr: probeAddr,
 				Webhook:            controlplane.WebhookOptions(webhookPort, false),
 				DynamicHostSubnets: dynamicHostSubnets,
 			})
@@ -166,6 +166,7 @@ func newChaosControllerCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's service account")
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", "address of /readyz")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "0", "address of /metrics; 0: none")
 	cmd.Flags().IntVar(&webhookPort, "webhook-port", 0, "port of the webhooks on 127.0.0.1")
 	cmd.Flags().BoolVar(&dynamicHostSubnets, "enable-dynamic-host-subnets", false, "as kvnet-controller's flag")
 	return cmd
@@ -186,6 +187,7 @@ type chaosEnv struct {
 	ctrlKubeconfig string
 	webhookPort    int
 	probeAddr      string
+	metricsAddr    string // the controller's /metrics
 	// ctrlArgs are more flags of the controller processes.
 	ctrlArgs []string
 
@@ -227,7 +229,7 @@ func (e *chaosEnv) startControllerOnce(ctx context.Context) error {
 		return err
 	}
 	args := append([]string{"chaos", "controller", "--kubeconfig", e.ctrlKubeconfig,
-		"--probe-addr", e.probeAddr, "--webhook-port", strconv.Itoa(e.webhookPort)}, e.ctrlArgs...)
+		"--probe-addr", e.probeAddr, "--metrics-addr", e.metricsAddr, "--webhook-port", strconv.Itoa(e.webhookPort)}, e.ctrlArgs...)
 	cmd := exec.Command(self, args...)
 	cmd.Stdout, cmd.Stderr = e.log, e.log
 	// It dies with this process (see simcluster on Pdeathsig and threads).
@@ -380,11 +382,11 @@ func startControl(ctx context.Context, dir string, cfg controlplane.Config, ctrl
 	if e.c, err = client.New(e.cp.Config, client.Options{Scheme: scheme}); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
+	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
-	e.webhookPort, e.probeAddr = ports[0], fmt.Sprintf("127.0.0.1:%d", ports[1])
+	e.webhookPort, e.probeAddr, e.metricsAddr = ports[0], fmt.Sprintf("127.0.0.1:%d", ports[1]), fmt.Sprintf("127.0.0.1:%d", ports[2])
 	if err := controlplane.InstallRBAC(ctx, e.c); err != nil {
 		return nil, fmt.Errorf("install RBAC: %w", err)
 	}

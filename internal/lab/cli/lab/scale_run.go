@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -742,6 +744,12 @@ func (r *scaleRun) migrate(ctx context.Context, k string) error {
 // restart kills kvnet-controller and measures how long a new one takes
 // to serve: /readyz, then a new pod allocated (every claim rebuilt).
 func (r *scaleRun) restart(ctx context.Context) error {
+	// The controller's own metrics, before the restart resets them.
+	fams, err := scrape(ctx, &http.Client{Timeout: 30 * time.Second}, r.e.metricsAddr)
+	if err != nil {
+		return fmt.Errorf("kvnet-controller metrics: %w", err)
+	}
+	r.sum.WebhookHandlerMs = histogramQuantiles(fams["kvnet_webhook_admission_duration_seconds"], func(*dto.Metric) bool { return true }, 1000)
 	var claims ipamclaimv1alpha1.IPAMClaimList
 	if err := r.e.fast.List(ctx, &claims); err != nil {
 		return err
