@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // Status of a Finding.
@@ -147,6 +149,11 @@ func Check(ctx context.Context, c client.Client, o CheckOptions) ([]Finding, err
 		}
 	}
 	f, err := checkDefaultNetworkSubnets(ctx, c, nodeDS)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, f)
+	f, err = checkPodNetworkLabels(ctx, c, nodeDS)
 	return append(out, f), err
 }
 
@@ -445,6 +452,77 @@ func checkDefaultNetworkSubnets(ctx context.Context, c client.Client, ds *unstru
 			Fix:    "set " + DefaultNetworkCIDRsKey + ": <the default network's pod ranges, e.g. Calico's IP pools> in the ConfigMap " + NodeConfigMap + " of kvnet's namespace, then restart the kvnet-node DaemonSet"}, nil
 	}
 	return Finding{Status: OK, What: what, Detail: fmt.Sprintf("%d default-network pod addresses, all within %s", addrs, source)}, nil
+}
+
+// PodNetworkLabelsCheck is the Finding of checkPodNetworkLabels; the pod
+// scope is kvnet-node's PodScopeFlag, or the key PodScopeKey of
+// NodeConfigMap.
+const (
+	PodNetworkLabelsCheck = "pod network labels"
+	PodScopeFlag          = "--pod-scope"
+	PodScopeKey           = "pod-scope"
+)
+
+// checkPodNetworkLabels counts the allocated pods (kvnet.io/pod-networks)
+// that lack the network labels kvnet-controller puts on them
+// (podnetworks.NetworkLabel): a kvnet-node with --pod-scope=networks
+// finds other nodes' pods by them. Unlabelled pods warn where kvnet-node
+// runs that scope (its DaemonSet ds's args, else the ConfigMap); else
+// they are only reported.
+func checkPodNetworkLabels(ctx context.Context, c client.Client, ds *unstructured.Unstructured) (Finding, error) {
+	scope, from := "", ""
+	if ds != nil {
+		v, err := nodeFlag(ds, PodScopeFlag)
+		if err != nil {
+			return Finding{Status: Warning, What: PodNetworkLabelsCheck, Detail: err.Error()}, nil
+		}
+		scope, from = v, "DaemonSet "+ds.GetNamespace()+"/"+ds.GetName()
+		if scope == "" {
+			var cm corev1.ConfigMap
+			switch err := c.Get(ctx, client.ObjectKey{Namespace: ds.GetNamespace(), Name: NodeConfigMap}, &cm); {
+			case err == nil:
+				scope, from = cm.Data[PodScopeKey], "ConfigMap "+ds.GetNamespace()+"/"+NodeConfigMap+", key "+PodScopeKey
+			case !apierrors.IsNotFound(err):
+				return Finding{}, fmt.Errorf("read ConfigMap %s/%s: %w", ds.GetNamespace(), NodeConfigMap, err)
+			}
+		}
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods); err != nil {
+		return Finding{}, fmt.Errorf("list Pods: %w", err)
+	}
+	allocated, unlabelled := 0, 0
+	example := ""
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		nets, err := podnetworks.Parse(p.Annotations[podnetworks.Annotation])
+		if err != nil || podnetworks.Completed(p) {
+			continue
+		}
+		allocated++
+		if !podnetworks.HasLabels(p.Labels, nets.Labels()) {
+			if unlabelled++; example == "" {
+				example = "pod " + p.Namespace + "/" + p.Name
+			}
+		}
+	}
+	if unlabelled == 0 {
+		return Finding{Status: OK, What: PodNetworkLabelsCheck, Detail: fmt.Sprintf("all %d allocated pods carry their network labels", allocated)}, nil
+	}
+	detail := fmt.Sprintf("%d of %d allocated pods lack their network labels (%s)", unlabelled, allocated, example)
+	fix := "restart kvnet-controller, which labels them when it starts: kubectl -n " + cmp.Or(namespaceOf(ds), "kvnet-system") + " rollout restart deployment kvnet-controller"
+	if scope == "networks" {
+		return Finding{Status: Warning, What: PodNetworkLabelsCheck,
+			Detail: detail + ": kvnet-node runs " + PodScopeFlag + "=networks (" + from + ") and does not see them on other nodes", Fix: fix}, nil
+	}
+	return Finding{Status: OK, What: PodNetworkLabelsCheck, Detail: detail + "; only kvnet-node " + PodScopeFlag + "=networks needs them: " + fix + " before setting it"}, nil
+}
+
+func namespaceOf(o *unstructured.Unstructured) string {
+	if o == nil {
+		return ""
+	}
+	return o.GetNamespace()
 }
 
 // nodeFlag returns the value of flag name (as "--name=value" or "--name

@@ -2,6 +2,7 @@ package install_test
 
 import (
 	"context"
+	"maps"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"kvnet.io/kvnet/internal/install"
+	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
@@ -194,4 +196,83 @@ func TestCheckMultusLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckPodNetworkLabels: kvnet check counts the allocated pods that
+// lack their network labels, naming one; that warns only where kvnet-node
+// runs --pod-scope=networks (the ConfigMap, or the DaemonSet's args,
+// which win), and says how to have them labelled. Once the pod carries
+// its labels, all is well.
+func TestCheckPodNetworkLabels(t *testing.T) {
+	ctx := context.Background()
+	const ns, kvnetNS = "pl-check", "pl-check-kvnet"
+	var made []client.Object
+	t.Cleanup(func() {
+		for _, o := range made {
+			_ = c.Delete(ctx, o, client.GracePeriodSeconds(0))
+		}
+	})
+	create := func(o client.Object) {
+		t.Helper()
+		testenv.Create(t, c, o)
+		made = append(made, o)
+	}
+	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvnetNS}})
+	nets := podnetworks.Networks{ns + "/udn": {IPAddresses: []string{"10.9.0.5/24"}, MACAddress: "0a:58:0a:09:00:05", Role: podnetworks.RolePrimary, Network: ns + "_udn"}}
+	value, err := nets.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name string, labels map[string]string) *corev1.Pod {
+		t.Helper()
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: map[string]string{podnetworks.Annotation: value}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: testImage}}}}
+		create(p)
+		return p
+	}
+	pod("labelled", nets.Labels())
+	old := pod("old", map[string]string{"app": "x"})
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: kvnetNS, Name: "kvnet-node"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "n"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "n"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "node", Image: testImage}}}}}}
+	create(ds)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: kvnetNS, Name: "kvnet-node-config"}, Data: map[string]string{"pod-scope": ""}}
+	create(cm)
+	installed := install.CheckOptions{Namespace: kvnetNS}
+	check := func(status install.Status, detail ...string) {
+		t.Helper()
+		f := findings(t, installed)[install.PodNetworkLabelsCheck]
+		if f.Status != status {
+			t.Errorf("%v, want %s", f, status)
+		}
+		for _, d := range detail {
+			if !strings.Contains(f.String(), d) {
+				t.Errorf("%v, want it to say %q", f, d)
+			}
+		}
+	}
+	check(install.OK, "1 of ", "pod pl-check/old", "only kvnet-node --pod-scope=networks needs them")
+	cm.Data["pod-scope"] = "networks"
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	check(install.Warning, "pod pl-check/old", "ConfigMap pl-check-kvnet/kvnet-node-config, key pod-scope", "rollout restart deployment kvnet-controller")
+	ds.Spec.Template.Spec.Containers[0].Args = []string{"--pod-scope=cluster"}
+	if err := c.Update(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	check(install.OK, "pod pl-check/old") // the args win
+	ds.Spec.Template.Spec.Containers[0].Args = []string{"--pod-scope", "networks"}
+	if err := c.Update(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	check(install.Warning, "DaemonSet pl-check-kvnet/kvnet-node")
+	patch := client.MergeFrom(old.DeepCopy())
+	maps.Copy(old.Labels, nets.Labels())
+	if err := c.Patch(ctx, old, patch); err != nil {
+		t.Fatal(err)
+	}
+	check(install.OK, "carry their network labels")
 }
