@@ -28,17 +28,7 @@ func TestCheckDefaultNetworkSubnets(t *testing.T) {
 	ctx := context.Background()
 	const what = "default network pod subnets"
 	const ns, kvnetNS = "dn-check", "dn-check-kvnet"
-	var made []client.Object
-	t.Cleanup(func() {
-		for _, o := range made {
-			_ = c.Delete(ctx, o, client.GracePeriodSeconds(0))
-		}
-	})
-	create := func(o client.Object) {
-		t.Helper()
-		testenv.Create(t, c, o)
-		made = append(made, o)
-	}
+	create := creator(t)
 	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvnetNS}})
 	create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dn-check-node"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}})
@@ -104,6 +94,22 @@ func TestCheckDefaultNetworkSubnets(t *testing.T) {
 			t.Fatal(err)
 		}
 		check(installed, tc.status, tc.detail)
+	}
+}
+
+// creator returns a function creating objects in the API server, which
+// are deleted when the test ends.
+func creator(t *testing.T) func(client.Object) {
+	var made []client.Object
+	t.Cleanup(func() {
+		for _, o := range made {
+			_ = c.Delete(context.Background(), o, client.GracePeriodSeconds(0))
+		}
+	})
+	return func(o client.Object) {
+		t.Helper()
+		testenv.Create(t, c, o)
+		made = append(made, o)
 	}
 }
 
@@ -206,17 +212,7 @@ func TestCheckMultusLimits(t *testing.T) {
 func TestCheckPodNetworkLabels(t *testing.T) {
 	ctx := context.Background()
 	const ns, kvnetNS = "pl-check", "pl-check-kvnet"
-	var made []client.Object
-	t.Cleanup(func() {
-		for _, o := range made {
-			_ = c.Delete(ctx, o, client.GracePeriodSeconds(0))
-		}
-	})
-	create := func(o client.Object) {
-		t.Helper()
-		testenv.Create(t, c, o)
-		made = append(made, o)
-	}
+	create := creator(t)
 	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvnetNS}})
 	nets := podnetworks.Networks{ns + "/udn": {IPAddresses: []string{"10.9.0.5/24"}, MACAddress: "0a:58:0a:09:00:05", Role: podnetworks.RolePrimary, Network: ns + "_udn"}}
