@@ -8,6 +8,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -166,4 +167,15 @@ func collectedVerdict(lost []lostDel, after cniGCStatus, held func(lostDel) bool
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// allPending reports whether gc-status.json after lists every container
+// of lost as pending: tracked, tried again by the next call.
+func allPending(lost []lostDel, after cniGCStatus) bool {
+	for _, l := range lost {
+		if !slices.Contains(after.Pending, l.container) {
+			return false
+		}
+	}
+	return true
 }

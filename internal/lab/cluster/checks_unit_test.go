@@ -109,6 +109,14 @@ func TestCollectedVerdict(t *testing.T) {
 			t.Errorf("%s: %v, want error containing %q", c.name, err, c.wantErrPart)
 		}
 	}
+	// A lost DEL left pending is called for again; one gone from the
+	// pending list while still held is not.
+	if !allPending(lost, cniGCStatus{Pending: []string{"c2", "c1"}}) {
+		t.Error("both pending: not all pending")
+	}
+	if allPending(lost, cniGCStatus{Pending: []string{"c1"}}) {
+		t.Error("c2 not pending: all pending")
+	}
 	if s, err := parseCNIGCStatus(nil, false); err != nil || s.Collected != 0 {
 		t.Errorf("absent gc-status.json: %+v, %v", s, err)
 	}
