@@ -126,8 +126,9 @@ type Agent struct {
 	// scope watches the pods of the networks the node serves
 	// (PodScopeNetworks; nil: the cache has every pod).
 	scope  *podScope
-	parsed AnnotationCache          // owned by the loop
-	gwMemo map[string]gatewayResult // owned by the loop: see gateways
+	parsed AnnotationCache                   // owned by the loop
+	confs  NetConfCache                      // owned by the loop
+	gwMemo map[netconf.NetConf]gatewayResult // owned by the loop: see gateways
 
 	started atomic.Bool   // Start was entered
 	stopped chan struct{} // closed when Start has returned, its goroutines joined
@@ -186,22 +187,7 @@ func New(restCfg *rest.Config, cfg Config) (*Agent, error) {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress: cfg.ProbeAddr,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Every pod of the cluster is cached (remote pods are FDB
-			// entries) unless PodScope says otherwise, so keep only what
-			// Desired reads.
-			&corev1.Pod{}:  podCache,
-			&corev1.Node{}: {Transform: trimNode},
-			// Namespaces: their labels, for policies' namespace selectors.
-			&corev1.Namespace{}: {Transform: trimNamespace},
-			// Only the cluster DNS's and the API server's slices.
-			&discoveryv1.EndpointSlice{}: {Label: clusterSliceSelector(cfg.ClusterDNS)},
-		},
-			// The rest: VMIs trimmed, no managed fields on any. (A
-			// ByObject entry for VMIs would need KubeVirt's CRD at
-			// start.)
-			DefaultTransform: trimOther,
-		},
+		Cache:                  cacheOptions(podCache, cfg.ClusterDNS),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kvnet-node: create manager: %w", err)
@@ -815,17 +801,20 @@ func watched(plan Plan) []datapath.Port {
 // input gathers Desired's input.
 func (a *Agent) input(ctx context.Context) (Input, error) {
 	c := a.mgr.GetCache()
-	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed, Reserved: a.cfg.Reserved,
+	in := Input{Node: a.cfg.NodeName, MTU: a.dp.MTU(), DNS: a.cfg.DNS, Gateways: a.gateways, Annotations: &a.parsed, NetConfs: &a.confs, Reserved: a.cfg.Reserved,
 		VMINodes: map[types.NamespacedName]string{}, Migrations: map[types.NamespacedName]*migration.Migration{},
 		LauncherDHCPv4: map[types.NamespacedName]bool{}, Announced: a.announce.Announced()}
+	// The cache's objects, not copies (a plan at 1,000 nodes and networks
+	// spent most of its time copying them): Desired and the agent only
+	// read them (TestDesiredLeavesItsInputUnchanged).
+	noCopy := client.UnsafeDisableDeepCopy
 	var nads nadv1.NetworkAttachmentDefinitionList
-	if err := c.List(ctx, &nads); err != nil {
+	if err := c.List(ctx, &nads, noCopy); err != nil {
 		return in, err
 	}
 	in.NADs = nads.Items
 	var pods corev1.PodList
-	// Not copied: Desired and the agent only read them.
-	if err := c.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
+	if err := c.List(ctx, &pods, noCopy); err != nil {
 		return in, err
 	}
 	in.Pods = pods.Items
@@ -841,12 +830,12 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 		}
 	}
 	var nodes corev1.NodeList
-	if err := c.List(ctx, &nodes); err != nil {
+	if err := c.List(ctx, &nodes, noCopy); err != nil {
 		return in, err
 	}
 	in.Nodes = nodes.Items
 	var services corev1.ServiceList
-	if err := c.List(ctx, &services); err != nil {
+	if err := c.List(ctx, &services, noCopy); err != nil {
 		return in, err
 	}
 	// Oldest first: a node port or external address two Services claim
@@ -856,17 +845,17 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	})
 	in.Services = services.Items
 	var eps discoveryv1.EndpointSliceList
-	if err := c.List(ctx, &eps); err != nil {
+	if err := c.List(ctx, &eps, noCopy); err != nil {
 		return in, err
 	}
 	in.EndpointSlices = eps.Items
 	var nps networkingv1.NetworkPolicyList
-	if err := c.List(ctx, &nps); err != nil {
+	if err := c.List(ctx, &nps, noCopy); err != nil {
 		return in, err
 	}
 	in.NetworkPolicies = nps.Items
 	var namespaces corev1.NamespaceList
-	if err := c.List(ctx, &namespaces); err != nil {
+	if err := c.List(ctx, &namespaces, noCopy); err != nil {
 		return in, err
 	}
 	in.Namespaces = namespaces.Items
@@ -876,19 +865,19 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 	in.DefaultNetworkCIDRs = a.cfg.DefaultNetworkCIDRs
 	if a.hasServiceCIDRs(ctx) {
 		var cidrs networkingv1.ServiceCIDRList
-		if err := c.List(ctx, &cidrs); err != nil {
+		if err := c.List(ctx, &cidrs, noCopy); err != nil {
 			return in, err
 		}
 		in.ServiceCIDRs = append(slices.Clip(in.ServiceCIDRs), ServiceCIDRsOf(cidrs.Items)...)
 	}
 	var mnps mnpv1beta1.MultiNetworkPolicyList
-	if err := c.List(ctx, &mnps); err == nil {
+	if err := c.List(ctx, &mnps, noCopy); err == nil {
 		in.MultiNetworkPolicies = mnps.Items
 	} else if !meta.IsNoMatchError(err) && !errors.As(err, new(*cache.ErrResourceNotCached)) {
 		return in, err
 	}
 	var vmis kubevirtv1.VirtualMachineInstanceList
-	if err := c.List(ctx, &vmis); err == nil {
+	if err := c.List(ctx, &vmis, noCopy); err == nil {
 		for _, vmi := range vmis.Items {
 			key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 			in.VMINodes[key] = vmi.Status.NodeName
@@ -931,16 +920,13 @@ func (a *Agent) input(ctx context.Context) (Input, error) {
 // for a large subnet on every reconcile would be wasteful. Only the loop
 // goroutine calls it.
 func (a *Agent) gateways(conf *netconf.NetConf) ([]netip.Addr, error) {
-	key, err := conf.Marshal()
-	if err != nil {
-		return nil, err
-	}
+	key := *conf // comparable: every field a string, number or bool
 	if g, ok := a.gwMemo[key]; ok {
 		return g.addrs, g.err
 	}
 	addrs, err := GatewaysOf(conf)
 	if a.gwMemo == nil || len(a.gwMemo) > 4096 {
-		a.gwMemo = map[string]gatewayResult{}
+		a.gwMemo = map[netconf.NetConf]gatewayResult{}
 	}
 	a.gwMemo[key] = gatewayResult{addrs, err}
 	return addrs, err
@@ -1057,6 +1043,26 @@ func clusterSliceSelector(dns types.NamespacedName) labels.Selector {
 		return labels.Nothing()
 	}
 	return labels.NewSelector().Add(*req)
+}
+
+// cacheOptions are the options of kvnet-node's informer cache: pods as
+// podCache says, every kind trimmed to what Desired reads.
+func cacheOptions(podCache cache.ByObject, clusterDNS types.NamespacedName) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		// Every pod of the cluster is cached (remote pods are FDB
+		// entries) unless PodScope says otherwise, so keep only what
+		// Desired reads.
+		&corev1.Pod{}:  podCache,
+		&corev1.Node{}: {Transform: trimNode},
+		// Namespaces: their labels, for policies' namespace selectors.
+		&corev1.Namespace{}: {Transform: trimNamespace},
+		// Only the cluster DNS's and the API server's slices.
+		&discoveryv1.EndpointSlice{}: {Label: clusterSliceSelector(clusterDNS)},
+	},
+		// The rest: VMIs trimmed, no managed fields on any. (A ByObject
+		// entry for VMIs would need KubeVirt's CRD at start.)
+		DefaultTransform: trimOther,
+	}
 }
 
 // hasServiceCIDRs reports whether the API server serves ServiceCIDR

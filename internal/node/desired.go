@@ -118,6 +118,60 @@ type Input struct {
 	// Annotations, if set, memoises parsed pod annotations across calls
 	// (parsing dominates the cost of a plan in a large cluster).
 	Annotations *AnnotationCache
+	// NetConfs, if set, memoises parsed NAD configurations across calls
+	// (with 1,000 networks, parsing them was half of a plan).
+	NetConfs *NetConfCache
+}
+
+// NetConfCache holds NADs' parsed configurations by their text, primary
+// ones with the reserved subnets they were filled with (fillReserved). It
+// is not safe for concurrent use; an Agent owns one.
+type NetConfCache struct {
+	reserved reserved.Subnets // what the primary ones were filled with
+	m        map[string]parsedConf
+}
+
+type parsedConf struct {
+	conf *netconf.NetConf // nil: another plugin's; never handed out
+	err  error
+}
+
+// parse returns config's configuration as netconf.Parse and, if primary,
+// fillReserved with r make it: a copy of the cached one when c has it.
+// What it returns, next keeps for the next plan.
+func (c *NetConfCache) parse(config string, r reserved.Subnets, next map[string]parsedConf) (*netconf.NetConf, error) {
+	var pc parsedConf
+	cached := false
+	if c != nil {
+		pc, cached = c.m[config]
+	}
+	if !cached {
+		pc.conf, pc.err = netconf.Parse(config)
+		if pc.conf != nil && pc.conf.IsPrimary() {
+			fillReserved(pc.conf, r)
+		}
+	}
+	if next != nil {
+		next[config] = pc
+	}
+	if pc.conf == nil {
+		return nil, pc.err
+	}
+	conf := *pc.conf // the plan's own: the cached one stays as parsed
+	return &conf, pc.err
+}
+
+// start begins a plan with reserved subnets r: it forgets every entry
+// when they changed, and returns the map the plan fills for the next
+// (nil when c is nil).
+func (c *NetConfCache) start(r reserved.Subnets) map[string]parsedConf {
+	if c == nil {
+		return nil
+	}
+	if !slices.Equal(c.reserved.Join, r.Join) || !slices.Equal(c.reserved.Transit, r.Transit) || !slices.Equal(c.reserved.Masquerade, r.Masquerade) {
+		c.reserved, c.m = r, nil
+	}
+	return make(map[string]parsedConf, len(c.m))
 }
 
 // AnnotationCache holds parsed kvnet.io/pod-networks annotations by pod

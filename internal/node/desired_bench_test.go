@@ -54,6 +54,7 @@ func desiredBenchInput() Input {
 	}
 	in.Gateways = (&Agent{}).gateways
 	in.Annotations = &AnnotationCache{} // as the Agent does: after the first plan, only changed pods are parsed
+	in.NetConfs = &NetConfCache{}       // and only changed NADs
 	return in
 }
 
@@ -285,7 +286,7 @@ func servicesBenchInput(tb testing.TB, p servicesBenchParams) Input {
 		in.Services = append(in.Services, svc)
 	}
 	in.Gateways = (&Agent{}).gateways
-	in.Annotations = &AnnotationCache{}
+	in.Annotations, in.NetConfs = &AnnotationCache{}, &NetConfCache{}
 	return in
 }
 
@@ -372,6 +373,6 @@ func BenchmarkDesiredScoped1000Networks(b *testing.B) {
 		}
 	}
 	in.Gateways = (&Agent{}).gateways
-	in.Annotations = &AnnotationCache{}
+	in.Annotations, in.NetConfs = &AnnotationCache{}, &NetConfCache{}
 	benchSteadyPlans(b, in)
 }

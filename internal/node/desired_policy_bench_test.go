@@ -25,6 +25,31 @@ const benchNetworkPolicies = 1000
 // egress to an ipBlock with an except. Every local pod is selected, so
 // n0's plan isolates all its 100 ports.
 func BenchmarkDesiredPolicies(b *testing.B) {
+	in := policyBenchInput()
+	plan := Desired(in)
+	if len(plan.Problems) > 0 {
+		b.Fatal(plan.Problems)
+	}
+	local := 0
+	for _, p := range in.Pods {
+		if p.Spec.NodeName == in.Node {
+			local++
+		}
+	}
+	if len(plan.State.Policies) != local {
+		b.Fatalf("plan isolates %d ports, want every local pod's: %d", len(plan.State.Policies), local)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		plan = Desired(in)
+	}
+	b.ReportMetric(float64(len(in.NetworkPolicies)), "policies")
+	b.ReportMetric(float64(len(plan.State.Policies)), "isolated-ports")
+}
+
+// policyBenchInput is BenchmarkDesiredPolicies's cluster: desiredBenchInput's
+// with labelled pods and namespaces and 1,000 NetworkPolicies.
+func policyBenchInput() Input {
 	in := desiredBenchInput()
 	for i := range in.Pods {
 		in.Pods[i].Labels = map[string]string{"app": fmt.Sprintf("a%d", i%10)}
@@ -57,23 +82,5 @@ func BenchmarkDesiredPolicies(b *testing.B) {
 		}
 		in.NetworkPolicies = append(in.NetworkPolicies, np)
 	}
-	plan := Desired(in)
-	if len(plan.Problems) > 0 {
-		b.Fatal(plan.Problems)
-	}
-	local := 0
-	for _, p := range in.Pods {
-		if p.Spec.NodeName == in.Node {
-			local++
-		}
-	}
-	if len(plan.State.Policies) != local {
-		b.Fatalf("plan isolates %d ports, want every local pod's: %d", len(plan.State.Policies), local)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		plan = Desired(in)
-	}
-	b.ReportMetric(float64(len(in.NetworkPolicies)), "policies")
-	b.ReportMetric(float64(len(plan.State.Policies)), "isolated-ports")
+	return in
 }

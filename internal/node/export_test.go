@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
 	"kvnet.io/kvnet/internal/datapath"
 )
 
@@ -42,4 +45,16 @@ func SetScopeGrace(t testing.TB, d time.Duration) {
 	orig := scopeGrace
 	scopeGrace = d
 	t.Cleanup(func() { scopeGrace = orig })
+}
+
+// CacheOptionsForTest are kvnet-node's informer cache options, with its
+// scheme, for a node caching every pod (PodScopeCluster).
+func CacheOptionsForTest(clusterDNS types.NamespacedName) (cache.Options, error) {
+	s, err := newScheme()
+	if err != nil {
+		return cache.Options{}, err
+	}
+	o := cacheOptions(cache.ByObject{Transform: trimPod}, clusterDNS)
+	o.Scheme = s
+	return o, nil
 }

@@ -35,13 +35,17 @@ type network struct {
 // skipped.
 func (p *planner) networks() (nets map[string]*network, primaryNS map[string]map[string]bool) {
 	nets, primaryNS = map[string]*network{}, map[string]map[string]bool{}
+	parsed := p.in.NetConfs.start(p.in.Reserved)
+	if parsed != nil {
+		defer func() { p.in.NetConfs.m = parsed }() // drops NADs that are gone
+	}
 	for i := range p.in.NADs {
 		nad := &p.in.NADs[i]
 		key := nad.Namespace + "/" + nad.Name
 		if _, refused := nad.Annotations[udn.NetworkConflictAnnotation]; refused {
 			continue // disagrees with its network's first NAD, which defines it
 		}
-		conf, err := netconf.Parse(nad.Spec.Config)
+		conf, err := p.in.NetConfs.parse(nad.Spec.Config, p.in.Reserved, parsed)
 		if err != nil {
 			p.problem("NAD %s: %v", key, err)
 			continue
@@ -50,7 +54,6 @@ func (p *planner) networks() (nets map[string]*network, primaryNS map[string]map
 			continue // another plugin
 		}
 		if conf.IsPrimary() {
-			fillReserved(conf, p.in.Reserved)
 			if primaryNS[conf.Name] == nil {
 				primaryNS[conf.Name] = map[string]bool{}
 			}
