@@ -136,9 +136,9 @@ type parsedConf struct {
 	err  error
 }
 
-// parse returns config's configuration as netconf.Parse and, if primary,
-// fillReserved with r make it: a copy of the cached one when c has it.
-// What it returns, next keeps for the next plan.
+// parse returns netconf.Parse(config), completed by fillReserved with r
+// when primary: from c when it has config, and as a copy the caller may
+// change. next records the entry for the next plan.
 func (c *NetConfCache) parse(config string, r reserved.Subnets, next map[string]parsedConf) (*netconf.NetConf, error) {
 	var pc parsedConf
 	cached := false

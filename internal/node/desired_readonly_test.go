@@ -11,8 +11,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
 
+	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	mnpv1beta1 "kvnet.io/kvnet/api/k8scni/v1beta1"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/physnet"
 	"kvnet.io/kvnet/internal/reserved"
@@ -28,10 +29,11 @@ type inputObjects struct {
 	EndpointSlices  []discoveryv1.EndpointSlice
 	NetworkPolicies []networkingv1.NetworkPolicy
 	Namespaces      []corev1.Namespace
+	MNPs            []mnpv1beta1.MultiNetworkPolicy
 }
 
 func objectsOf(in Input) inputObjects {
-	return inputObjects{in.NADs, in.Pods, in.Nodes, in.Services, in.EndpointSlices, in.NetworkPolicies, in.Namespaces}
+	return inputObjects{in.NADs, in.Pods, in.Nodes, in.Services, in.EndpointSlices, in.NetworkPolicies, in.Namespaces, in.MultiNetworkPolicies}
 }
 
 // deepCopies returns deep copies of the objects of each list.
@@ -39,6 +41,7 @@ func (o inputObjects) deepCopies() inputObjects {
 	return inputObjects{
 		NADs: copyAll(o.NADs), Pods: copyAll(o.Pods), Nodes: copyAll(o.Nodes), Services: copyAll(o.Services),
 		EndpointSlices: copyAll(o.EndpointSlices), NetworkPolicies: copyAll(o.NetworkPolicies), Namespaces: copyAll(o.Namespaces),
+		MNPs: copyAll(o.MNPs),
 	}
 }
 
@@ -90,13 +93,22 @@ func TestDesiredLeavesItsInputUnchanged(t *testing.T) {
 		Pods:  []corev1.Pod{localnetPod("a", "p1", "n1", "192.168.50.11", "0a:58:c0:a8:32:0b"), localnetPod("b", "p2", "n2", "192.168.50.12", "0a:58:c0:a8:32:0c")},
 		Nodes: []corev1.Node{mapped, kvnode("n2", "192.168.100.2")},
 		Links: map[string]string{"kvnet:a/p1:a/ln": "kvp1"},
+		// A MultiNetworkPolicy for a/ln isolating p1 but from p2's app.
+		MultiNetworkPolicies: []mnpv1beta1.MultiNetworkPolicy{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "mnp", Annotations: map[string]string{mnpv1beta1.PolicyForAnnotation: "ln"}},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{},
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.50.0/24", Except: []string{"192.168.50.12/32"}}}}}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}},
+		}},
 	}
 	for name, in := range map[string]Input{"policies": policyBenchInput(), "services": services, "localnet": localnet} {
 		t.Run(name, func(t *testing.T) {
 			before := objectsOf(in).deepCopies()
-			for range 2 { // the second plan from the annotation cache
-				if plan := Desired(in); len(plan.State.Networks) == 0 {
-					t.Fatalf("plan without networks (problems %q): the input does not exercise Desired", plan.Problems)
+			in.Annotations, in.NetConfs = &AnnotationCache{}, &NetConfCache{}
+			for range 2 { // the second plan from the memos
+				plan := Desired(in)
+				if len(plan.State.Networks) == 0 || len(plan.State.Policies) == 0 && (len(in.NetworkPolicies) > 0 || len(in.MultiNetworkPolicies) > 0) {
+					t.Fatalf("plan with %d networks and %d isolated ports (problems %q): the input does not exercise Desired", len(plan.State.Networks), len(plan.State.Policies), plan.Problems)
 				}
 			}
 			after := objectsOf(in)
