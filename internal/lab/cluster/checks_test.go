@@ -2,8 +2,8 @@ package cluster
 
 // Checks of the real-cluster test (the cluster build tag) that read
 // what the cluster reports (kubelet probe metrics, containerd's version,
-// host-local leases, kvnet-cni's collection status), without the build
-// tag so that plain go test checks them.
+// host-local leases, kvnet-cni's collection status), and the recap of its
+// failures, without the build tag so that plain go test checks them.
 
 import (
 	"encoding/json"
@@ -178,4 +178,23 @@ func allPending(lost []lostDel, after cniGCStatus) bool {
 		}
 	}
 	return true
+}
+
+// recapText is the recap of a failed cluster test, for the end of its
+// output, of which CI shows about the last 2,000 characters: each
+// failure in a line of at most 160 characters, then the first one (the
+// likeliest cause of the others) again in full (500 at most), last.
+func recapText(failed []string) string {
+	if len(failed) == 1 {
+		return failed[0]
+	}
+	var b strings.Builder
+	for _, l := range failed {
+		if len(l) > 160 {
+			l = l[:160] + "..."
+		}
+		b.WriteString(l + "\n")
+	}
+	b.WriteString("the first failure in full: " + failed[0])
+	return b.String()
 }

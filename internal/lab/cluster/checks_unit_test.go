@@ -128,3 +128,15 @@ func TestCollectedVerdict(t *testing.T) {
 		t.Error("a truncated gc-status.json parsed")
 	}
 }
+
+func TestRecapText(t *testing.T) {
+	if got := recapText([]string{"only"}); got != "only" {
+		t.Errorf("one failure: %q", got)
+	}
+	first := "T: " + strings.Repeat("a", 400)
+	got := recapText([]string{first, "T: second"})
+	lines := strings.Split(got, "\n")
+	if len(lines) != 3 || len(lines[0]) != 163 || lines[1] != "T: second" || lines[2] != "the first failure in full: "+first {
+		t.Errorf("recap %q: want the first failure cut to 160 characters, the second, then the first in full", got)
+	}
+}

@@ -167,7 +167,7 @@ func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
 			failed := slices.Clone(recap.lines[from:])
 			recap.mu.Unlock()
 			if len(failed) > 0 {
-				t.Logf("what failed on this cluster (repeated from above):\n%s", strings.Join(failed, "\n"))
+				t.Logf("what failed on this cluster (repeated from above):\n%s", recapText(failed))
 			}
 		}
 		if err := c.Down(); err != nil {
