@@ -99,6 +99,7 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 	w := *opts.Webhook
 	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.StringVar(&opts.ProbeAddr, "health-probe-bind-address", opts.ProbeAddr, "address of /healthz and /readyz; 0 disables them")
+	fs.StringVar(&opts.PprofAddr, "pprof-bind-address", opts.PprofAddr, "address of Go's profiles (/debug/pprof/), e.g. 127.0.0.1:6060; 0 disables them")
 	fs.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
 	fs.IntVar(&w.Port, "webhook-port", w.Port, "port of the admission webhooks; 0 disables them")
 	fs.StringVar(&w.PrimaryAttachment, "primary-network-attachment", w.PrimaryAttachment,

@@ -41,7 +41,7 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 	d := manager.DefaultOptions()
 	for name, want := range map[string]string{
 		"primary-network-attachment": d.Webhook.PrimaryAttachment, "default-network-nad": d.Webhook.DefaultNetworkNAD,
-		"metrics-bind-address": d.MetricsAddr, "health-probe-bind-address": d.ProbeAddr,
+		"metrics-bind-address": d.MetricsAddr, "health-probe-bind-address": d.ProbeAddr, "pprof-bind-address": d.PprofAddr,
 	} {
 		if f := fs.Lookup(name); f == nil || f.DefValue != want {
 			t.Errorf("--%s shows default %v, want %q", name, f, want)
@@ -57,6 +57,9 @@ func TestFlags(t *testing.T) {
 	}
 	if o, err := parse(t, "", "--enable-dynamic-host-subnets", "--host-subnet-grace=30s"); err != nil || !o.DynamicHostSubnets || o.HostSubnetGrace != 30*time.Second {
 		t.Errorf("dynamic host subnets: %v, grace %s, %v", o.DynamicHostSubnets, o.HostSubnetGrace, err)
+	}
+	if o, err := parse(t, "", "--pprof-bind-address=127.0.0.1:6060"); err != nil || o.PprofAddr != "127.0.0.1:6060" {
+		t.Errorf("--pprof-bind-address: %q, %v", o.PprofAddr, err)
 	}
 	if o, err := parse(t, "", "--webhook-port=0"); err != nil || o.Webhook != nil {
 		t.Errorf("--webhook-port=0: webhook %+v, %v; want none", o.Webhook, err)

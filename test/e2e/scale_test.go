@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,10 +29,11 @@ func TestScale(t *testing.T) {
 	}
 	dir := t.TempDir()
 	summary := filepath.Join(dir, "summary.json")
+	profiles := filepath.Join(dir, "profiles")
 	out := run("scale", "--dir", filepath.Join(dir, "lab"), "--nodes", "30", "--real-nodes", strconv.Itoa(real),
 		"--udns", "20", "--pods", "1000", "--vms", "100", "--churn", "15s", "--churn-rate", "20", "--summary", summary,
 		// The scope a large cluster runs (docs/scale.md).
-		"--pod-scope", "networks")
+		"--pod-scope", "networks", "--profile-dir", profiles)
 	t.Logf("kvnet-lab scale:\n%s", out)
 	b, err := os.ReadFile(summary)
 	if err != nil {
@@ -71,6 +77,7 @@ func TestScale(t *testing.T) {
 		}
 		NodeObjectBytes int
 		EtcdBytes       int64
+		Profiles        []string
 		Audit           string
 		Duplicates      int
 		LeakedClaims    int
@@ -109,7 +116,50 @@ func TestScale(t *testing.T) {
 				n.WatchedNetworks, n.Pods, n.Networks)
 		}
 	}
+	// A CPU profile of kvnet-controller for each profiled step, and
+	// kvnet's own code in them.
+	kvnetCode := false
+	for _, step := range []string{"networks", "pods", "vms", "churn"} {
+		first := filepath.Join(profiles, "controller-"+step+"-01.pprof")
+		if !slices.Contains(s.Profiles, first) {
+			t.Errorf("summary's profiles %v lack %s", s.Profiles, first)
+		}
+	}
+	for _, p := range s.Profiles {
+		b, err := readProfile(p)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		kvnetCode = kvnetCode || bytes.Contains(b, []byte("kvnet.io/kvnet/"))
+	}
+	if len(s.Profiles) > 0 && !kvnetCode {
+		t.Errorf("no function of kvnet.io/kvnet in %d CPU profiles of kvnet-controller", len(s.Profiles))
+	}
 	if !strings.Contains(out, "pods → allocated") {
 		t.Errorf("no table printed:\n%s", out)
 	}
+}
+
+// readProfile reads a CPU profile as go tool pprof would: gzipped, its
+// sample type (CPU time in nanoseconds) in its strings. It returns the
+// uncompressed profile.
+func readProfile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, fmt.Errorf("not a gzipped profile: %w", err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Contains(b, []byte("nanoseconds")) {
+		return nil, fmt.Errorf("%d bytes without a CPU sample type", len(b))
+	}
+	return b, nil
 }

@@ -68,6 +68,10 @@ type Options struct {
 	MetricsAddr string
 	// ProbeAddr serves /healthz and /readyz; "0" disables them.
 	ProbeAddr string
+	// PprofAddr serves Go's profiles (/debug/pprof/); "" or "0" (the
+	// default) disables them. They reveal the process's internals: bind
+	// it to localhost.
+	PprofAddr string
 	// LeaderElection enables leader election (on in a cluster).
 	LeaderElection bool
 	// LeaderElectionNamespace holds the lease; empty means the pod's namespace.
@@ -117,7 +121,7 @@ const (
 // lab and tests start from them. Its Webhook is DefaultWebhookOptions.
 func DefaultOptions() Options {
 	w := DefaultWebhookOptions()
-	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", LeaderElection: true, Webhook: &w,
+	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", PprofAddr: "0", LeaderElection: true, Webhook: &w,
 		GlobalNamespaces: slices.Clone(udn.DefaultGlobalNamespaces), ReservedSubnets: reserved.Default(),
 		HostSubnetGrace: hostsubnets.DefaultGrace}
 }
@@ -243,6 +247,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddr},
 		HealthProbeBindAddress:  opts.ProbeAddr,
+		PprofBindAddress:        opts.PprofAddr,
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        "kvnet-controller.kvnet.io",
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,

@@ -141,7 +141,7 @@ func (f *chaosFlags) check() error {
 // and restarts: the controller's manager, configured as the lab runs it
 // (webhooks on 127.0.0.1, no leader election: one replica).
 func newChaosControllerCommand() *cobra.Command {
-	var kubeconfig, probeAddr, metricsAddr string
+	var kubeconfig, probeAddr, metricsAddr, pprofAddr string
 	var webhookPort int
 	var dynamicHostSubnets bool
 	cmd := &cobra.Command{
@@ -158,7 +158,7 @@ func newChaosControllerCommand() *cobra.Command {
 			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer cancel()
 			return manager.Run(ctx, cfg, manager.Options{
-				MetricsAddr: metricsAddr, ProbeAddr: probeAddr,
+				MetricsAddr: metricsAddr, ProbeAddr: probeAddr, PprofAddr: pprofAddr,
 				Webhook:            controlplane.WebhookOptions(webhookPort, false),
 				DynamicHostSubnets: dynamicHostSubnets,
 			})
@@ -167,6 +167,7 @@ func newChaosControllerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's service account")
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", "address of /readyz")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "0", "address of /metrics; 0: none")
+	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "0", "address of /debug/pprof/; 0: none")
 	cmd.Flags().IntVar(&webhookPort, "webhook-port", 0, "port of the webhooks on 127.0.0.1")
 	cmd.Flags().BoolVar(&dynamicHostSubnets, "enable-dynamic-host-subnets", false, "as kvnet-controller's flag")
 	return cmd

@@ -47,6 +47,9 @@ type scaleFlags struct {
 	stall     time.Duration
 	summary   string
 	output    string
+	// profileDir receives CPU profiles of kvnet-controller during the
+	// networks, pods, VMs and churn steps; empty: none taken.
+	profileDir string
 }
 
 // NewScaleCommand returns `kvnet-lab scale`: the scale lab.
@@ -120,6 +123,7 @@ assertion.`,
 		"run kvnet-controller with --enable-dynamic-host-subnets: Layer3 host subnets only on the nodes that use the network")
 	fl.StringVar(&f.podScope, "pod-scope", node.PodScopeCluster,
 		"the real kvnet-nodes' --pod-scope: cluster (every pod of the cluster) or networks (their own and their networks' pods)")
+	fl.StringVar(&f.profileDir, "profile-dir", "", "write CPU profiles of kvnet-controller (5 s each) during the networks, pods, VMs and churn steps to this directory (go tool pprof -top DIR/controller-pods-*.pprof)")
 	fl.StringVar(&f.summary, "summary", "", "write the summary (JSON) to this file")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for the table")
 	return cmd
@@ -164,6 +168,8 @@ type scaleEnv struct {
 	kwokNodes []string
 	// realNodes are the simnet names of the nodes running kvnet-node.
 	realNodes []string
+	// pprofAddr is kvnet-controller's pprof endpoint (with --profile-dir).
+	pprofAddr string
 	// stopVirt stops the virt-controller stand-in; virtDone is closed
 	// once it has.
 	stopVirt func()
@@ -202,11 +208,20 @@ func setUpScale(ctx context.Context, f *scaleFlags, dir string) (_ *scaleEnv, er
 	if f.dynamicHostSubnets {
 		ctrlArgs = append(ctrlArgs, "--enable-dynamic-host-subnets")
 	}
+	var pprofAddr string
+	if f.profileDir != "" {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		pprofAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+		ctrlArgs = append(ctrlArgs, "--pprof-addr", pprofAddr)
+	}
 	ce, err := startControl(ctx, dir, cfg, ctrlArgs...)
 	if err != nil {
 		return nil, err
 	}
-	e := &scaleEnv{chaosEnv: ce, f: f}
+	e := &scaleEnv{chaosEnv: ce, f: f, pprofAddr: pprofAddr}
 	defer func() {
 		if err != nil {
 			e.close()

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,6 +88,9 @@ type ScaleSummary struct {
 	Duplicates   int     `json:"duplicates"`
 	LeakedClaims int     `json:"leakedClaims"`
 	Seconds      float64 `json:"seconds"`
+	// Profiles are the CPU profiles of kvnet-controller taken during the
+	// run (--profile-dir).
+	Profiles []string `json:"profiles,omitempty"`
 }
 
 // ScaleParameters are the run's sizes.
@@ -506,5 +510,9 @@ func (s *ScaleSummary) print(w io.Writer) {
 		[2]string{"audit", fmt.Sprintf("%s; duplicates %d, leaked claims %d", s.Audit, s.Duplicates, s.LeakedClaims)},
 		[2]string{"run", fmt.Sprintf("%.0f s", s.Seconds)},
 	)
+	if len(s.Profiles) > 0 {
+		rows = append(rows, [2]string{"controller CPU profiles", fmt.Sprintf("%d in %s (go tool pprof -top %s)",
+			len(s.Profiles), filepath.Dir(s.Profiles[0]), filepath.Join(filepath.Dir(s.Profiles[0]), "controller-pods-*.pprof"))})
+	}
 	printRows(w, rows)
 }

@@ -223,8 +223,22 @@ func (r *scaleRun) watch(ctx context.Context) error {
 func (r *scaleRun) run(ctx context.Context) (*ScaleSummary, error) {
 	start := time.Now()
 	s := r.sum
-	step := func(what string, f func() error) error {
+	var prof *profiler
+	if r.f.profileDir != "" {
+		prof = &profiler{addr: r.e.pprofAddr, dir: r.f.profileDir, client: &http.Client{Timeout: profileWindow + time.Minute}}
+	}
+	// step runs f; with --profile-dir, a step with a profile name is
+	// profiled under that name.
+	step := func(what, profile string, f func() error) error {
 		t := time.Now()
+		if prof != nil && profile != "" {
+			g := f
+			f = func() error {
+				paths, err := prof.during(ctx, profile, g)
+				s.Profiles = append(s.Profiles, paths...)
+				return err
+			}
+		}
 		if err := f(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -232,20 +246,20 @@ func (r *scaleRun) run(ctx context.Context) (*ScaleSummary, error) {
 		return nil
 	}
 	steps := []struct {
-		what string
-		f    func() error
+		what, profile string
+		f             func() error
 	}{
-		{"write floor", func() error { return r.floor(ctx) }},
-		{fmt.Sprintf("%d networks", r.f.udns), func() error { return r.networks(ctx) }},
-		{fmt.Sprintf("%d pods", r.f.pods), func() error { return r.createPods(ctx) }},
-		{fmt.Sprintf("%d VMs", r.f.vms), func() error { return r.createVMs(ctx) }},
-		{"churn", func() error { return r.churn(ctx) }},
-		{"kvnet-controller restart", func() error { return r.restart(ctx) }},
-		{"measurements", func() error { return r.measure(ctx) }},
-		{"audit", func() error { return r.audit(ctx) }},
+		{"write floor", "", func() error { return r.floor(ctx) }},
+		{fmt.Sprintf("%d networks", r.f.udns), "networks", func() error { return r.networks(ctx) }},
+		{fmt.Sprintf("%d pods", r.f.pods), "pods", func() error { return r.createPods(ctx) }},
+		{fmt.Sprintf("%d VMs", r.f.vms), "vms", func() error { return r.createVMs(ctx) }},
+		{"churn", "churn", func() error { return r.churn(ctx) }},
+		{"kvnet-controller restart", "", func() error { return r.restart(ctx) }},
+		{"measurements", "", func() error { return r.measure(ctx) }},
+		{"audit", "", func() error { return r.audit(ctx) }},
 	}
 	for _, st := range steps {
-		if err := step(st.what, st.f); err != nil {
+		if err := step(st.what, st.profile, st.f); err != nil {
 			s.Seconds = time.Since(start).Seconds()
 			return s, err
 		}
