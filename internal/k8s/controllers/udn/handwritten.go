@@ -68,8 +68,11 @@ func sameNetworkHandwritten(ctx context.Context, c client.Client, o client.Objec
 			name = conf.Name
 		}
 	}
+	// The cache's NADs, not copies (only read here): this runs for every
+	// NAD event, and copying every NAD of the cluster for each made the
+	// creation of 1,000 networks quadratic in copies.
 	var list nadv1.NetworkAttachmentDefinitionList
-	if err := c.List(ctx, &list); err != nil {
+	if err := c.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return reqs
 	}
 	for i := range list.Items {
