@@ -23,6 +23,7 @@ import (
 	"kvnet.io/kvnet/internal/k8s/manager"
 	"kvnet.io/kvnet/internal/podnetworks"
 	"kvnet.io/kvnet/internal/testenv"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 var (
@@ -278,6 +279,21 @@ func TestClaimDeletionFreesIPAndExhaustion(t *testing.T) {
 		}
 		return nil
 	})
+	// The network's NAD is marked while pods wait (kvnet-node reports
+	// it to the runtime's CNI STATUS), and the mark goes once none does.
+	exhaustedMark := func(want bool) func() error {
+		return func() error {
+			var nad nadv1.NetworkAttachmentDefinition
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "small", Name: "tiny"}, &nad); err != nil {
+				return err
+			}
+			if got := nad.Annotations[udn.PoolExhaustedAnnotation] == "true"; got != want {
+				return fmt.Errorf("NAD small/tiny annotations %v, want %s marked %v", nad.Annotations, udn.PoolExhaustedAnnotation, want)
+			}
+			return nil
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "NAD marked exhausted", exhaustedMark(true))
 
 	// The VM's pod going does not free its IP; deleting the claim does.
 	if err := c.Delete(ctx, mkPod("small", "vm-pod", nil)); err != nil {
@@ -311,6 +327,12 @@ func TestClaimDeletionFreesIPAndExhaustion(t *testing.T) {
 		}
 		return fmt.Errorf("neither waiting pod got the freed IP yet")
 	})
+	for _, name := range []string{"late", "still-full"} {
+		if err := c.Delete(ctx, mkPod("small", name, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "NAD exhaustion mark removed", exhaustedMark(false))
 }
 
 func TestInvalidRequests(t *testing.T) {
