@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	nadv1 "kvnet.io/kvnet/api/k8scni/v1"
+	"kvnet.io/kvnet/internal/ipam/allocator"
 	"kvnet.io/kvnet/internal/netconf"
 	"kvnet.io/kvnet/internal/udn"
 )
@@ -16,17 +17,25 @@ import (
 // address is held, or pods wait for one (an allocation failed for lack of
 // addresses, e.g. in one family of a dual-stack network, and nothing was
 // freed since).
+//
+// The pools are counted outside st.mu (each allocator has its own lock):
+// this runs every second, and a Layer3 network has a subnet per node, so
+// counting every pool under st.mu held up the allocations meanwhile.
 func (st *state) exhaustedNetworks() map[string]bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	out := map[string]bool{}
+	st.mu.Lock()
 	for n, pods := range st.waiting {
 		if len(pods) > 0 {
 			out[n] = true
 		}
 	}
+	allocs := make(map[string]*allocator.Network, len(st.networks))
 	for name, n := range st.networks {
-		if size, used := n.alloc.Stats(); size > 0 && used >= size {
+		allocs[name] = n.alloc
+	}
+	st.mu.Unlock()
+	for name, a := range allocs {
+		if size, used := a.Stats(); size > 0 && used >= size {
 			out[name] = true
 		}
 	}
