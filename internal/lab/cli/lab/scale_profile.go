@@ -41,10 +41,12 @@ func (p *profiler) during(ctx context.Context, step string, f func() error) ([]s
 	wg.Go(func() {
 		for n := 1; ; n++ {
 			path := filepath.Join(p.dir, fmt.Sprintf("controller-%s-%02d.pprof", step, n))
+			var retry <-chan time.Time // at once, unless the window failed
 			if err := p.window(ctx, path); err != nil {
 				if profErr == nil {
 					profErr = fmt.Errorf("profile %s: %w", filepath.Base(path), err)
 				}
+				retry = time.After(time.Second)
 			} else {
 				paths = append(paths, path)
 			}
@@ -54,6 +56,15 @@ func (p *profiler) during(ctx context.Context, step string, f func() error) ([]s
 			case <-ctx.Done():
 				return
 			default:
+			}
+			if retry != nil {
+				select {
+				case <-done:
+					return
+				case <-ctx.Done():
+					return
+				case <-retry:
+				}
 			}
 		}
 	})
