@@ -431,10 +431,12 @@ func testApplyCRDIfAbsent(t *testing.T, name string) {
 // finalizer (which empties a CRD of its objects before it goes) retries
 // a failed pass with an exponential back-off that, on a loaded machine,
 // outgrows any wait; an update of the CRD queues it at once. So a CRD
-// still there 20 s after its deletion is touched (an annotation), and
-// what keeps it (finalizers, conditions) is in the error.
+// still there 20 s after its deletion is touched (an annotation), every
+// 10 s at most (the wait polls every 50 ms), and what keeps it
+// (finalizers, conditions) is in the error.
 func waitCRDGone(ctx context.Context, t *testing.T, name, what string) {
 	t.Helper()
+	var touched time.Time
 	testenv.Eventually(t, 3*time.Minute, what, func() error {
 		crd := &unstructured.Unstructured{}
 		crd.SetAPIVersion("apiextensions.k8s.io/v1")
@@ -453,7 +455,8 @@ func waitCRDGone(ctx context.Context, t *testing.T, name, what string) {
 		deleted := crd.GetDeletionTimestamp()
 		state := fmt.Sprintf("still there, managed by %v, deleted at %v, finalizers %v, conditions %v",
 			managers, deleted, crd.GetFinalizers(), conds)
-		if deleted != nil && time.Since(deleted.Time) > 20*time.Second {
+		if deleted != nil && time.Since(deleted.Time) > 20*time.Second && time.Since(touched) > 10*time.Second {
+			touched = time.Now()
 			patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"test.kvnet.io/requeue":%q}}}`, time.Now().Format(time.RFC3339Nano))
 			if err := c.Patch(ctx, crd, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("%s; touch: %w", state, err)
