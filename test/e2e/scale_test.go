@@ -47,8 +47,10 @@ func TestScale(t *testing.T) {
 			ReadyMs struct{ N int } `json:"createToNetworkCreatedMs"`
 		}
 		Pods struct {
-			Count int
-			Alloc struct{ N int } `json:"createToAllocatedMs"`
+			Count             int
+			Alloc             struct{ N int } `json:"createToAllocatedMs"`
+			Running           struct{ N int } `json:"createToRunningMs"`
+			AllRunningSeconds float64
 		}
 		VMs struct {
 			Count                  int
@@ -91,6 +93,10 @@ func TestScale(t *testing.T) {
 	if s.Pods.Count != 1000 || s.Pods.Alloc.N != 1000 || s.VMs.Count != 100 || s.VMs.Running.N != 100 || s.Networks.Count != 20 || s.Networks.ReadyMs.N != 20 {
 		t.Errorf("served: %d/%d pods, %d/%d VMs, %d/%d networks (want 1000, 100, 20)",
 			s.Pods.Alloc.N, s.Pods.Count, s.VMs.Running.N, s.VMs.Count, s.Networks.ReadyMs.N, s.Networks.Count)
+	}
+	// The VMs step starts once KWOK runs every pod of the wave.
+	if s.Pods.Running.N != 1000 || s.Pods.AllRunningSeconds <= 0 {
+		t.Errorf("pods Running: %d of 1000 timed, the last %v s after the wave began", s.Pods.Running.N, s.Pods.AllRunningSeconds)
 	}
 	if s.VMs.StopStarts == 0 || s.VMs.Migrations == 0 || s.VMs.IPChanged == nil || len(s.VMs.IPChanged) != 0 {
 		t.Errorf("VMs: %d stop/starts, %d migrations (want some of each), IPs changed: %v", s.VMs.StopStarts, s.VMs.Migrations, s.VMs.IPChanged)

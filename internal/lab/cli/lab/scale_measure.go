@@ -50,6 +50,10 @@ type ScaleSummary struct {
 		CreateToAllocatedMs Latency `json:"createToAllocatedMs"`
 		PerSecond           float64 `json:"allocationsPerSecond"`
 		VsFloor             float64 `json:"vsFloor"`
+		// CreateToRunningMs: until KWOK reported the pod Running;
+		// AllRunningSeconds: from the wave's start until the last.
+		CreateToRunningMs Latency `json:"createToRunningMs"`
+		AllRunningSeconds float64 `json:"allRunningSeconds"`
 	} `json:"pods"`
 	VMs struct {
 		Count             int     `json:"count"`
@@ -490,6 +494,7 @@ func (s *ScaleSummary) print(w io.Writer) {
 			s.Floor.PodsPerSecond, s.Floor.WritesPerSecond, s.Floor.Pods, p.Writers)},
 		{"networks → NetworkCreated", fmt.Sprintf("%s; %.1f/s, %.2f× the floor", ms(s.Networks.ReadyMs), s.Networks.PerSecond, s.Networks.VsFloor)},
 		{"pods → allocated (wave)", fmt.Sprintf("%s; %.0f/s, %.2f× the floor", ms(s.Pods.CreateToAllocatedMs), s.Pods.PerSecond, s.Pods.VsFloor)},
+		{"pods → Running (KWOK)", fmt.Sprintf("%s; all %.0f s after the wave began", ms(s.Pods.CreateToRunningMs), s.Pods.AllRunningSeconds)},
 		{"pods → allocated (churn)", fmt.Sprintf("%s at %.1f pods/s", ms(s.Churn.CreateToAllocatedMs), s.Churn.PodsPerSecond)},
 		{"VMs → running with IP", fmt.Sprintf("%s; %.1f/s", ms(s.VMs.CreateToRunningMs), s.VMs.PerSecond)},
 		{"VM stop/starts, migrations", fmt.Sprintf("%d, %d; IP changed: %d", s.VMs.StopStarts, s.VMs.Migrations, len(s.VMs.IPChanged))},
