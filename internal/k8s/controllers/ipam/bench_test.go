@@ -175,12 +175,32 @@ var restartClaims struct {
 	ns     string
 	claims int
 	pods   int // pods created so far (names must not repeat)
+	held   int // pods created with IPs (KVNET_BENCH_PODS)
+}
+
+// heldPod is pod i of KVNET_BENCH_PODS: created with its addresses on the
+// network "net" of namespace ns (10.128.0.0 and up, clear of the claims'
+// and the first pods'), as the controller would have annotated it.
+func heldPod(ns string, i int) *corev1.Pod {
+	v, err := podnetworks.Networks{ns + "/net": {
+		IPAddresses: []string{fmt.Sprintf("10.%d.%d.%d/8", 128+i/65536, i/256%256, i%256)},
+		MACAddress:  fmt.Sprintf("0a:58:0a:%02x:%02x:%02x", 128+i/65536, i/256%256, i%256),
+		Role:        podnetworks.RoleSecondary,
+		Network:     ns + "_net",
+	}}.Marshal()
+	if err != nil {
+		panic(err)
+	}
+	p := mkPod(ns, fmt.Sprintf("held-%d", i), secondary("net", ""))
+	p.Annotations[podnetworks.Annotation] = v
+	return p
 }
 
 // BenchmarkRestartWithClaims: with N IPAMClaims holding IPs (N from
-// KVNET_BENCH_CLAIMS, default 100,000), the time from starting a fresh
-// controller until the first new pod is annotated: cache sync, the
-// rebuild, and one allocation. It also reports the CPU time the API
+// KVNET_BENCH_CLAIMS, default 100,000) and KVNET_BENCH_PODS pods holding
+// IPs (default none), the time from starting a fresh controller until
+// the first new pod is annotated: cache sync, the rebuild, and one
+// allocation. It also reports the CPU time the API
 // server and this process (the controller and the benchmark) used
 // meanwhile.
 func BenchmarkRestartWithClaims(b *testing.B) {
@@ -189,6 +209,13 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 		var err error
 		if claims, err = strconv.Atoi(v); err != nil {
 			b.Fatalf("KVNET_BENCH_CLAIMS=%q: %v", v, err)
+		}
+	}
+	pods := 0
+	if v := os.Getenv("KVNET_BENCH_PODS"); v != "" {
+		var err error
+		if pods, err = strconv.Atoi(v); err != nil || pods < 0 || pods > 1<<20 {
+			b.Fatalf("KVNET_BENCH_PODS=%q: want a count from 0 to %d", v, 1<<20)
 		}
 	}
 	ctx := context.Background()
@@ -212,7 +239,12 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 			return wc.Status().Update(ctx, cl)
 		})
 		b.Logf("created %d claims with IPs in %s", claims, time.Since(setup).Round(time.Second))
-		rc.ns, rc.claims = ns, claims
+		setup = time.Now()
+		run(b, pods, 64, func(i int) error {
+			return wc.Create(ctx, heldPod(ns, i))
+		})
+		b.Logf("created %d pods holding IPs in %s", pods, time.Since(setup).Round(time.Second))
+		rc.ns, rc.claims, rc.held = ns, claims, pods
 	}
 	ns := rc.ns
 	var total time.Duration
@@ -239,8 +271,8 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 		api, self := after["kube-apiserver"]-cpu["kube-apiserver"], after["self"]-cpu["self"]
 		apiCPU += api
 		selfCPU += self
-		b.Logf("%d claims: start → %s annotated in %s (CPU: kube-apiserver %.2fs, controller+benchmark %.2fs)",
-			rc.claims, name, d.Round(time.Millisecond), api, self)
+		b.Logf("%d claims, %d pods holding IPs: start → %s annotated in %s (CPU: kube-apiserver %.2fs, controller+benchmark %.2fs)",
+			rc.claims, rc.held, name, d.Round(time.Millisecond), api, self)
 		if ip := a.IPAddresses[0]; ip[:5] != "10.0." {
 			// Claims hold 10.1.0.0 and up; the first free address is in 10.0/16.
 			b.Fatalf("first pod got %s, which a claim may hold", ip)
@@ -248,6 +280,7 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 	}
 	b.ReportMetric(total.Seconds()/float64(b.N), "s-to-first-allocation")
 	b.ReportMetric(float64(rc.claims), "claims")
+	b.ReportMetric(float64(rc.held), "pods")
 	b.ReportMetric(apiCPU/float64(b.N), "apiserver-cpu-s/op")
 	b.ReportMetric(selfCPU/float64(b.N), "process-cpu-s/op")
 }
