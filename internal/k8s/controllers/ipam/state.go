@@ -34,8 +34,11 @@ type podRecord struct {
 type state struct {
 	mu       sync.Mutex          // guards following
 	networks map[string]*network // network name -> allocator
-	pods     map[types.NamespacedName]podRecord
-	claims   map[types.NamespacedName][]string // claim -> network names holding its allocation
+	// whole are the allocators of whole networks: networks but the
+	// per-node host subnets of Layer3 networks (ipam.HostSubnetKey).
+	whole  []*network
+	pods   map[types.NamespacedName]podRecord
+	claims map[types.NamespacedName][]string // claim -> network names holding its allocation
 	// waiting holds pods that failed on an exhausted network, to retry as
 	// soon as an address of it is freed.
 	waiting map[string]map[types.NamespacedName]struct{} // network name -> pods
@@ -118,6 +121,7 @@ func (st *state) network(s *netconf.Served) (*network, error) {
 	}
 	n := &network{alloc: a, cfg: cfg, served: s}
 	st.networks[s.Name] = n
+	st.whole = append(st.whole, n)
 	size, used := a.Stats()
 	poolSize.WithLabelValues(s.Name).Set(float64(size))
 	poolUsed.WithLabelValues(s.Name).Set(float64(used))
