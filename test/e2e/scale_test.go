@@ -40,9 +40,10 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s struct {
-		Parameters struct{ Pods, VMs, UDNs int }
-		Floor      struct{ PodsPerSecond float64 }
-		Networks   struct {
+		Parameters     struct{ Pods, VMs, UDNs int }
+		Floor          struct{ PodsPerSecond float64 }
+		FloorAfterWave struct{ PodsPerSecond float64 }
+		Networks       struct {
 			Count   int
 			ReadyMs struct{ N int } `json:"createToNetworkCreatedMs"`
 		}
@@ -51,6 +52,7 @@ func TestScale(t *testing.T) {
 			Alloc             struct{ N int } `json:"createToAllocatedMs"`
 			Running           struct{ N int } `json:"createToRunningMs"`
 			AllRunningSeconds float64
+			VsFloorAfterWave  float64
 		}
 		VMs struct {
 			Count                  int
@@ -103,6 +105,9 @@ func TestScale(t *testing.T) {
 	}
 	if s.Churn.Pods == 0 || s.Churn.Alloc.N == 0 {
 		t.Errorf("churn: %d pods, %d allocation latencies", s.Churn.Pods, s.Churn.Alloc.N)
+	}
+	if s.FloorAfterWave.PodsPerSecond <= 0 || s.Pods.VsFloorAfterWave <= 0 {
+		t.Errorf("floor after the wave not measured: %v pods/s, the wave %v× it", s.FloorAfterWave.PodsPerSecond, s.Pods.VsFloorAfterWave)
 	}
 	if s.Floor.PodsPerSecond <= 0 || s.WebhookMs.N == 0 || s.WebhookHandlerMs.N == 0 || s.Controller.RSSMiB <= 0 || s.Controller.RestartClaims < 100 ||
 		s.Controller.RestartServingSeconds <= 0 || s.NodeObjectBytes <= 0 || s.EtcdBytes <= 0 {

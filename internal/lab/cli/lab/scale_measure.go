@@ -34,8 +34,10 @@ import (
 // Latencies are in milliseconds, sizes in bytes unless named otherwise.
 type ScaleSummary struct {
 	Parameters ScaleParameters `json:"parameters"`
-	// Floor is the API server's write floor measured in the same run.
-	Floor ScaleFloor `json:"floor"`
+	// Floor is the API server's write floor measured in the same run,
+	// first; FloorAfterWave the same once the wave's pods run.
+	Floor          ScaleFloor `json:"floor"`
+	FloorAfterWave ScaleFloor `json:"floorAfterWave"`
 	// Networks: UDNs and CUDNs created → NetworkCreated.
 	Networks struct {
 		Count     int     `json:"count"`
@@ -54,6 +56,8 @@ type ScaleSummary struct {
 		// AllRunningSeconds: from the wave's start until the last.
 		CreateToRunningMs Latency `json:"createToRunningMs"`
 		AllRunningSeconds float64 `json:"allRunningSeconds"`
+		// VsFloorAfterWave: against the floor measured after the wave.
+		VsFloorAfterWave float64 `json:"vsFloorAfterWave"`
 	} `json:"pods"`
 	VMs struct {
 		Count             int     `json:"count"`
@@ -494,6 +498,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 			s.Floor.PodsPerSecond, s.Floor.WritesPerSecond, s.Floor.Pods, p.Writers)},
 		{"networks → NetworkCreated", fmt.Sprintf("%s; %.1f/s, %.2f× the floor", ms(s.Networks.ReadyMs), s.Networks.PerSecond, s.Networks.VsFloor)},
 		{"pods → allocated (wave)", fmt.Sprintf("%s; %.0f/s, %.2f× the floor", ms(s.Pods.CreateToAllocatedMs), s.Pods.PerSecond, s.Pods.VsFloor)},
+		{"API write floor after wave", fmt.Sprintf("%.0f pods/s with the wave's pods in the API; the wave ran at %.2f× it",
+			s.FloorAfterWave.PodsPerSecond, s.Pods.VsFloorAfterWave)},
 		{"pods → Running (KWOK)", fmt.Sprintf("%s; all %.0f s after the wave began", ms(s.Pods.CreateToRunningMs), s.Pods.AllRunningSeconds)},
 		{"pods → allocated (churn)", fmt.Sprintf("%s at %.1f pods/s", ms(s.Churn.CreateToAllocatedMs), s.Churn.PodsPerSecond)},
 		{"VMs → running with IP", fmt.Sprintf("%s; %.1f/s", ms(s.VMs.CreateToRunningMs), s.VMs.PerSecond)},

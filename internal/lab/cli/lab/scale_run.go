@@ -257,6 +257,7 @@ func (r *scaleRun) run(ctx context.Context) (*ScaleSummary, error) {
 		{"write floor", "", func() error { return r.floor(ctx) }},
 		{fmt.Sprintf("%d networks", r.f.udns), "networks", func() error { return r.networks(ctx) }},
 		{fmt.Sprintf("%d pods", r.f.pods), "pods", func() error { return r.createPods(ctx) }},
+		{"write floor after the wave", "", func() error { return r.floorAfterWave(ctx) }},
 		{fmt.Sprintf("%d VMs", r.f.vms), "vms", func() error { return r.createVMs(ctx) }},
 		{"churn", "churn", func() error { return r.churn(ctx) }},
 		{"kvnet-controller restart", "", func() error { return r.restart(ctx) }},
@@ -317,10 +318,31 @@ func scalePod(ns, name string) *corev1.Pod {
 // namespace kvnet does not serve. KWOK and the scheduler act on these
 // pods as on kvnet's.
 func (r *scaleRun) floor(ctx context.Context) error {
-	const ns = "scale-floor"
+	f, err := r.measureFloor(ctx, "scale-floor")
+	r.sum.Floor = f
+	return err
+}
+
+// floorAfterWave measures the floor again once the wave's pods are all
+// in the API and running: a write costs more with every pod the API
+// server holds and sends to its watchers, so the wave ran against a
+// floor that fell as it went.
+func (r *scaleRun) floorAfterWave(ctx context.Context) error {
+	f, err := r.measureFloor(ctx, "scale-floor-after")
+	r.sum.FloorAfterWave = f
+	if f.PodsPerSecond > 0 {
+		r.sum.Pods.VsFloorAfterWave = r.sum.Pods.PerSecond / f.PodsPerSecond
+	}
+	return err
+}
+
+// measureFloor creates and annotates min(--pods, 1,000) pods in namespace
+// ns, which kvnet does not serve, with the run's writers, then deletes
+// the namespace and waits until it is gone.
+func (r *scaleRun) measureFloor(ctx context.Context, ns string) (ScaleFloor, error) {
 	n := min(r.f.pods, 1000)
 	if err := r.e.fast.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return err
+		return ScaleFloor{}, err
 	}
 	start := time.Now()
 	err := parallel(r.f.writers, n, func(i int) error {
@@ -332,15 +354,15 @@ func (r *scaleRun) floor(ctx context.Context) error {
 		return r.e.fast.Patch(ctx, p, client.RawPatch("application/merge-patch+json", patch))
 	})
 	if err != nil {
-		return err
+		return ScaleFloor{}, err
 	}
 	d := time.Since(start)
-	r.sum.Floor = ScaleFloor{Pods: n, Seconds: d.Seconds(), PodsPerSecond: float64(n) / d.Seconds(), WritesPerSecond: 2 * float64(n) / d.Seconds()}
-	// Gone before kvnet's part starts.
+	f := ScaleFloor{Pods: n, Seconds: d.Seconds(), PodsPerSecond: float64(n) / d.Seconds(), WritesPerSecond: 2 * float64(n) / d.Seconds()}
+	// Gone before the run goes on.
 	if err := r.e.fast.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return err
+		return f, err
 	}
-	return waitProgress(ctx, r.f.stall, "floor namespace deleted", func() (int, int, error) {
+	return f, waitProgress(ctx, r.f.stall, "namespace "+ns+" deleted", func() (int, int, error) {
 		err := r.e.fast.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})
 		if apierrors.IsNotFound(err) {
 			return 1, 1, nil
