@@ -69,7 +69,8 @@ cluster's objects.
 It measures the API server's write floor, creates --udns networks (per
 tenant namespace a primary UDN, Layer2 or Layer3, and a secondary Layer2;
 a tenth are secondary ClusterUserDefinedNetworks over several
-namespaces), --pods pods and --vms VMs with persistent IPs, then churns
+namespaces) and --pods pods, waits until KWOK runs them, measures the
+floor again, creates --vms VMs with persistent IPs, then churns
 for --churn (pods deleted and created at --churn-rate per second, VMs
 stopped and started, VMs migrated), restarts kvnet-controller, and audits
 the cluster. It prints a table and writes the summary (JSON) to
