@@ -181,7 +181,7 @@ var restartClaims struct {
 // heldPod is pod i of KVNET_BENCH_PODS: created with its addresses on the
 // network "net" of namespace ns (10.128.0.0 and up, clear of the claims'
 // and the first pods'), as the controller would have annotated it.
-func heldPod(ns string, i int) *corev1.Pod {
+func heldPod(ns string, i int) (*corev1.Pod, error) {
 	v, err := podnetworks.Networks{ns + "/net": {
 		IPAddresses: []string{fmt.Sprintf("10.%d.%d.%d/8", 128+i/65536, i/256%256, i%256)},
 		MACAddress:  fmt.Sprintf("0a:58:0a:%02x:%02x:%02x", 128+i/65536, i/256%256, i%256),
@@ -189,11 +189,11 @@ func heldPod(ns string, i int) *corev1.Pod {
 		Network:     ns + "_net",
 	}}.Marshal()
 	if err != nil {
-		panic(err)
+		return nil, fmt.Errorf("held pod %d: %w", i, err)
 	}
 	p := mkPod(ns, fmt.Sprintf("held-%d", i), secondary("net", ""))
 	p.Annotations[podnetworks.Annotation] = v
-	return p
+	return p, nil
 }
 
 // BenchmarkRestartWithClaims: with N IPAMClaims holding IPs (N from
@@ -241,7 +241,11 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 		b.Logf("created %d claims with IPs in %s", claims, time.Since(setup).Round(time.Second))
 		setup = time.Now()
 		run(b, pods, 64, func(i int) error {
-			return wc.Create(ctx, heldPod(ns, i))
+			p, err := heldPod(ns, i)
+			if err != nil {
+				return err
+			}
+			return wc.Create(ctx, p)
 		})
 		b.Logf("created %d pods holding IPs in %s", pods, time.Since(setup).Round(time.Second))
 		rc.ns, rc.claims, rc.held = ns, claims, pods
