@@ -5,6 +5,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
+	"kvnet.io/kvnet/internal/install"
 	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
 )
@@ -140,6 +142,11 @@ func checkKvnet(t testing.TB, kvnet func(args ...string) (string, error)) {
 		if strings.HasPrefix(l, "missing") {
 			t.Errorf("kvnet check: %s", l)
 		}
+		// The lab's thick Multus has the memory kvnet check asks for
+		// (manifests/multus-thick.yaml).
+		if strings.Contains(l, install.MultusLimitsCheck) && strings.Contains(l, "memory is limited") {
+			t.Errorf("kvnet check: %s", l)
+		}
 	}
 	// Flannel and the /32 layout both address pods from the Nodes'
 	// spec.podCIDRs: primary networks refuse every default-network pod.
@@ -244,6 +251,15 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	// the node's next kvnet-cni ADD or DEL (keptgc.go): the cleanup's own
 	// DELs collect, and a lease still held after it must be collected by
 	// the next call. Each lost DEL is counted in a FINDING line.
+	// The lab's Multus daemon has room enough not to be OOM-killed
+	// (manifests/multus-thick.yaml), so a DEL is lost here on purpose:
+	// a-1 deleted while its node's daemon cannot be reached, as an OOM
+	// kill leaves it. kvnet-cni must collect it like any other.
+	var injected *lostDel
+	if c.Multus == MultusThick && ok[ScenarioPrimaryReady] {
+		l := loseDEL(ctx, t, c, nsTenantA, "a-1")
+		injected = &l
+	}
 	before := map[string]cniGCStatus{}
 	for _, node := range c.Nodes {
 		before[node] = readCNIGCStatus(t, c, node)
@@ -314,6 +330,103 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 	for ip, node := range leases {
 		checkLeaseReleased(t, c, node, ip)
 	}
+	if injected != nil {
+		if keptRecord(c, injected.node, injected.container) {
+			failf(t, "node %s: kvnet-cni still keeps its record of a-1's container %s, whose DEL was lost on purpose: never collected", injected.node, injected.container)
+		}
+		if after := readCNIGCStatus(t, c, injected.node); after.Collected <= before[injected.node].Collected {
+			failf(t, "node %s: gc-status.json counts %d collected containers, %d before a-1's DEL was lost on purpose: kvnet-cni did not collect it", injected.node, after.Collected, before[injected.node].Collected)
+		}
+	}
+}
+
+// loseDEL deletes pod ns/name while the thick Multus daemon of its node
+// cannot be reached: its socket moved aside, the daemon's 00-multus.conf
+// left in place, as an OOM kill of the daemon leaves them. Multus's shim
+// then answers the runtime's DEL with success without running any
+// delegate (docs/cluster.md, "Lost DELs under thick Multus"), and the
+// runtime removes the pod's netns. The socket is put back once the pod
+// is gone and its netns with it. It returns the lost DEL, failing t
+// unless the pod's eth0 lease is still held and kvnet-cni still keeps
+// its record of the container: what kvnet-cni's collection must then
+// release.
+func loseDEL(ctx context.Context, t *testing.T, c *Cluster, ns, name string) lostDel {
+	t.Helper()
+	p := mustPod(ctx, t, c, ns, name)
+	node, ip := p.Spec.NodeName, p.Status.PodIP
+	i := slices.Index(c.Nodes, node)
+	if i < 0 || ip == "" {
+		fatalf(t, "pod %s/%s: node %q, IP %q: not one of the cluster's nodes, or no IP", ns, name, node, ip)
+	}
+	l, held, err := heldLease(c, node, ip)
+	if err != nil || !held {
+		fatalf(t, "pod %s/%s on %s: eth0 lease of %s held %v (want held, with kvnet-cni's record of the container): %v", ns, name, node, ip, held, err)
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/kvnet/default-network", l.container+".json"))
+	if err != nil {
+		fatalf(t, "pod %s/%s: kvnet-cni's record of its container: %v", ns, name, err)
+	}
+	var rec struct {
+		NetNS string `json:"netns"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil || rec.NetNS == "" {
+		fatalf(t, "pod %s/%s: kvnet-cni's record of its container %s names no netns (%v): %s", ns, name, l.container, err, b)
+	}
+	pid, err := c.nodeInitPID(i + 1)
+	if err != nil {
+		fatalf(t, "lose the DEL of %s/%s: %v", ns, name, err)
+	}
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	// Seen from here, the node's /var/run would be this host's /run (an
+	// absolute symlink), not the node's own.
+	netns := filepath.Join(root, "run", strings.TrimPrefix(strings.TrimPrefix(rec.NetNS, "/var/run/"), "/run/"))
+	if _, err := os.Stat(netns); err != nil {
+		fatalf(t, "pod %s/%s: its netns %s, seen from here: %v", ns, name, rec.NetNS, err)
+	}
+	sock := filepath.Join(root, "run/multus/multus.sock")
+	aside := sock + ".e2e-aside"
+	if err := os.Rename(sock, aside); err != nil {
+		fatalf(t, "node %s: move Multus's daemon socket aside: %v", node, err)
+	}
+	back := false
+	putBack := func() {
+		if back {
+			return
+		}
+		back = true
+		if err := os.Rename(aside, sock); err != nil {
+			fatalf(t, "node %s: put Multus's daemon socket back: %v", node, err)
+		}
+	}
+	defer putBack()
+	one := int64(1)
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &one}); err != nil {
+		fatalf(t, "delete pod %s/%s: %v", ns, name, err)
+	}
+	// The pod object goes once kubelet has stopped its sandbox (the
+	// CNI DEL); the netns goes when the runtime took the DEL's answer.
+	err = poll(ctx, 3*time.Minute, func(ctx context.Context) error {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			return fmt.Errorf("pod still there")
+		case !apierrors.IsNotFound(err):
+			return err
+		}
+		if _, err := os.Stat(netns); err == nil {
+			return fmt.Errorf("pod gone, its netns %s still there", rec.NetNS)
+		}
+		return nil
+	})
+	if err != nil {
+		fatalf(t, "pod %s/%s deleted while Multus's daemon on %s was unreachable: %v", ns, name, node, err)
+	}
+	putBack()
+	if l2, held, err := heldLease(c, node, ip); err != nil || !held || l2 != l {
+		fatalf(t, "pod %s/%s deleted while Multus's daemon on %s was unreachable: its eth0 lease of %s held %v (%+v, was %+v), %v: the DEL was not lost, so the shim no longer answers an unreachable daemon's DEL with success, and this test loses none", ns, name, node, ip, held, l2, l, err)
+	}
+	t.Logf("lost the DEL of %s/%s on purpose: deleted while Multus's daemon on %s was unreachable; its eth0 lease %s (container %s) stays held, its netns %s is gone", ns, name, node, ip, l.container, rec.NetNS)
+	return l
 }
 
 // multusRestarts sums the restarts of Multus's containers by node, with
