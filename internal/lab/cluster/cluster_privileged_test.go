@@ -77,18 +77,24 @@ func (l testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestClusterPodsReachEachOther brings a 3-node cluster up and, through
-// the Kubernetes API only, checks the nodes (Ready, containerd), runs a
+// TestClusterPodsReachEachOther brings a 3-node dual-stack cluster up
+// (Flannel, Multus thick: docs/cluster.md, "Variants") and, through the
+// Kubernetes API only, checks the nodes (Ready, containerd), runs a
 // busybox pod from the cluster's registry on each of two nodes with an
 // HTTP readiness probe, and execs into one to fetch the other's page by
-// pod IP.
+// pod IP, then over IPv6 (checkDualStack). kvnet runs there with
+// kvnet-node's --pod-scope=networks (the scope a large cluster runs),
+// the day-two subtests with it.
 func TestClusterPodsReachEachOther(t *testing.T) {
 	testenv.NeedsRoot(t)
 	binDir := buildTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	// WaitForLock: queue behind another cluster on this machine.
-	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, Log: testLog{t}, WaitForLock: true})
+	c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true, IPFamily: IPFamilyDual, Log: testLog{t}, WaitForLock: true})
+	if env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile)); err != nil || !strings.Contains(string(env), "IP_FAMILY="+IPFamilyDual+"\n") {
+		t.Errorf("%s: want IP_FAMILY=%s: %v\n%s", EnvFile, IPFamilyDual, err, env)
+	}
 	cs := c.Client
 
 	// kubectl get nodes: three, Ready, on containerd.
@@ -185,11 +191,12 @@ func TestClusterPodsReachEachOther(t *testing.T) {
 		t.Errorf("web-1 fetching %s: got %q, want %q", url, got, want)
 	}
 
+	t.Run("DualStack", func(t *testing.T) { checkDualStack(ctx, t, c, ns.Name) })
 	t.Run("InClusterAPI", func(t *testing.T) { testInClusterAPI(ctx, t, c, ns.Name) })
 	t.Run("KubeProxy", func(t *testing.T) { testKubeProxy(ctx, t, c, ns.Name) })
 	t.Run("CoreDNS", func(t *testing.T) { testCoreDNS(ctx, t, c, ns.Name) })
 	t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns.Name) })
-	t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, true, "") })
+	t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, true, "networks") })
 }
 
 // testCoreDNS resolves the Service web (KubeProxy made it) by name from

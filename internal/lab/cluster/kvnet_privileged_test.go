@@ -172,14 +172,16 @@ func checkKvnet(t testing.TB, kvnet func(args ...string) (string, error)) {
 // does: the ConfigMap kvnet-node-config made before kvnet install (which
 // keeps it); after the pod scenarios, every kvnet-node must have logged
 // watching the pods of some network.
-func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool, podScope string) {
+//
+// skip names pod scenarios not run (ScenarioTarget.Skip).
+func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool, podScope string, skip ...string) {
 	kvnet := kvnetCLI(t, c)
 	if podScope != "" {
 		setNodeConfig(ctx, t, c, map[string]string{"pod-scope": podScope})
 	}
 	installKvnet(ctx, t, c, kvnet)
 
-	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c) })
+	t.Run("PodScenarios", func(t *testing.T) { testPodScenarios(ctx, t, c, skip) })
 	if podScope == "networks" {
 		t.Run("PodScopeNetworks", func(t *testing.T) { checkPodScopeNetworks(ctx, t, c) })
 	}
@@ -212,8 +214,11 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool, podSc
 // cluster and fails on each that fails, checks the primary UDN pods'
 // network-status (checkPrimaryDefault); then removes their objects,
 // kvnet's networks among them, which kvnet uninstall requires gone.
-func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
-	results, err := RunPodScenarios(ctx, c.ScenarioTarget(), testLog{t})
+// Every scenario but those of skip must have a result.
+func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []string) {
+	target := c.ScenarioTarget()
+	target.Skip = skip
+	results, err := RunPodScenarios(ctx, target, testLog{t})
 	if err != nil {
 		t.Errorf("pod scenarios: %v", err)
 	}
@@ -229,7 +234,10 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster) {
 		want = append(slices.Clip(want), ScenarioDualStack)
 	}
 	for _, name := range want {
-		if !got[name] {
+		switch {
+		case slices.Contains(skip, name) && got[name]:
+			t.Errorf("scenario %s: skipped, but it has a result", name)
+		case !slices.Contains(skip, name) && !got[name]:
 			t.Errorf("scenario %s: no result", name)
 		}
 	}

@@ -74,6 +74,17 @@ func TestRunPodScenariosRefusesOneNode(t *testing.T) {
 	}
 }
 
+// TestRunPodScenariosRefusesUnknownSkip: a misspelt Skip would run the
+// scenario it meant to leave out, or hide that the caller's list is
+// stale; it is refused before anything is created.
+func TestRunPodScenariosRefusesUnknownSkip(t *testing.T) {
+	tg := ScenarioTarget{Config: &rest.Config{Host: "https://127.0.0.1:1"}, Client: fake.NewClientset(), Image: "b", Nodes: []string{"node-1", "node-2"},
+		Skip: []string{ScenarioMatrix, "NoSuchScenario"}}
+	if _, err := RunPodScenarios(context.Background(), tg, nil); err == nil || !strings.Contains(err.Error(), `"NoSuchScenario"`) {
+		t.Errorf("Skip NoSuchScenario: got %v, want an error naming it", err)
+	}
+}
+
 func TestScenarioResultString(t *testing.T) {
 	if got := (ScenarioResult{Name: "x", OK: true, Detail: "d"}).String(); got != "PASS x: d" {
 		t.Errorf("got %q", got)

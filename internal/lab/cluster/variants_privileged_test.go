@@ -33,40 +33,38 @@ import (
 //   - PTP32: the /32 layout (Calico's) with Multus thick: pods' eth0 has
 //     a /32 and "default via 169.254.1.1 dev eth0 onlink", the node has a
 //     host route per pod, pods on two nodes reach each other by pod IP,
-//     and Multus adds a NAD's interface there too;
-//   - DualStack: Flannel and kube-proxy of both families (make cluster-up
-//     CLUSTER_IP_FAMILY=dual): every node has an address of each, pods
-//     have a pod IP of each, in their node's pod subnets, and pods on two
-//     nodes reach each other over IPv6; the pod scenarios add
-//     ScenarioDualStack.
+//     and Multus adds a NAD's interface there too.
+//
+// The third, dual-stack Flannel with thick Multus, is the cluster of
+// TestClusterPodsReachEachOther.
 //
 // On each, kvnet is installed, checked and uninstalled as a user does
 // (testKvnet), with pods of a primary UDN whose HTTP readiness and TCP
 // liveness probes must keep passing (under the /32 layout only kvnet-cni's
-// KeepProbePath lets the node's probes be answered over eth0).
+// KeepProbePath lets the node's probes be answered over eth0). The pod
+// scenarios of policy (variantSkip) run on the dual-stack cluster only:
+// kvnet-node enforces policy on the UDN interfaces, which neither the
+// Multus flavour nor eth0's layout changes.
 func TestClusterVariants(t *testing.T) {
 	testenv.NeedsRoot(t)
 	binDir := buildTools(t)
 	for _, v := range []struct {
-		name, network, multus, family string
-		check                         func(context.Context, *testing.T, *Cluster)
-		// podScope is kvnet-node's --pod-scope ("": its default).
-		podScope string
+		name, network, multus string
+		check                 func(context.Context, *testing.T, *Cluster)
 	}{
-		{"ThinMultus", NetworkFlannel, MultusThin, IPFamilyIPv4, checkThinMultus, ""},
-		{"PTP32", NetworkPTP32, MultusThick, IPFamilyIPv4, checkPTP32, ""},
-		{"DualStack", NetworkFlannel, MultusThick, IPFamilyDual, checkDualStack, "networks"},
+		{"ThinMultus", NetworkFlannel, MultusThin, checkThinMultus},
+		{"PTP32", NetworkPTP32, MultusThick, checkPTP32},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 			defer cancel()
 			c := upForTest(ctx, t, Config{Dir: t.TempDir(), BinDir: binDir, Nodes: 3, KvnetImages: true,
-				DefaultNetwork: v.network, Multus: v.multus, IPFamily: v.family, Log: testLog{t}, WaitForLock: true})
+				DefaultNetwork: v.network, Multus: v.multus, IPFamily: IPFamilyIPv4, Log: testLog{t}, WaitForLock: true})
 			env, err := os.ReadFile(filepath.Join(c.Dir, EnvFile))
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, want := range []string{"DEFAULT_NETWORK=" + v.network + "\n", "MULTUS=" + v.multus + "\n", "IP_FAMILY=" + v.family + "\n"} {
+			for _, want := range []string{"DEFAULT_NETWORK=" + v.network + "\n", "MULTUS=" + v.multus + "\n", "IP_FAMILY=" + IPFamilyIPv4 + "\n"} {
 				if !strings.Contains(string(env), want) {
 					t.Errorf("%s lacks %q:\n%s", EnvFile, want, env)
 				}
@@ -88,10 +86,16 @@ func TestClusterVariants(t *testing.T) {
 			t.Run("Multus", func(t *testing.T) { testMultus(ctx, t, c, ns) })
 			// The day-2 subtests (kvnet-node killed, kvnet-controller
 			// rolled) test kvnet, not the variant: once is enough.
-			t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, false, v.podScope) })
+			t.Run("Kvnet", func(t *testing.T) { testKvnet(ctx, t, c, false, "", variantSkip...) })
 		})
 	}
 }
+
+// variantSkip are the pod scenarios TestClusterVariants leaves to the
+// dual-stack cluster of TestClusterPodsReachEachOther: policy, enforced
+// by kvnet-node on the UDN interfaces whatever Multus and eth0 are (about
+// 70 s a cluster, the matrix's nine pods most of it).
+var variantSkip = []string{ScenarioPolicy, ScenarioMatrix, ScenarioMultiPolicy}
 
 func init() {
 	// The package's controller-runtime clients log through its logger:
@@ -240,11 +244,10 @@ func checkPTP32(ctx context.Context, t *testing.T, c *Cluster) {
 }
 
 // checkDualStack: every node has an InternalIP of each family and a pod
-// subnet of each; pods on two nodes have a pod IP of each family, in
-// their node's subnets, and reach each other over IPv6 (Flannel's IPv6
-// VXLAN).
-func checkDualStack(ctx context.Context, t *testing.T, c *Cluster) {
-	const ns = "cluster-e2e"
+// subnet of each; the pods web-1 and web-2 of namespace ns, on node-1 and
+// node-2, have a pod IP of each family, in their node's subnets, and
+// reach each other over IPv6 (Flannel's IPv6 VXLAN).
+func checkDualStack(ctx context.Context, t *testing.T, c *Cluster, ns string) {
 	for i, n := range c.Nodes {
 		nd, err := c.Client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
 		if err != nil {
@@ -261,11 +264,6 @@ func checkDualStack(ctx context.Context, t *testing.T, c *Cluster) {
 		}
 		if want := []string{PodCIDR(i + 1).String(), PodCIDR6(i + 1).String()}; strings.Join(nd.Spec.PodCIDRs, ",") != strings.Join(want, ",") {
 			t.Errorf("node %s: pod CIDRs %v, want %v", n, nd.Spec.PodCIDRs, want)
-		}
-	}
-	for i, name := range []string{"web-1", "web-2"} {
-		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, webPod(ns, name, NodeName(i+1), c.Images["busybox"]), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
 		}
 	}
 	ip6 := map[string]netip.Addr{}
