@@ -125,17 +125,17 @@ cluster-demo: build ## Run the pod scenarios on the cluster of make cluster-up (
 .PHONY: cluster-test
 cluster-test: cluster-deps tools ## Run only the real-cluster test (root; builds kubelet & co. on its first run, cached after)
 	hack/build-cluster-tools.sh >/dev/null
-	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 30m -v -run TestCluster ./internal/lab/cluster/
+	KVNET_REQUIRE_PRIVILEGED=1 CGO_ENABLED=0 $(GO) test -trimpath -tags cluster -count=1 -timeout 30m -v -run TestCluster ./internal/lab/cluster/
 
 .PHONY: cluster-bench
 cluster-bench: cluster-deps tools ## Run the real-cluster benchmarks (root; docs/cluster.md, "Benchmarks")
 	hack/build-cluster-tools.sh >/dev/null
-	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster -count=1 -timeout 60m -run '^$$' -bench BenchmarkCluster -benchtime 1x ./internal/lab/cluster/
+	KVNET_REQUIRE_PRIVILEGED=1 CGO_ENABLED=0 $(GO) test -trimpath -tags cluster -count=1 -timeout 60m -run '^$$' -bench BenchmarkCluster -benchtime 1x ./internal/lab/cluster/
 
 .PHONY: kubevirt-test
 kubevirt-test: cluster-deps kubevirt-deps tools ## Run the real-KubeVirt e2e (root): KubeVirt v1.8.4 built (cached) and installed on the real cluster, the VM scenarios, a drain, a rollback and upgrade of kvnet
 	hack/build-cluster-tools.sh >/dev/null
-	KVNET_REQUIRE_PRIVILEGED=1 $(GO) test -tags cluster,kubevirt -count=1 -timeout 60m -v -run '^TestClusterKubeVirt$$' ./internal/lab/cluster/
+	KVNET_REQUIRE_PRIVILEGED=1 CGO_ENABLED=0 $(GO) test -trimpath -tags cluster,kubevirt -count=1 -timeout 60m -v -run '^TestClusterKubeVirt$$' ./internal/lab/cluster/
 
 .PHONY: kubevirt-images-test
 kubevirt-images-test: ## Build KubeVirt and its images, and the guest containerDisk, and test them (root; the first run takes long, cached after; docs/kubevirt-images.md)

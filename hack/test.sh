@@ -68,12 +68,15 @@ if [ "$(id -u)" = 0 ]; then
 	rm -f "$prebuild_log"
 	# The e2e tests run kvnet, the cluster and KubeVirt as processes of
 	# their own: -race would instrument only the tests' harness, at a
-	# cost of minutes, so they run without it.
-	e2e_args=()
+	# cost of minutes, so they run without it, and are compiled as
+	# every other non-race build here is (internal/repo.GoBuild, and
+	# make verify's vet): static and -trimpath, one configuration in the
+	# Go build cache.
+	e2e_args=(-trimpath)
 	for a in "$@"; do
 		[ "$a" = -race ] || e2e_args+=("$a")
 	done
-	"$GO" test "${e2e_args[@]}" "${cluster_e2e[@]}" || rc=1
+	CGO_ENABLED=0 "$GO" test "${e2e_args[@]}" "${cluster_e2e[@]}" || rc=1
 	if wait "$kv_prebuild"; then
 		grep -E '^build-kubevirt(-rootfs)?: ' "$kv_prebuild_log" | grep -E 'up to date|took|CPU|built' || true
 	else
@@ -81,7 +84,7 @@ if [ "$(id -u)" = 0 ]; then
 		tail -n 40 "$kv_prebuild_log"
 	fi
 	rm -f "$kv_prebuild_log"
-	"$GO" test "${e2e_args[@]}" "${kubevirt_e2e[@]}" || rc=1
+	CGO_ENABLED=0 "$GO" test "${e2e_args[@]}" "${kubevirt_e2e[@]}" || rc=1
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
