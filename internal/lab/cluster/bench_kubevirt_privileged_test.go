@@ -84,7 +84,7 @@ func BenchmarkClusterVMCreateToMasqueradeLease(b *testing.B) {
 		}
 		for i := range benchVMs {
 			name := fmt.Sprintf("pod-%d", i)
-			p := webPod(ns, name, c.Nodes[i%len(c.Nodes)], t.Image)
+			p := benchWebPod(ns, name, c.Nodes[i%len(c.Nodes)], t.Image)
 			start := time.Now()
 			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 				b.Fatal(err)

@@ -341,7 +341,7 @@ func (w *benchWatch) pod(ns, name string) *benchPod {
 // seen it Ready, failing the benchmark after 3 minutes.
 func (w *benchWatch) createAndWait(ctx context.Context, b *testing.B, c *Cluster, ns, name, node string) *benchPod {
 	b.Helper()
-	pod := webPod(ns, name, node, c.Images["busybox"])
+	pod := benchWebPod(ns, name, node, c.Images["busybox"])
 	pod.Labels[benchLabel] = "pod-ready"
 	w.mu.Lock()
 	bp := w.pod(ns, name)

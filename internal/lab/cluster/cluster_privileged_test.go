@@ -70,7 +70,7 @@ func errorLines(path string, n int) string {
 // describes the nodes running (Debian bookworm's).
 const documentedContainerd = "1.6.20"
 
-type testLog struct{ t *testing.T }
+type testLog struct{ t testing.TB }
 
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))

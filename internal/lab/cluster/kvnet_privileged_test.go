@@ -216,11 +216,14 @@ func testKvnet(ctx context.Context, t *testing.T, c *Cluster, dayTwo bool, podSc
 // kvnet's networks among them, which kvnet uninstall requires gone.
 // Every scenario but those of skip must have a result.
 func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []string) {
+	// Every failure here is kept for the recap at the end of the
+	// cluster's test: CI shows only the beginning and end of its output.
+	rt := recapTB{t}
 	target := c.ScenarioTarget()
 	target.Skip = skip
 	results, err := RunPodScenarios(ctx, target, testLog{t})
 	if err != nil {
-		t.Errorf("pod scenarios: %v", err)
+		failf(t, "pod scenarios: %v", err)
 	}
 	got, ok := map[string]bool{}, map[string]bool{}
 	for _, r := range results {
@@ -236,22 +239,22 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 	for _, name := range want {
 		switch {
 		case slices.Contains(skip, name) && got[name]:
-			t.Errorf("scenario %s: skipped, but it has a result", name)
+			failf(t, "scenario %s: skipped, but it has a result", name)
 		case !slices.Contains(skip, name) && !got[name]:
-			t.Errorf("scenario %s: no result", name)
+			failf(t, "scenario %s: no result", name)
 		}
 	}
 	leases := map[string]string{} // eth0 address -> node, of the primary-UDN pods
 	if ok[ScenarioPrimaryReady] {
 		// network-status as KubeVirt reads it, written by Multus alone.
 		for _, name := range []string{"a-1", "a-2"} {
-			p := mustPod(ctx, t, c, nsTenantA, name)
-			checkPrimaryDefault(t, p)
+			p := mustPod(ctx, rt, c, nsTenantA, name)
+			checkPrimaryDefault(rt, p)
 			leases[p.Status.PodIP] = p.Spec.NodeName
 		}
 		// Their probes on eth0 keep passing, ovn-udn1 holding the
 		// default route (under the ptp32 layout, by KeepProbePath).
-		probesHeld(ctx, t, c, nsTenantA, "a-1", "a-2")
+		probesHeld(ctx, rt, c, nsTenantA, "a-1", "a-2")
 	}
 	// kvnet-cni runs the default network's DEL for eth0 (multus-default).
 	// Where the runtime's DEL never reaches it (a lost DEL, seen under
@@ -270,17 +273,17 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 	}
 	before := map[string]cniGCStatus{}
 	for _, node := range c.Nodes {
-		before[node] = readCNIGCStatus(t, c, node)
+		before[node] = readCNIGCStatus(rt, c, node)
 	}
 	if err := CleanupPodScenarios(ctx, c.ScenarioTarget(), testLog{t}); err != nil {
-		t.Fatalf("pod scenarios' cleanup: %v", err)
+		fatalf(t, "pod scenarios' cleanup: %v", err)
 	}
 	lost := map[string][]lostDel{} // by node
 	nLost := 0
 	for ip, node := range leases {
 		l, held, err := heldLease(c, node, ip)
 		if err != nil {
-			t.Error(err)
+			failf(t, "%v", err)
 			continue
 		}
 		if !held {
@@ -292,14 +295,14 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 	var during []string
 	afterCleanup := map[string]cniGCStatus{}
 	for _, node := range c.Nodes {
-		afterCleanup[node] = readCNIGCStatus(t, c, node)
+		afterCleanup[node] = readCNIGCStatus(rt, c, node)
 		if d := afterCleanup[node].Collected - before[node].Collected; d > 0 {
 			during = append(during, fmt.Sprintf("%s %d", node, d))
 		}
 	}
 	t.Logf("FINDING lost-cni-del: multus %s, default network %s: %d of %d primary-UDN pods checked (a-1, a-2) still held their eth0 lease after their pods went (the DEL never reached kvnet-cni): %v; "+
 		"kvnet-cni collected lost DELs of the scenarios' pods during the cleanup itself: %v; multus restarts by node: %v",
-		c.Multus, c.DefaultNetwork, nLost, len(leases), lost, during, multusRestarts(ctx, t, c))
+		c.Multus, c.DefaultNetwork, nLost, len(leases), lost, during, multusRestarts(ctx, rt, c))
 	if nLost > 0 {
 		var nodes []string
 		for node, ls := range lost {
@@ -314,13 +317,13 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 		// DEL must be collected within three rounds of calls, and be
 		// pending (tracked in gc-status.json) until then.
 		const rounds = 3
-		held := func(l lostDel) bool { return leaseHeld(t, c, l.node, l.ip) }
+		held := func(l lostDel) bool { return leaseHeld(rt, c, l.node, l.ip) }
 		kept := func(l lostDel) bool { return keptRecord(c, l.node, l.container) }
 		for round := 1; len(nodes) > 0; round++ {
-			kvnetCNICallOn(ctx, t, c, nodes)
+			kvnetCNICallOn(ctx, rt, c, nodes)
 			var again []string
 			for _, node := range nodes {
-				ls, after := lost[node], readCNIGCStatus(t, c, node)
+				ls, after := lost[node], readCNIGCStatus(rt, c, node)
 				err := collectedVerdict(ls, after, held, kept)
 				switch {
 				case err == nil:
@@ -329,14 +332,14 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 					t.Logf("node %s: round %d of kvnet-cni's calls left the lost DELs %v pending: %v; calling again", node, round, ls, err)
 					again = append(again, node)
 				default:
-					t.Errorf("node %s: %d rounds of kvnet-cni's calls did not collect the lost DELs %v: %v", node, round, ls, err)
+					failf(t, "node %s: %d rounds of kvnet-cni's calls did not collect the lost DELs %v: %v", node, round, ls, err)
 				}
 			}
 			nodes = again
 		}
 	}
 	for ip, node := range leases {
-		checkLeaseReleased(t, c, node, ip)
+		checkLeaseReleased(rt, c, node, ip)
 	}
 	// Released (checkLeaseReleased, above) and forgotten: by kvnet-cni's
 	// collection, or by the runtime's DEL sent again when kubelet removes
@@ -361,7 +364,7 @@ func testPodScenarios(ctx context.Context, t *testing.T, c *Cluster, skip []stri
 // release.
 func loseDEL(ctx context.Context, t *testing.T, c *Cluster, ns, name string) lostDel {
 	t.Helper()
-	p := mustPod(ctx, t, c, ns, name)
+	p := mustPod(ctx, recapTB{t}, c, ns, name)
 	node, ip := p.Spec.NodeName, p.Status.PodIP
 	i := slices.Index(c.Nodes, node)
 	if i < 0 || ip == "" {
@@ -441,7 +444,7 @@ func loseDEL(ctx context.Context, t *testing.T, c *Cluster, ns, name string) los
 // multusRestarts sums the restarts of Multus's containers by node, with
 // the last one's reason (OOMKilled: the daemon and every delegate it runs
 // share its memory limit): what a lost DEL is compared with.
-func multusRestarts(ctx context.Context, t *testing.T, c *Cluster) map[string]string {
+func multusRestarts(ctx context.Context, t testing.TB, c *Cluster) map[string]string {
 	t.Helper()
 	pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app=multus"})
 	if err != nil {
@@ -528,7 +531,7 @@ func keptRecord(c *Cluster, node, id string) bool {
 }
 
 // readCNIGCStatus reads kvnet-cni's gc-status.json on node.
-func readCNIGCStatus(t *testing.T, c *Cluster, node string) cniGCStatus {
+func readCNIGCStatus(t testing.TB, c *Cluster, node string) cniGCStatus {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/kvnet/gc-status.json"))
 	if err != nil && !os.IsNotExist(err) {
@@ -544,7 +547,7 @@ func readCNIGCStatus(t *testing.T, c *Cluster, node string) cniGCStatus {
 // kvnetCNICallOn makes kvnet-cni run on each of nodes: a pod of a
 // namespace with a primary UDN on each, Ready, then deleted with its
 // namespace.
-func kvnetCNICallOn(ctx context.Context, t *testing.T, c *Cluster, nodes []string) {
+func kvnetCNICallOn(ctx context.Context, t testing.TB, c *Cluster, nodes []string) {
 	t.Helper()
 	const ns = "scn-gc"
 	cs := c.Client
@@ -589,7 +592,7 @@ func kvnetCNICallOn(ctx context.Context, t *testing.T, c *Cluster, nodes []strin
 		for attempt := 1; ; attempt++ {
 			restarts, err := multusReadyOn(ctx, c, node, 6*time.Minute)
 			if err != nil {
-				fatalf(t, "pod %s/%s: %v", ns, p.Name, err)
+				t.Fatalf("pod %s/%s: %v", ns, p.Name, err)
 			}
 			err = poll(ctx, 3*time.Minute, ready)
 			if err == nil {
@@ -597,7 +600,7 @@ func kvnetCNICallOn(ctx context.Context, t *testing.T, c *Cluster, nodes []strin
 			}
 			now, _ := multusReadyOn(ctx, c, node, 0)
 			if now == restarts || attempt == 3 {
-				fatalf(t, "%v (Multus's daemon on %s: %d restarts, %v)", err, node, now, multusRestarts(ctx, t, c)[node])
+				t.Fatalf("%v (Multus's daemon on %s: %d restarts, %v)", err, node, now, multusRestarts(ctx, t, c)[node])
 			}
 			t.Logf("pod %s/%s not Ready while Multus's daemon on %s restarted (%d → %d restarts); waiting for it again", ns, p.Name, node, restarts, now)
 		}

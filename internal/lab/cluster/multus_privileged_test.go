@@ -96,7 +96,7 @@ func testMultus(ctx context.Context, t *testing.T, c *Cluster, ns string) {
 	}
 }
 
-func mustPod(ctx context.Context, t *testing.T, c *Cluster, ns, name string) *corev1.Pod {
+func mustPod(ctx context.Context, t testing.TB, c *Cluster, ns, name string) *corev1.Pod {
 	t.Helper()
 	p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 // managedFields entry owning it is a write of the status subresource (a
 // Multus UpdateStatus), none a patch of the pod itself (kvnet-node's old
 // rewrite), so no second writer races Multus.
-func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
+func checkPrimaryDefault(t testing.TB, p *corev1.Pod) {
 	t.Helper()
 	var statuses []networkStatus
 	if err := json.Unmarshal([]byte(p.Annotations["k8s.v1.cni.cncf.io/network-status"]), &statuses); err != nil {
@@ -52,7 +52,7 @@ func checkPrimaryDefault(t *testing.T, p *corev1.Pod) {
 // address under /var/lib/cni/networks/<network>) holds no lease for ip:
 // kvnet-cni, the primary-UDN pod's default network for Multus, ran the
 // default network's DEL when the pod went.
-func checkLeaseReleased(t *testing.T, c *Cluster, node, ip string) {
+func checkLeaseReleased(t testing.TB, c *Cluster, node, ip string) {
 	t.Helper()
 	if leaseHeld(t, c, node, ip) {
 		leases, _ := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/networks", "*", ip))
@@ -65,7 +65,7 @@ func checkLeaseReleased(t *testing.T, c *Cluster, node, ip string) {
 
 // leaseHeld reports whether the default network's host-local IPAM on
 // node holds a lease for ip.
-func leaseHeld(t *testing.T, c *Cluster, node, ip string) bool {
+func leaseHeld(t testing.TB, c *Cluster, node, ip string) bool {
 	t.Helper()
 	leases, err := filepath.Glob(filepath.Join(c.Dir, "nodes", node, "root", "var/lib/cni/networks", "*", ip))
 	if err != nil {

@@ -21,9 +21,10 @@ const podLabel = "lab.kvnet.io/pod"
 
 // probeWindow is how long the policy scenario keeps its pods under a
 // default-deny policy before it checks they stayed Ready: webPod's
-// readiness probe runs every second and fails the pod after 3 misses, so
-// a policy that cut the kubelet's probes would have shown by then.
-const probeWindow = 10 * time.Second
+// readiness probe runs every second, gives up on an answer after
+// probeTimeout and fails the pod after 3 misses in a row, so a policy
+// that cut the kubelet's probes would have shown within about 10 s.
+const probeWindow = 20 * time.Second
 
 // policy: see ScenarioPolicy. Every refusal follows a positive control
 // with the same probe.

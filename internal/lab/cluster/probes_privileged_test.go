@@ -32,7 +32,7 @@ const minLivenessPasses = 5
 // node whose liveness probe has no listener behind it must be counted
 // failing, so that a count of failures that stays 0 is the probes'
 // doing and not a metric that does not count them.
-func probesHeld(ctx context.Context, t *testing.T, c *Cluster, ns string, names ...string) {
+func probesHeld(ctx context.Context, t testing.TB, c *Cluster, ns string, names ...string) {
 	t.Helper()
 	first := mustPod(ctx, t, c, ns, names[0])
 	probeFailControl(ctx, t, c, ns, first.Spec.NodeName)
@@ -63,7 +63,7 @@ func probesHeld(ctx context.Context, t *testing.T, c *Cluster, ns string, names 
 // asks a port nothing listens on, waits until its kubelet counts a
 // failed liveness probe of it and probesVerdict refuses its counts,
 // then deletes it.
-func probeFailControl(ctx context.Context, t *testing.T, c *Cluster, ns, node string) {
+func probeFailControl(ctx context.Context, t testing.TB, c *Cluster, ns, node string) {
 	t.Helper()
 	const name = "probe-fail"
 	p := webPod(ns, name, node, c.Images["busybox"])

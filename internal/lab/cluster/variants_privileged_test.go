@@ -147,6 +147,16 @@ func (r recapTB) Fatalf(format string, args ...any) {
 	fatalf(r.T, format, args...)
 }
 
+func (r recapTB) Error(args ...any) {
+	r.Helper()
+	failf(r.T, "%s", fmt.Sprint(args...))
+}
+
+func (r recapTB) Fatal(args ...any) {
+	r.Helper()
+	fatalf(r.T, "%s", fmt.Sprint(args...))
+}
+
 // upForTest brings a cluster up for t and takes it down when t ends,
 // first logging the nodes' errors if t failed.
 func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
@@ -172,6 +182,8 @@ func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
 			recap.mu.Unlock()
 			if len(failed) > 0 {
 				t.Logf("what failed on this cluster (repeated from above):\n%s", recapText(failed))
+			} else {
+				t.Logf("what failed on this cluster: a check outside the recap (failf); the first error above")
 			}
 		}
 		if err := c.Down(); err != nil {
