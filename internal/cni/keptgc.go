@@ -97,7 +97,34 @@ func writeKeptRecord(rt *libcni.RuntimeConf) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(keptRecordPath(rt.ContainerID), b, 0o600)
+	return writeFileAtomic(keptRecordPath(rt.ContainerID), b, 0o600)
+}
+
+// writeFileAtomic writes b to path through a temporary file in the same
+// directory, renamed over path: collection, in another kvnet-cni, reads
+// a kept file whole or not at all, never one being written. The
+// temporary file's name (".<name>.tmp<random>") has neither of the kept
+// files' suffixes, so collection never takes it for an entry.
+func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, perm)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // gcStatusPath is the collection's status file (gcStatus), for admins.
@@ -114,8 +141,9 @@ type gcStatus struct {
 	Failures        int       `json:"failures"`
 	LastFailure     string    `json:"lastFailure,omitempty"`
 	LastFailureTime time.Time `json:"lastFailureTime,omitzero"`
-	// Pending are the containers the last run that did anything failed
-	// to collect; a later run tries them again.
+	// Pending are the containers collection failed to delete that are
+	// still kept (recordStatus); a later run tries them again. One whose
+	// own DEL came, or that a later run found live, is dropped.
 	Pending []string `json:"pending,omitempty"`
 }
 
@@ -129,7 +157,10 @@ type gcCNI interface {
 type gcRun struct {
 	collected []string
 	failed    []string // container IDs
-	lastErr   string
+	// live are the containers the run found with their netns: nothing
+	// of theirs is pending any more.
+	live    []string
+	lastErr string
 }
 
 func (g *gcRun) fail(log io.Writer, id, format string, a ...any) {
@@ -168,6 +199,15 @@ func collectKept(ctx context.Context, dir, skip string, cni gcCNI, log io.Writer
 			fmt.Fprintf(log, "kvnet-cni: default-network GC: out of time, the rest is left for the next run\n")
 			break
 		}
+		// A container whose recorded netns exists is not read further:
+		// its sandbox lives, whatever else is kept for it (an ADD may be
+		// writing it).
+		if b, err := os.ReadFile(filepath.Join(dir, id+".json")); err == nil {
+			if rec, err := parseKeptRecord(b); err == nil && !netnsGone(rec.NetNS, log) {
+				run.live = append(run.live, id)
+				continue
+			}
+		}
 		conf := filepath.Join(dir, name)
 		list, err := libcni.ConfListFromFile(conf)
 		if err != nil {
@@ -184,6 +224,7 @@ func collectKept(ctx context.Context, dir, skip string, cni gcCNI, log io.Writer
 			continue
 		}
 		if !netnsGone(rec.NetNS, log) {
+			run.live = append(run.live, id)
 			continue
 		}
 		rt := &libcni.RuntimeConf{ContainerID: id, IfName: rec.IfName, Args: rec.Args, CapabilityArgs: rec.CapabilityArgs}
@@ -259,19 +300,29 @@ func forgetOrphanRecord(dir, id string, log io.Writer) {
 	}
 }
 
-// recordStatus adds a run to the status file at path, when it did
-// anything.
-func recordStatus(path string, run gcRun, now time.Time) error {
-	if len(run.collected) == 0 && len(run.failed) == 0 {
-		return nil
-	}
+// recordStatus adds a run to the status file at path. Pending becomes
+// what the run failed to collect, and what was pending before that the
+// run did not get to (out of time) and kept(id) says is still kept: a
+// container the run collected, found live or no longer kept (its DEL
+// came) is pending no more. The file is written only when that changes
+// something.
+func recordStatus(path string, run gcRun, now time.Time, kept func(id string) bool) error {
 	var st gcStatus
 	if b, err := os.ReadFile(path); err == nil {
 		_ = json.Unmarshal(b, &st) // a broken file starts over
 	}
+	pending := slices.Clone(run.failed)
+	for _, id := range st.Pending {
+		if !slices.Contains(pending, id) && !slices.Contains(run.collected, id) && !slices.Contains(run.live, id) && kept(id) {
+			pending = append(pending, id)
+		}
+	}
+	if len(run.collected) == 0 && len(run.failed) == 0 && slices.Equal(pending, st.Pending) {
+		return nil
+	}
 	st.Collected += len(run.collected)
 	st.Failures += len(run.failed)
-	st.Pending = run.failed
+	st.Pending = pending
 	if len(run.failed) > 0 {
 		st.LastFailure, st.LastFailureTime = run.lastErr, now.UTC()
 	}
@@ -279,11 +330,15 @@ func recordStatus(path string, run gcRun, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
+	return writeFileAtomic(path, append(b, '\n'), 0o644)
+}
+
+// keptIn reports whether dir still keeps container id's configuration.
+func keptIn(dir string) func(id string) bool {
+	return func(id string) bool {
+		_, err := os.Stat(filepath.Join(dir, id+".conflist"))
+		return err == nil
 	}
-	return os.Rename(tmp, path)
 }
 
 // collectLostDefaults is collection as a verb runs it: under the lock
@@ -328,7 +383,7 @@ func collectLocked(args *skel.CmdArgs, budget time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	run := collectKept(ctx, dir, args.ContainerID, cniExec(args), os.Stderr)
-	if err := recordStatus(gcStatusPath(), run, time.Now()); err != nil {
+	if err := recordStatus(gcStatusPath(), run, time.Now(), keptIn(dir)); err != nil {
 		fmt.Fprintf(os.Stderr, "kvnet-cni: default-network GC: status file: %v\n", err)
 	}
 }

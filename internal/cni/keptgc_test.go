@@ -121,6 +121,10 @@ func TestCollectKept(t *testing.T) {
 		"unknown.conflist": conf, // nothing says where its netns was
 		"orphan.json":      record(gone),
 		"adding.json":      record(live), // an ADD between record and configuration
+		// An ADD writing its configuration as another kvnet-cni
+		// collects: its record says its netns lives, so the
+		// configuration is not read.
+		"writing.conflist": "", "writing.json": record(live),
 	}
 	for n, d := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte(d), 0o600); err != nil {
@@ -153,13 +157,17 @@ func TestCollectKept(t *testing.T) {
 	if want := []string{"badrec", "delfails"}; !slices.Equal(run.failed, want) {
 		t.Errorf("failed %v, want %v", run.failed, want)
 	}
+	slices.Sort(run.live)
+	if want := []string{"live", "writing"}; !slices.Equal(run.live, want) {
+		t.Errorf("live %v, want %v", run.live, want)
+	}
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
 	for i := range left {
 		left[i] = filepath.Base(left[i])
 	}
 	slices.Sort(left)
 	want := []string{"adding.json", "badrec.conflist", "badrec.json", "delfails.conflist", "delfails.json",
-		"live.conflist", "live.json", "self.conflist", "self.json", "unknown.conflist"}
+		"live.conflist", "live.json", "self.conflist", "self.json", "unknown.conflist", "writing.conflist", "writing.json"}
 	if !slices.Equal(left, want) {
 		t.Errorf("left in the directory: %v, want %v", left, want)
 	}
@@ -179,22 +187,88 @@ func TestCollectKept(t *testing.T) {
 	// The status file adds the runs up.
 	status := filepath.Join(t.TempDir(), "gc-status.json")
 	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
-	for _, r := range []gcRun{run, {}, run2} {
-		if err := recordStatus(status, r, now); err != nil {
+	readStatus := func() (gcStatus, []byte) {
+		t.Helper()
+		b, err := os.ReadFile(status)
+		if err != nil {
 			t.Fatal(err)
 		}
+		var st gcStatus
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st, b
 	}
-	b, err := os.ReadFile(status)
-	if err != nil {
-		t.Fatal(err)
+	for i, r := range []gcRun{run, {}, run2} {
+		if err := recordStatus(status, r, now, keptIn(dir)); err != nil {
+			t.Fatal(err)
+		}
+		// A run that did nothing leaves pending what is still kept
+		// (badrec), not what is no longer (delfails, which run2, made
+		// before, collected).
+		if st, b := readStatus(); i == 1 && !slices.Equal(st.Pending, []string{"badrec"}) {
+			t.Errorf("status file after a run that did nothing: %s; want badrec alone still pending", b)
+		}
 	}
-	var st gcStatus
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
+	st, b := readStatus()
 	if st.Collected != 3 || st.Failures != 3 || !slices.Equal(st.Pending, []string{"badrec"}) ||
 		!strings.Contains(st.LastFailure, "badrec.json") || !st.LastFailureTime.Equal(now) {
 		t.Errorf("status file %s; want 3 collected, 3 failures, badrec pending, the last failure's message and time", b)
+	}
+
+	// badrec's own DEL comes (it forgets both files): the next run,
+	// which does nothing, leaves nothing pending, and the totals stand.
+	for _, n := range []string{"badrec.conflist", "badrec.json"} {
+		if err := os.Remove(filepath.Join(dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := recordStatus(status, gcRun{}, now.Add(time.Minute), keptIn(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := readStatus(); len(st.Pending) != 0 || st.Collected != 3 || st.Failures != 3 {
+		t.Errorf("status file after badrec's DEL: %s; want nothing pending, 3 collected, 3 failures", b)
+	}
+	// A container found live is not pending either.
+	if err := recordStatus(status, gcRun{failed: []string{"live"}}, now, keptIn(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := recordStatus(status, gcRun{live: []string{"live"}}, now, keptIn(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := readStatus(); len(st.Pending) != 0 {
+		t.Errorf("status file after a run found the pending container live: %s; want nothing pending", b)
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(status), ".*")); len(tmps) != 0 {
+		t.Errorf("temporary files left beside the status file: %v", tmps)
+	}
+}
+
+// TestWriteFileAtomic: the file has the content and mode asked for, an
+// existing one is replaced, and no temporary file is left; a directory
+// that does not exist is an error that leaves nothing.
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.conflist")
+	for _, content := range []string{`{"a":1}`, `{"b":2}`} {
+		if err := writeFileAtomic(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil || string(b) != content {
+			t.Fatalf("read %s: %q, %v; want %q", path, b, err, content)
+		}
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, %v; want 0600", fi.Mode(), err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only c.conflist", len(entries))
+	}
+	if err := writeFileAtomic(filepath.Join(dir, "missing", "x.json"), []byte("{}"), 0o600); err == nil {
+		t.Error("write into a missing directory: no error")
 	}
 }
 

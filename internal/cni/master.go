@@ -159,7 +159,7 @@ func (p *Plugin) addWithDefault(args *skel.CmdArgs, r *request, a podnetworks.At
 	if err := writeKeptRecord(rt); err != nil {
 		return types.NewError(types.ErrInternal, "record the default network's invocation", err.Error())
 	}
-	if err := os.WriteFile(saved, list.Bytes, 0o600); err != nil {
+	if err := writeFileAtomic(saved, list.Bytes, 0o600); err != nil {
 		return types.NewError(types.ErrInternal, "keep the default network's configuration", err.Error())
 	}
 	r.tr.mark("defaultconf")
