@@ -52,8 +52,13 @@ if [ "$(id -u)" = 0 ]; then
 	) 2>>"$kv_prebuild_log" &
 	kv_prebuild=$!
 fi
-"$GO" test "$@" ./...
-rc=$?
+# The suite's output is kept too, for the summary of times at the end
+# (CI shows the beginning and the end of a long output).
+suite_log=$(mktemp)
+t0=$SECONDS
+"$GO" test "$@" ./... 2>&1 | tee "$suite_log"
+rc=${PIPESTATUS[0]}
+times="suite $((SECONDS - t0)) s"
 if [ "$(id -u)" = 0 ]; then
 	if wait "$prebuild"; then
 		# What it built and what that took (CPU seconds; its wall time
@@ -82,7 +87,9 @@ if [ "$(id -u)" = 0 ]; then
 	# but on a slow network.
 	wait "$kv_rootfs"
 	rootfs_rc=$?
+	t0=$SECONDS
 	CGO_ENABLED=0 "$GO" test "${e2e_args[@]}" "${cluster_e2e[@]}" || rc=1
+	times+=", real-cluster e2e $((SECONDS - t0)) s"
 	if wait "$kv_prebuild" && [ "$rootfs_rc" = 0 ]; then
 		grep -E '^build-kubevirt(-rootfs)?: ' "$kv_prebuild_log" | grep -E 'up to date|took|CPU|built' || true
 	else
@@ -90,7 +97,9 @@ if [ "$(id -u)" = 0 ]; then
 		tail -n 40 "$kv_prebuild_log"
 	fi
 	rm -f "$kv_prebuild_log"
+	t0=$SECONDS
 	CGO_ENABLED=0 "$GO" test "${e2e_args[@]}" "${kubevirt_e2e[@]}" || rc=1
+	times+=", real-KubeVirt e2e $((SECONDS - t0)) s"
 else
 	# Every package with a test that calls testenv.NeedsRoot (directly,
 	# through testenv.NeedsFixture or a helper named needRoot/requirePrivileged).
@@ -99,4 +108,10 @@ else
 	echo "kvnet: the real-cluster e2e NOT RUN (needs root; CI runs it as root): go test ${cluster_e2e[*]}"
 	echo "kvnet: the real-KubeVirt e2e NOT RUN (needs root; CI runs it as root): go test ${kubevirt_e2e[*]}"
 fi
+# Where the time went: the phases' wall times and the suite's slowest
+# packages (go test's own time for each).
+echo "kvnet: wall times: $times; the suite's slowest packages:"
+awk '($1 == "ok" || $1 == "FAIL") && $3 ~ /^[0-9.]+s$/ { sub(/s$/, "", $3); print $3, $2 }' "$suite_log" |
+	sort -rn | head -n 8 | awk '{ printf "  %8.1f s  %s\n", $1, $2 }'
+rm -f "$suite_log"
 exit $rc
