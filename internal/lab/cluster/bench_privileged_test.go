@@ -336,6 +336,18 @@ func (w *benchWatch) pod(ns, name string) *benchPod {
 	return w.pods[key]
 }
 
+// benchWebPod is webPod as the benchmarks time it from creation to
+// Ready: the readiness probe alone decides when (a startup probe would
+// hold it back by up to its period), the liveness probe waiting 3 s for
+// httpd instead.
+func benchWebPod(ns, name, node, image string) *corev1.Pod {
+	p := webPod(ns, name, node, image)
+	c := &p.Spec.Containers[0]
+	c.StartupProbe = nil
+	c.LivenessProbe.InitialDelaySeconds = 3
+	return p
+}
+
 // createAndWait creates a web pod (webPod: busybox httpd with an HTTP
 // readiness probe every second) on node and waits until the watch has
 // seen it Ready, failing the benchmark after 3 minutes.

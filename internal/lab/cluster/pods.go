@@ -70,18 +70,6 @@ func webPod(ns, name, node, image string) *corev1.Pod {
 // seconds.
 const probeTimeout = 3
 
-// benchWebPod is webPod as the benchmarks time it from creation to
-// Ready: the readiness probe alone decides when (a startup probe would
-// hold it back by up to its period), the liveness probe waiting 3 s for
-// httpd instead.
-func benchWebPod(ns, name, node, image string) *corev1.Pod {
-	p := webPod(ns, name, node, image)
-	c := &p.Spec.Containers[0]
-	c.StartupProbe = nil
-	c.LivenessProbe.InitialDelaySeconds = 3
-	return p
-}
-
 // PodExec runs a command in pod ns/pod's first container through the API
 // server's pods/exec subresource (as kubectl exec does) and returns its
 // stdout and stderr. A command that ran and exited non-zero returns an
