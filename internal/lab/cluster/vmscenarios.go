@@ -1578,8 +1578,7 @@ func (s *vmScenarios) afterHandlerRollout(ctx context.Context, v *runningVM) (st
 	if v.ip != oldIP {
 		return "", fmt.Errorf("VM %s started again after virt-handler's rollout with %s, want its IPAMClaim's %s", v, v.ip, oldIP)
 	}
-	zero := int64(0)
-	if err := s.t.Client.CoreV1().Pods(nsVM).Delete(ctx, "echo", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+	if err := s.t.Client.CoreV1().Pods(nsVM).Delete(ctx, "echo", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
 		return "", fmt.Errorf("delete the echo pod: %w", err)
 	}
 	if err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
