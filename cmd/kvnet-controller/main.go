@@ -114,11 +114,20 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 		"give a node host subnets of a Layer3 network only while pods of the network run there (and for --host-subnet-grace after), as OVN-Kubernetes' --enable-dynamic-udn-allocation")
 	fs.DurationVar(&opts.HostSubnetGrace, "host-subnet-grace", opts.HostSubnetGrace,
 		"with --enable-dynamic-host-subnets, how long a node keeps a Layer3 network's host subnets after its last pod of the network ended")
+	fs.IntVar(&opts.RestartReserve, "restart-reserve", opts.RestartReserve,
+		"address sets per network (one address per subnet) the leader keeps free and recorded in ConfigMaps of its namespace, "+
+			"so that after a restart it serves new pods before it has read every IPAMClaim and pod; 0 turns it off and deletes the records")
 	reservedSubnets := reserved.Flags(fs)
 	globalNS := fs.String("global-namespaces", strings.Join(opts.GlobalNamespaces, ","),
 		"comma-separated namespaces (or prefixes ending in *) no UserDefinedNetwork or ClusterUserDefinedNetwork may serve, besides default and openshift-*, which never are")
 	return func(podNamespace string) (manager.Options, error) {
 		var err error
+		if opts.RestartReserve < 0 || opts.RestartReserve > maxRestartReserve {
+			return manager.Options{}, fmt.Errorf("--restart-reserve %d: must be from 0 to %d", opts.RestartReserve, maxRestartReserve)
+		}
+		if podNamespace != "" {
+			opts.Namespace = podNamespace
+		}
 		if opts.HostSubnetGrace <= 0 {
 			return manager.Options{}, fmt.Errorf("--host-subnet-grace %s: must be positive", opts.HostSubnetGrace)
 		}
@@ -143,6 +152,10 @@ func bindFlags(fs *flag.FlagSet) func(podNamespace string) (manager.Options, err
 		return opts, nil
 	}
 }
+
+// maxRestartReserve bounds --restart-reserve: a record lists every set,
+// and a ConfigMap holds at most 1 MiB.
+const maxRestartReserve = 1024
 
 // stopContext is controller-runtime's signal handler with a drain: the
 // first SIGTERM or SIGINT starts drain and cancels the returned context

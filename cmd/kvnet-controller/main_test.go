@@ -61,6 +61,9 @@ func TestFlags(t *testing.T) {
 	if o, err := parse(t, "", "--pprof-bind-address=127.0.0.1:6060"); err != nil || o.PprofAddr != "127.0.0.1:6060" {
 		t.Errorf("--pprof-bind-address: %q, %v", o.PprofAddr, err)
 	}
+	if o, err := parse(t, "tenant-ops", "--restart-reserve=16"); err != nil || o.RestartReserve != 16 || o.Namespace != "tenant-ops" {
+		t.Errorf("--restart-reserve=16 in tenant-ops: %d in %q, %v", o.RestartReserve, o.Namespace, err)
+	}
 	if o, err := parse(t, "", "--webhook-port=0"); err != nil || o.Webhook != nil {
 		t.Errorf("--webhook-port=0: webhook %+v, %v; want none", o.Webhook, err)
 	}
@@ -77,6 +80,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"--webhook-port=70000"}, "webhook port 70000"},
 		{[]string{"--host-subnet-grace=0s"}, "--host-subnet-grace 0s: must be positive"},
 		{[]string{"--host-subnet-grace=-1m"}, "--host-subnet-grace -1m0s: must be positive"},
+		{[]string{"--restart-reserve=-1"}, "--restart-reserve -1: must be from 0 to 1024"},
+		{[]string{"--restart-reserve=1025"}, "--restart-reserve 1025: must be from 0 to 1024"},
 	} {
 		_, err := parse(t, "", tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -390,7 +390,7 @@ func checkAddresses(r *Report, f *podFacts, atts []ipam.Attachment) bool {
 		age = fmt.Sprintf(" (created %s ago)", f.Controller.Now.Sub(pod.CreationTimestamp.Time).Round(time.Second))
 	}
 	return r.fail("addresses", detail, WaitingForController,
-		fmt.Sprintf("check that kvnet-controller runs and leads: kubectl -n %s get deploy,pods,lease; kubectl -n %s logs deploy/kvnet-controller (it serves no pod until its start-up rebuild is done: /readyz reports ipam-rebuilt)", f.Controller.Namespace, f.Controller.Namespace),
+		fmt.Sprintf("check that kvnet-controller runs and leads: kubectl -n %s get deploy,pods,lease; kubectl -n %s logs deploy/kvnet-controller (it serves no pod until its start-up rebuild is done, or its restart reserve is loaded: /readyz reports ipam-serving)", f.Controller.Namespace, f.Controller.Namespace),
 		"pod %s%s has no %s annotation for %s yet, and no event or condition says why: waiting for kvnet-controller. The API shows: %s",
 		pod.Name, age, podnetworks.Annotation, strings.Join(keys, ", "), f.Controller.describe())
 }

@@ -420,6 +420,44 @@ func (n *Network) Release(owner string) {
 	delete(n.owners, owner)
 }
 
+// Transfer hands everything from holds to to, which must hold nothing:
+// the same IPs and MAC, at once, so that no other owner can take them in
+// between. It returns what to holds now.
+func (n *Network) Transfer(from, to string) (Allocation, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h, ok := n.owners[from]
+	if !ok {
+		return Allocation{}, fmt.Errorf("network %q: transfer from %q, which holds nothing: %w", n.name, from, ErrInvalid)
+	}
+	if to == "" || to == from {
+		return Allocation{}, fmt.Errorf("network %q: transfer from %q to %q: %w", n.name, from, to, ErrInvalid)
+	}
+	if _, held := n.owners[to]; held {
+		return Allocation{}, fmt.Errorf("network %q: transfer from %q to %q, which holds an allocation already: %w", n.name, from, to, ErrAllocated)
+	}
+	delete(n.owners, from)
+	n.owners[to] = h
+	for _, ip := range h.ips {
+		n.ips[ip] = to
+	}
+	if h.mac != nil && n.macs[macKey(h.mac)] == from {
+		n.macs[macKey(h.mac)] = to
+	}
+	return n.allocation(h), nil
+}
+
+// OwnerOfMAC returns the owner holding mac.
+func (n *Network) OwnerOfMAC(mac net.HardwareAddr) (string, bool) {
+	if len(mac) != 6 {
+		return "", false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o, ok := n.macs[macKey(mac)]
+	return o, ok
+}
+
 // Get returns what owner holds.
 func (n *Network) Get(owner string) (Allocation, bool) {
 	n.mu.Lock()

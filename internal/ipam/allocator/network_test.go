@@ -602,6 +602,64 @@ func TestNetworkRelease(t *testing.T) {
 	}
 }
 
+func TestNetworkTransfer(t *testing.T) {
+	n := newNetwork(t, Config{Subnets: prefixes("10.0.0.0/24", "fd00::/64")})
+	a, err := n.Allocate(Request{Owner: "reserve/1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Allocate(Request{Owner: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Transfer("reserve/1", "pod/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(strs(got.IPs), strs(a.IPs)) || got.MAC.String() != a.MAC.String() {
+		t.Fatalf("transferred %v %s, want %v %s", got.IPs, got.MAC, a.IPs, a.MAC)
+	}
+	if _, ok := n.Get("reserve/1"); ok {
+		t.Fatal("the old owner still holds an allocation")
+	}
+	for _, p := range a.IPs {
+		if o, _ := n.OwnerOf(p.Addr()); o != "pod/x" {
+			t.Fatalf("%s owned by %q, want pod/x", p, o)
+		}
+	}
+	if o, _ := n.OwnerOfMAC(a.MAC); o != "pod/x" {
+		t.Fatalf("MAC owned by %q, want pod/x", o)
+	}
+	if _, used := n.Stats(); used != 4 {
+		t.Fatalf("used %d, want 4 (2 owners, 2 families)", used)
+	}
+	// What the new owner holds is released as its own.
+	n.Release("pod/x")
+	if o, ok := n.OwnerOfMAC(a.MAC); ok {
+		t.Fatalf("MAC still owned by %q", o)
+	}
+	for _, tc := range []struct{ from, to string }{
+		{"nobody", "pod/y"}, // holds nothing
+		{"b", ""},           // no new owner
+		{"b", "b"},
+	} {
+		if _, err := n.Transfer(tc.from, tc.to); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Transfer(%q, %q) = %v, want ErrInvalid", tc.from, tc.to, err)
+		}
+	}
+	if _, err := n.Allocate(Request{Owner: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Transfer("b", "c"); !errors.Is(err, ErrAllocated) {
+		t.Fatalf("Transfer to an owner holding an allocation = %v, want ErrAllocated", err)
+	}
+	if _, ok := n.Get("b"); !ok {
+		t.Fatal("a refused transfer changed the old owner")
+	}
+	if _, ok := n.OwnerOfMAC(net.HardwareAddr{1, 2, 3}); ok {
+		t.Fatal("OwnerOfMAC of a short MAC")
+	}
+}
+
 func TestNetworkStats(t *testing.T) {
 	tests := []struct {
 		name   string

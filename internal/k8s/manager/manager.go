@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -103,6 +104,18 @@ type Options struct {
 	// Drain, once started, closes the webhooks' connections after each
 	// response (see webhooks.Drain); nil: never.
 	Drain *webhooks.Drain
+	// RestartReserve is the number of address sets per network the leader
+	// keeps free and recorded, so that its successor serves new pods
+	// before it has read every claim and pod; 0 turns it off (and deletes
+	// the records).
+	RestartReserve int
+	// Namespace is the controller's own (its pod's): the restart reserve's
+	// records, and the leader lease unless LeaderElectionNamespace is set.
+	// Empty leaves the restart reserve off.
+	Namespace string
+	// HoldIPAMRebuild, if set, holds the allocators' rebuild after the
+	// restart reserve is loaded until it is closed (tests).
+	HoldIPAMRebuild <-chan struct{}
 }
 
 // How pods get their namespace's primary network (WebhookOptions.PrimaryAttachment).
@@ -121,7 +134,7 @@ const (
 // lab and tests start from them. Its Webhook is DefaultWebhookOptions.
 func DefaultOptions() Options {
 	w := DefaultWebhookOptions()
-	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", PprofAddr: "0", LeaderElection: true, Webhook: &w,
+	return Options{MetricsAddr: ":8080", ProbeAddr: ":8081", PprofAddr: "0", LeaderElection: true, Webhook: &w, Namespace: "kvnet-system",
 		GlobalNamespaces: slices.Clone(udn.DefaultGlobalNamespaces), ReservedSubnets: reserved.Default(),
 		HostSubnetGrace: hostsubnets.DefaultGrace}
 }
@@ -249,7 +262,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		HealthProbeBindAddress:  opts.ProbeAddr,
 		PprofBindAddress:        opts.PprofAddr,
 		LeaderElection:          opts.LeaderElection,
-		LeaderElectionID:        "kvnet-controller.kvnet.io",
+		LeaderElectionID:        leaderLease,
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
 		// The process exits once the manager stops, so the lease can be
 		// handed over at once instead of after LeaseDuration: a rollout
@@ -280,7 +293,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := policyevents.Setup(mgr, policyevents.Options{SkipNameValidation: opts.SkipNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up policy events controller: %w", err)
 	}
-	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation})
+	ipamStarted, err := ipamcontroller.Setup(mgr, ipamcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: opts.SkipNameValidation,
+		Reserve:     ipamcontroller.ReserveOptions{Size: opts.RestartReserve, Namespace: opts.Namespace, Epoch: leaderEpoch(mgr.GetAPIReader(), opts)},
+		HoldRebuild: opts.HoldIPAMRebuild})
 	if err != nil {
 		return nil, fmt.Errorf("set up IPAM controllers: %w", err)
 	}
@@ -310,8 +325,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		}
 		// Every replica answers admissions, so every replica may be Ready:
 		// a standby once its caches (and MAC index) are built, the leader
-		// only once it has rebuilt the allocators from the API as well.
-		if err := mgr.AddReadyzCheck("ipam-rebuilt", leaderOnly(mgr.Elected(), ipamStarted.Ready)); err != nil {
+		// only once it has rebuilt the allocators from the API as well, or
+		// serves new pods from the restart reserve meanwhile.
+		if err := mgr.AddReadyzCheck("ipam-serving", leaderOnly(mgr.Elected(), ipamStarted.Ready)); err != nil {
 			return nil, err
 		}
 		if err := mgr.AddReadyzCheck("caches-synced", cacheSynced(mgr.GetCache())); err != nil {
@@ -379,6 +395,32 @@ func cacheOptions(opts Options) cache.Options {
 		macpoolcontroller.CacheOptions(byObject, opts.Webhook.Namespace)
 	}
 	return cache.Options{ByObject: byObject}
+}
+
+// leaderLease is the name of kvnet-controller's leader Lease.
+const leaderLease = "kvnet-controller.kvnet.io"
+
+// leaderEpoch returns how the restart reserve reads the leader's epoch:
+// the leader Lease's leaseTransitions, which each new leader increments;
+// nil without leader election.
+func leaderEpoch(r client.Reader, opts Options) func(context.Context) (int64, bool, error) {
+	if !opts.LeaderElection {
+		return nil
+	}
+	ns := opts.LeaderElectionNamespace
+	if ns == "" {
+		ns = opts.Namespace
+	}
+	return func(ctx context.Context) (int64, bool, error) {
+		var l coordinationv1.Lease
+		if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: leaderLease}, &l); err != nil {
+			return 0, true, err
+		}
+		if l.Spec.LeaseTransitions == nil {
+			return 0, true, nil
+		}
+		return int64(*l.Spec.LeaseTransitions), true, nil
+	}
 }
 
 // leaderOnly applies check on the elected leader only: a standby has

@@ -171,7 +171,9 @@ func waitReady(b *testing.B, ns string) {
 // claims. Go calls a benchmark function more than once (b.N=1, then
 // larger); the claims are created on the first call only, so every call
 // measures with exactly KVNET_BENCH_CLAIMS claims in the API server.
-var restartClaims struct {
+var restartClaims restartSetup
+
+type restartSetup struct {
 	ns     string
 	claims int
 	pods   int // pods created so far (names must not repeat)
@@ -218,6 +220,17 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 			b.Fatalf("KVNET_BENCH_PODS=%q: want a count from 0 to %d", v, 1<<20)
 		}
 	}
+	reserves := []int{0}
+	if v := os.Getenv("KVNET_BENCH_RESERVE"); v != "" {
+		reserves = nil
+		for _, f := range strings.Split(v, ",") {
+			r, err := strconv.Atoi(f)
+			if err != nil || r < 0 || r > 1024 {
+				b.Fatalf("KVNET_BENCH_RESERVE=%q: want counts from 0 to 1024, separated by commas", v)
+			}
+			reserves = append(reserves, r)
+		}
+	}
 	ctx := context.Background()
 	wc := benchClient(b)
 	b.StopTimer()
@@ -250,33 +263,66 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 		b.Logf("created %d pods holding IPs in %s", pods, time.Since(setup).Round(time.Second))
 		rc.ns, rc.claims, rc.held = ns, claims, pods
 	}
+	for _, reserve := range reserves {
+		b.Run(fmt.Sprintf("reserve=%d", reserve), func(b *testing.B) { restartLoop(b, rc, reserve) })
+	}
+}
+
+// restartLoop restarts the controller b.N times, each time measuring how
+// long until a new pod is annotated.
+func restartLoop(b *testing.B, rc *restartSetup, reserve int) {
+	ctx := context.Background()
+	wc := benchClient(b)
+	b.StopTimer()
 	ns := rc.ns
+	// With the restart reserve (KVNET_BENCH_RESERVE sets per network), the
+	// controllers keep their records in the benchmark's namespace.
+	stopRunning, start := ctl.Stop, func() { ctl.Start(b) }
+	if reserve > 0 {
+		opts := ctl.Options()
+		opts.RestartReserve, opts.Namespace = reserve, ns
+		start = func() {
+			s, err := env.RunController(opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			stopRunning = sync.OnceFunc(s)
+		}
+		ctl.Stop()
+		defer ctl.Start(b)
+		start()
+		defer func() { stopRunning() }()
+	}
 	var total time.Duration
 	var apiCPU, selfCPU float64
 	for range b.N {
 		// Restart from a steady state: the previous controller's watches
-		// of every claim, which start after its rebuild, have synced.
+		// of every claim, which start after its rebuild, have synced, and
+		// its restart reserve is full.
+		if reserve > 0 {
+			reserveRecord(b, ns, ns+"_net", reserve)
+		}
 		waitAPIServerIdle(b)
-		ctl.Stop()
+		stopRunning()
 		name := fmt.Sprintf("first-%d", rc.pods)
 		rc.pods++
 		cpu := procCPU()
 		b.StartTimer()
-		start := time.Now()
-		ctl.Start(b)
+		begin := time.Now()
+		start()
 		if err := wc.Create(ctx, mkPod(ns, name, secondary("net", ""))); err != nil {
 			b.Fatal(err)
 		}
 		a := waitAnnotated(b, ns, name)[ns+"/net"]
-		d := time.Since(start)
+		d := time.Since(begin)
 		total += d
 		b.StopTimer()
 		after := procCPU()
 		api, self := after["kube-apiserver"]-cpu["kube-apiserver"], after["self"]-cpu["self"]
 		apiCPU += api
 		selfCPU += self
-		b.Logf("%d claims, %d pods holding IPs: start → %s annotated in %s (CPU: kube-apiserver %.2fs, controller+benchmark %.2fs)",
-			rc.claims, rc.held, name, d.Round(time.Millisecond), api, self)
+		b.Logf("%d claims, %d pods holding IPs, restart reserve %d: start → %s annotated in %s (CPU: kube-apiserver %.2fs, controller+benchmark %.2fs)",
+			rc.claims, rc.held, reserve, name, d.Round(time.Millisecond), api, self)
 		if ip := a.IPAddresses[0]; ip[:5] != "10.0." {
 			// Claims hold 10.1.0.0 and up; the first free address is in 10.0/16.
 			b.Fatalf("first pod got %s, which a claim may hold", ip)
@@ -285,6 +331,7 @@ func BenchmarkRestartWithClaims(b *testing.B) {
 	b.ReportMetric(total.Seconds()/float64(b.N), "s-to-first-allocation")
 	b.ReportMetric(float64(rc.claims), "claims")
 	b.ReportMetric(float64(rc.held), "pods")
+	b.ReportMetric(float64(reserve), "reserve")
 	b.ReportMetric(apiCPU/float64(b.N), "apiserver-cpu-s/op")
 	b.ReportMetric(selfCPU/float64(b.N), "process-cpu-s/op")
 }

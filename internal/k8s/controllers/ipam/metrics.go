@@ -22,6 +22,14 @@ var (
 		Name: "kvnet_ipam_pool_used",
 		Help: "Addresses in use, by network.",
 	}, []string{"network"})
+	reserveSets = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvnet_ipam_restart_reserve_sets",
+		Help: "Address sets (one address per subnet) the leader keeps free and recorded for its successor to hand out before its rebuild, by network.",
+	}, []string{"network"})
+	reserveAllocations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvnet_ipam_restart_reserve_allocations_total",
+		Help: "Attachments given addresses from the restart reserve, before the allocators were rebuilt, by network.",
+	}, []string{"network"})
 	allocationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "kvnet_ipam_pod_allocation_duration_seconds",
 		Help:    "Time from a pod's creation to its kvnet.io/pod-networks annotation being written.",
@@ -30,5 +38,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(allocationsTotal, failuresTotal, poolSize, poolUsed, allocationSeconds)
+	metrics.Registry.MustRegister(allocationsTotal, failuresTotal, poolSize, poolUsed, allocationSeconds, reserveSets, reserveAllocations)
 }

@@ -50,23 +50,44 @@ type podReconciler struct {
 	recorder  events.EventRecorder
 	st        *state
 	ready     <-chan struct{}
+	// window is closed while new pods may be served from the restart
+	// reserve before the rebuild (nil: never); reserve serves them.
+	window  <-chan struct{}
+	reserve *reserveSet
 }
 
 func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	window := false
 	select {
 	case <-r.ready:
+	case <-r.window:
+		select {
+		case <-r.ready:
+		default:
+			window = true
+		}
 	case <-ctx.Done():
 		return ctrl.Result{}, ctx.Err()
 	}
 	var pod corev1.Pod
 	if err := r.client.Get(ctx, req.NamespacedName, &pod); err != nil {
 		if apierrors.IsNotFound(err) {
+			if window {
+				// Releases wait for the rebuild, which records what the
+				// pod held.
+				r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+				return ctrl.Result{}, nil
+			}
 			r.st.releasePod(req.NamespacedName, "")
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
 	}
 	if podnetworks.Completed(&pod) {
+		if window {
+			r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
 		r.st.releasePod(req.NamespacedName, pod.UID)
 		return ctrl.Result{}, nil
 	}
@@ -100,6 +121,10 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if len(missing) == 0 {
 		return r.labelPod(ctx, &pod, existing)
 	}
+	if window && !r.fromReserve(missing) {
+		r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+		return ctrl.Result{}, nil
+	}
 
 	var podOwned []*network // rolled back if the attempt fails
 	ok := false
@@ -117,7 +142,12 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	var ownedNets []string
 	for _, a := range missing {
-		entry, n, owned, err := r.allocate(ctx, &pod, a)
+		entry, n, owned, err := r.allocate(ctx, &pod, a, window)
+		if errors.Is(err, errReserveEmpty) {
+			log.FromContext(ctx).V(1).Info("waiting for the rebuild", "reason", err.Error())
+			r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
 		if err != nil {
 			return r.podError(ctx, &pod, a.Network.Name, err)
 		}
@@ -147,10 +177,33 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	r.st.recordPod(req.NamespacedName, pod.UID, ownedNets)
 	for _, a := range missing {
 		allocationsTotal.WithLabelValues(a.Network.Name).Inc()
+		if window {
+			reserveAllocations.WithLabelValues(a.Network.Name).Inc()
+		}
 	}
 	allocationSeconds.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
-	log.FromContext(ctx).V(1).Info("allocated", "attachments", len(missing))
+	if window {
+		log.FromContext(ctx).Info("allocated from the restart reserve, before the rebuild", "attachments", len(missing), "annotation", value)
+	} else {
+		log.FromContext(ctx).V(1).Info("allocated", "attachments", len(missing))
+	}
 	return ctrl.Result{}, nil
+}
+
+// fromReserve reports whether every attachment may be served from the
+// restart reserve before the rebuild: automatic addresses, owned by the
+// pod, on a whole network (not Layer3) whose reserve has a set left. A
+// claim's addresses, a static IP or MAC may be held by what the rebuild
+// has not read yet.
+func (r *podReconciler) fromReserve(atts []ipam.Attachment) bool {
+	for _, a := range atts {
+		if a.ClaimRef != "" || len(a.IPs) > 0 || a.MAC != nil ||
+			a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3 ||
+			!r.reserve.has(a.Network.Name) {
+			return false
+		}
+	}
+	return true
 }
 
 // labelPod gives an allocated pod the network labels of its annotation
@@ -204,7 +257,10 @@ var errClaimMissing = errors.New("IPAMClaim not found")
 
 // allocate serves one attachment. owned reports whether the pod (rather
 // than a claim) owns the allocation.
-func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.Attachment) (podnetworks.Attachment, *network, bool, error) {
+//
+// With window (before the rebuild; fromReserve holds), the addresses come
+// from the restart reserve.
+func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.Attachment, window bool) (podnetworks.Attachment, *network, bool, error) {
 	layer3 := a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3
 	var (
 		n   *network
@@ -229,9 +285,16 @@ func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.At
 	}
 	var alloc allocator.Allocation
 	owned := claimRef == ""
-	if owned {
-		alloc, err = n.alloc.Allocate(allocator.Request{Owner: podOwner(pod.UID), IPs: a.IPs, MAC: a.MAC})
-	} else {
+	switch {
+	case owned && window:
+		if alloc, err = r.reserve.take(ctx, n, podOwner(pod.UID)); err != nil {
+			return podnetworks.Attachment{}, n, false, err
+		}
+	case owned:
+		alloc, err = withEviction(ctx, r.reserve, n, a.IPs, a.MAC, func() (allocator.Allocation, error) {
+			return n.alloc.Allocate(allocator.Request{Owner: podOwner(pod.UID), IPs: a.IPs, MAC: a.MAC})
+		})
+	default:
 		alloc, err = r.allocateForClaim(ctx, pod, n, a, claimRef)
 	}
 	n.updateGauges()
@@ -353,10 +416,14 @@ func (r *podReconciler) allocateForClaim(ctx context.Context, pod *corev1.Pod, n
 			if mac == nil && len(ips) > 0 {
 				mac = allocator.DeriveMAC(ips[0])
 			}
-			alloc, err = n.alloc.Reserve(owner, ips, mac)
+			alloc, err = withEviction(ctx, r.reserve, n, ips, mac, func() (allocator.Allocation, error) {
+				return n.alloc.Reserve(owner, ips, mac)
+			})
 		}
 	} else {
-		alloc, err = n.alloc.Allocate(allocator.Request{Owner: owner, IPs: a.IPs, MAC: a.MAC})
+		alloc, err = withEviction(ctx, r.reserve, n, a.IPs, a.MAC, func() (allocator.Allocation, error) {
+			return n.alloc.Allocate(allocator.Request{Owner: owner, IPs: a.IPs, MAC: a.MAC})
+		})
 	}
 	if serr := r.writeClaimStatus(ctx, &claim, pod, alloc, err); serr != nil {
 		if err == nil && len(claim.Status.IPs) == 0 {

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -33,6 +34,13 @@ type rebuilder struct {
 	// manager stops (as a controller whose cache does not sync would).
 	claimsWatched <-chan struct{}
 	watchTimeout  time.Duration
+	// reserve, if set, is loaded before the rebuild; window is closed
+	// once pods may be served from it (see reserveSet).
+	reserve *reserveSet
+	window  chan<- struct{}
+	// hold, if set, holds the rebuild after the reserve is loaded until
+	// it is closed (tests).
+	hold <-chan struct{}
 }
 
 func (b *rebuilder) Start(ctx context.Context) error {
@@ -46,6 +54,7 @@ func (b *rebuilder) Start(ctx context.Context) error {
 		return fmt.Errorf("ipam rebuild: %w", err)
 	}
 	close(b.ready)
+	b.st.wakeDeferred(ctx)
 	logger.Info("allocators rebuilt from the API", "networks", stats.networks, "claims", stats.claims,
 		"pods", stats.pods, "conflicts", stats.conflicts, "duration", time.Since(start).String(),
 		"cachesSynced", stats.cachesSynced.String(), "claimsListed", stats.claimsListed.String(),
@@ -102,6 +111,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 	if err := b.cache.List(ctx, &nads, client.UnsafeDisableDeepCopy); err != nil {
 		return stats, err
 	}
+	served := map[string]*netconf.Served{}
 	for i := range nads.Items {
 		s, err := netconf.ParseServed(nads.Items[i].Spec.Config)
 		if err != nil || s == nil {
@@ -115,11 +125,31 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 			}
 			continue
 		}
-		if _, err := b.st.network(s); err != nil {
+		n, err := b.st.network(s)
+		if err != nil {
 			logger.Info("network not served", "nad", client.ObjectKeyFromObject(&nads.Items[i]).String(), "reason", err.Error())
 			continue
 		}
+		// The network's first definition, which its allocator keeps.
+		served[s.Name] = n.served
 		stats.networks++
+	}
+
+	if b.reserve != nil && b.reserve.opts.Size > 0 {
+		switch open, err := b.reserve.load(ctx, served); {
+		case err != nil:
+			logger.Error(err, "restart reserve not loaded: allocating once the rebuild is done")
+		case open:
+			close(b.window)
+			logger.Info("serving new pods from the restart reserve until the rebuild is done", "sinceStart", time.Since(start).String())
+		}
+	}
+	if b.hold != nil {
+		select {
+		case <-b.hold:
+		case <-ctx.Done():
+			return stats, ctx.Err()
+		}
 	}
 
 	var pods corev1.PodList
@@ -179,7 +209,7 @@ func (b *rebuilder) rebuild(ctx context.Context) (rebuildStats, error) {
 			if !ok {
 				continue
 			}
-			if _, err := n.alloc.Reserve(podOwner(p.UID), a.Addrs(), a.MAC()); err != nil {
+			if _, err := b.reserveEvicting(ctx, n, podOwner(p.UID), a.Addrs(), a.MAC()); err != nil {
 				stats.conflicts++
 				logger.Error(err, "pod IPs conflict at rebuild", "pod", client.ObjectKeyFromObject(p).String(), "nad", key)
 				continue
@@ -220,7 +250,7 @@ func (b *rebuilder) reserveClaims(ctx context.Context, claims []heldClaim, nets 
 		if mac == nil && len(c.ips) > 0 {
 			mac = allocator.DeriveMAC(c.ips[0])
 		}
-		if _, err := n.alloc.Reserve(claimOwner(c.key.Namespace, c.key.Name), c.ips, mac); err != nil {
+		if _, err := b.reserveEvicting(ctx, n, claimOwner(c.key.Namespace, c.key.Name), c.ips, mac); err != nil {
 			stats.conflicts++
 			logger.Error(err, "IPAMClaim IPs conflict at rebuild", "claim", c.key.String())
 			continue
@@ -229,6 +259,46 @@ func (b *rebuilder) reserveClaims(ctx context.Context, claims []heldClaim, nets 
 	}
 	stats.claims += len(reserved)
 	b.st.recordClaims(reserved)
+}
+
+// reserveEvicting is n.alloc.Reserve; where the addresses are in the
+// restart reserve, which must not happen (the reserve is free addresses),
+// they are taken out of it and the holder keeps them.
+func (b *rebuilder) reserveEvicting(ctx context.Context, n *network, owner string, ips []netip.Addr, mac net.HardwareAddr) (allocator.Allocation, error) {
+	return withEviction(ctx, b.reserve, n, ips, mac, func() (allocator.Allocation, error) {
+		return n.alloc.Reserve(owner, ips, mac)
+	})
+}
+
+// withEviction runs f, and once more if it failed while the restart
+// reserve held some of ips or mac, which it then frees (a claim or a
+// static request takes addresses from the reserve), or while the network
+// was full and the reserve held sets, which it then gives back.
+func withEviction(ctx context.Context, rs *reserveSet, n *network, ips []netip.Addr, mac net.HardwareAddr, f func() (allocator.Allocation, error)) (allocator.Allocation, error) {
+	a, err := f()
+	if err == nil || rs == nil {
+		return a, err
+	}
+	var (
+		evicted bool
+		eerr    error
+	)
+	switch {
+	case errors.Is(err, allocator.ErrFull):
+		// Once more even if another allocation gave the reserve back
+		// first: it may have left an address.
+		_, eerr = rs.giveBack(ctx, n)
+		evicted = eerr == nil
+	case len(ips) > 0 || mac != nil:
+		evicted, eerr = rs.evict(ctx, n, ips, mac)
+	}
+	if eerr != nil {
+		return a, fmt.Errorf("%w (and the restart reserve holding them could not give them back: %v)", err, eerr)
+	}
+	if !evicted {
+		return a, err
+	}
+	return f()
 }
 
 // layer3Net is a Layer3 network met during the rebuild.

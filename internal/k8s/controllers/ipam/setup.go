@@ -37,12 +37,18 @@ type Options struct {
 	// SkipNameValidation allows registering the controllers again in one
 	// process (tests that restart the controller).
 	SkipNameValidation bool
+	// Reserve configures the restart reserve (see reserveSet); a zero
+	// Size turns it off.
+	Reserve ReserveOptions
+	// HoldRebuild, if set, holds the rebuild after the restart reserve is
+	// loaded until it is closed (tests).
+	HoldRebuild <-chan struct{}
 }
 
 // Started is what Setup returns.
 type Started struct {
-	// Ready fails until the allocators are rebuilt; add it as a readiness
-	// check.
+	// Ready fails until the allocators are rebuilt or new pods are
+	// served from the restart reserve; add it as a readiness check.
 	Ready healthz.Checker
 	// Rebuilt is closed once the allocators are rebuilt. Other controllers
 	// that read every IPAMClaim at start (vmclaims) wait for it, so that
@@ -64,12 +70,25 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	if err != nil {
 		return Started{}, err
 	}
+	c := mgr.GetClient()
+	var (
+		rs     *reserveSet
+		window chan struct{}
+	)
+	if opts.Reserve.Namespace != "" {
+		rs = newReserveSet(opts.Reserve, mgr.GetAPIReader(), c, st)
+		window = make(chan struct{})
+		if err := mgr.Add(&keeper{rs: rs, rebuilt: ready}); err != nil {
+			return Started{}, err
+		}
+	}
 	if err := mgr.Add(&rebuilder{cache: mgr.GetCache(), claims: lister, st: st, ready: ready,
-		claimsWatched: claimsWatched, watchTimeout: 2 * time.Minute}); err != nil {
+		claimsWatched: claimsWatched, watchTimeout: 2 * time.Minute,
+		reserve: rs, window: window, hold: opts.HoldRebuild}); err != nil {
 		return Started{}, err
 	}
-	c := mgr.GetClient()
-	pr := &podReconciler{client: c, apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-ipam"), st: st, ready: ready}
+	pr := &podReconciler{client: c, apiReader: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("kvnet-ipam"), st: st, ready: ready,
+		window: window, reserve: rs}
 	// IPAMClaims are watched as metadata only (names are all the mappings
 	// need; the rebuild and allocations read claims from the API server),
 	// and only after the rebuild, which has read every claim already (see
@@ -134,6 +153,8 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	return Started{Rebuilt: ready, Ready: func(*http.Request) error {
 		select {
 		case <-ready:
+			return nil
+		case <-window: // nil without the reserve: never
 			return nil
 		default:
 			return errors.New("ipam allocators not rebuilt yet")

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -43,6 +44,10 @@ type state struct {
 	// soon as an address of it is freed.
 	waiting map[string]map[types.NamespacedName]struct{} // network name -> pods
 	wake    chan event.GenericEvent                      // pods to retry
+	// deferred holds pods seen before the rebuild that the restart
+	// reserve could not serve, to reconcile once it is done (rebuilt).
+	deferred map[types.NamespacedName]struct{}
+	rebuilt  bool
 }
 
 type network struct {
@@ -60,6 +65,45 @@ func newState() *state {
 		claims:   map[types.NamespacedName][]string{},
 		waiting:  map[string]map[types.NamespacedName]struct{}{},
 		wake:     make(chan event.GenericEvent, 1024),
+		deferred: map[types.NamespacedName]struct{}{},
+	}
+}
+
+// deferUntilRebuilt has pod reconciled again once the allocators are
+// rebuilt (at once if they are).
+func (st *state) deferUntilRebuilt(ctx context.Context, pod types.NamespacedName) {
+	st.mu.Lock()
+	if !st.rebuilt {
+		st.deferred[pod] = struct{}{}
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	go st.send(ctx, []types.NamespacedName{pod})
+}
+
+// wakeDeferred marks the allocators rebuilt and reconciles the pods
+// deferred until then.
+func (st *state) wakeDeferred(ctx context.Context) {
+	st.mu.Lock()
+	st.rebuilt = true
+	pods := make([]types.NamespacedName, 0, len(st.deferred))
+	for p := range st.deferred {
+		pods = append(pods, p)
+	}
+	st.deferred = nil
+	st.mu.Unlock()
+	go st.send(ctx, pods)
+}
+
+// send queues pods for reconciliation, waiting for room, until ctx ends.
+func (st *state) send(ctx context.Context, pods []types.NamespacedName) {
+	for _, p := range pods {
+		select {
+		case st.wake <- event.GenericEvent{Object: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}}:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
