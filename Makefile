@@ -60,13 +60,14 @@ SCALE_VMS ?= 500
 SCALE_CHURN ?= 30s
 SCALE_CHURN_RATE ?= 20
 SCALE_POD_SCOPE ?= cluster
+SCALE_RESTART_RESERVE ?= 0
 SCALE_OUT ?= _out/scale
 
 .PHONY: scale
 scale: tools build $(if $(filter 0,$(shell id -u)),deps) ## Scale lab: KWOK nodes, pods, VMs, UDNs, churn; prints the table, writes $(SCALE_OUT)/summary.json. SCALE_NODES, SCALE_PODS, ...
 	$(BIN)/kvnet-lab scale --nodes $(SCALE_NODES) --real-nodes $(SCALE_REAL_NODES) --udns $(SCALE_UDNS) \
 		--pods $(SCALE_PODS) --vms $(SCALE_VMS) --churn $(SCALE_CHURN) --churn-rate $(SCALE_CHURN_RATE) --pod-scope $(SCALE_POD_SCOPE) \
-		--dir $(SCALE_OUT)/lab --summary $(SCALE_OUT)/summary.json
+		--restart-reserve $(SCALE_RESTART_RESERVE) --dir $(SCALE_OUT)/lab --summary $(SCALE_OUT)/summary.json
 
 .PHONY: lint
 lint: ## Run golangci-lint with the import boundaries (installs the pinned version into .cache/bin)

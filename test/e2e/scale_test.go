@@ -32,8 +32,9 @@ func TestScale(t *testing.T) {
 	profiles := filepath.Join(dir, "profiles")
 	out := run("scale", "--dir", filepath.Join(dir, "lab"), "--nodes", "30", "--real-nodes", strconv.Itoa(real),
 		"--udns", "20", "--pods", "1000", "--vms", "100", "--churn", "15s", "--churn-rate", "20", "--summary", summary,
-		// The scope a large cluster runs (docs/scale.md).
-		"--pod-scope", "networks", "--profile-dir", profiles)
+		// The scope a large cluster runs (docs/scale.md); the restart
+		// reserve kept through the churn and the restart, under the audit.
+		"--pod-scope", "networks", "--restart-reserve", "8", "--profile-dir", profiles)
 	t.Logf("kvnet-lab scale:\n%s", out)
 	b, err := os.ReadFile(summary)
 	if err != nil {

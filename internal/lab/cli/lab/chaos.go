@@ -144,6 +144,7 @@ func newChaosControllerCommand() *cobra.Command {
 	var kubeconfig, probeAddr, metricsAddr, pprofAddr string
 	var webhookPort int
 	var dynamicHostSubnets bool
+	var restartReserve int
 	cmd := &cobra.Command{
 		Use:    "controller",
 		Short:  "run kvnet-controller for a chaos run (internal)",
@@ -161,6 +162,7 @@ func newChaosControllerCommand() *cobra.Command {
 				MetricsAddr: metricsAddr, ProbeAddr: probeAddr, PprofAddr: pprofAddr,
 				Webhook:            controlplane.WebhookOptions(webhookPort, false),
 				DynamicHostSubnets: dynamicHostSubnets,
+				RestartReserve:     restartReserve, Namespace: controlplane.KvnetNamespace,
 			})
 		},
 	}
@@ -170,6 +172,7 @@ func newChaosControllerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "0", "address of /debug/pprof/; 0: none")
 	cmd.Flags().IntVar(&webhookPort, "webhook-port", 0, "port of the webhooks on 127.0.0.1")
 	cmd.Flags().BoolVar(&dynamicHostSubnets, "enable-dynamic-host-subnets", false, "as kvnet-controller's flag")
+	cmd.Flags().IntVar(&restartReserve, "restart-reserve", 0, "as kvnet-controller's flag")
 	return cmd
 }
 

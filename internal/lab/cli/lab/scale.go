@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -32,6 +33,8 @@ type scaleFlags struct {
 	// dynamicHostSubnets runs kvnet-controller with
 	// --enable-dynamic-host-subnets.
 	dynamicHostSubnets bool
+	// restartReserve is kvnet-controller's --restart-reserve.
+	restartReserve int
 	// podScope is the real kvnet-nodes' --pod-scope.
 	podScope  string
 	dir       string
@@ -122,6 +125,8 @@ assertion.`,
 	fl.DurationVar(&f.stall, "stall-timeout", 3*time.Minute, "how long a wait may go without progress before the run fails")
 	fl.BoolVar(&f.dynamicHostSubnets, "dynamic-host-subnets", false,
 		"run kvnet-controller with --enable-dynamic-host-subnets: Layer3 host subnets only on the nodes that use the network")
+	fl.IntVar(&f.restartReserve, "restart-reserve", 0,
+		"run kvnet-controller with --restart-reserve: address sets per network its successor hands out before its rebuild (0: off)")
 	fl.StringVar(&f.podScope, "pod-scope", node.PodScopeCluster,
 		"the real kvnet-nodes' --pod-scope: cluster (every pod of the cluster) or networks (their own and their networks' pods)")
 	fl.StringVar(&f.profileDir, "profile-dir", "", "write CPU profiles of kvnet-controller (5 s each) during the networks, pods, VMs and churn steps to this directory (go tool pprof -top DIR/controller-pods-*.pprof)")
@@ -208,6 +213,9 @@ func setUpScale(ctx context.Context, f *scaleFlags, dir string) (_ *scaleEnv, er
 	var ctrlArgs []string
 	if f.dynamicHostSubnets {
 		ctrlArgs = append(ctrlArgs, "--enable-dynamic-host-subnets")
+	}
+	if f.restartReserve > 0 {
+		ctrlArgs = append(ctrlArgs, "--restart-reserve", strconv.Itoa(f.restartReserve))
 	}
 	var pprofAddr string
 	if f.profileDir != "" {

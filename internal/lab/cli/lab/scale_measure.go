@@ -116,6 +116,8 @@ type ScaleParameters struct {
 	DynamicHostSubnets bool `json:"dynamicHostSubnets,omitempty"`
 	// PodScope is the real kvnet-nodes' --pod-scope.
 	PodScope string `json:"podScope,omitempty"`
+	// RestartReserve is kvnet-controller's --restart-reserve.
+	RestartReserve int `json:"restartReserve,omitempty"`
 }
 
 // ScaleFloor is the write floor: pods created and annotated by the run's
@@ -138,6 +140,9 @@ type ScaleController struct {
 	RestartClaims         int     `json:"restartClaims"`
 	RestartReadySeconds   float64 `json:"restartReadySeconds"`
 	RestartServingSeconds float64 `json:"restartServingSeconds"`
+	// RestartFromReserve counts the attachments the restarted controller
+	// served from its restart reserve before its rebuild.
+	RestartFromReserve int `json:"restartFromReserve,omitempty"`
 }
 
 // ScaleNode is one real kvnet-node's cost.
@@ -461,6 +466,22 @@ func procCPUSeconds(pid int) float64 {
 }
 
 // dynamicNote names dynamic host subnets in the size row.
+// fromReserveNote says how many attachments the restart reserve served.
+func fromReserveNote(n int) string {
+	if n > 0 {
+		return fmt.Sprintf("; %d attachments from the restart reserve", n)
+	}
+	return ""
+}
+
+// reserveNote says whether the controller ran with a restart reserve.
+func reserveNote(n int) string {
+	if n > 0 {
+		return fmt.Sprintf("; restart reserve %d", n)
+	}
+	return ""
+}
+
 func dynamicNote(on bool) string {
 	if on {
 		return "; dynamic host subnets"
@@ -493,7 +514,7 @@ func (s *ScaleSummary) print(w io.Writer) {
 	}
 	rows := [][2]string{
 		{"size", fmt.Sprintf("%d KWOK nodes + %d real, %d networks, %d pods, %d VMs; churn %.0f s at %g pods/s%s",
-			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate, dynamicNote(p.DynamicHostSubnets)+scopeNote(p.PodScope))},
+			p.Nodes, p.RealNodes, p.UDNs, p.Pods, p.VMs, p.ChurnSeconds, p.ChurnRate, dynamicNote(p.DynamicHostSubnets)+scopeNote(p.PodScope)+reserveNote(p.RestartReserve))},
 		{"API write floor", fmt.Sprintf("%.0f pods/s (%.0f writes/s; %d pods created + annotated by %d writers)",
 			s.Floor.PodsPerSecond, s.Floor.WritesPerSecond, s.Floor.Pods, p.Writers)},
 		{"networks → NetworkCreated", fmt.Sprintf("%s; %.1f/s, %.2f× the floor", ms(s.Networks.ReadyMs), s.Networks.PerSecond, s.Networks.VsFloor)},
@@ -508,8 +529,8 @@ func (s *ScaleSummary) print(w io.Writer) {
 		{"webhooks (kvnet's handlers)", q(s.WebhookHandlerMs)},
 		{"kvnet-controller", fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s, %.2f cores during churn",
 			s.Controller.RSSMiB, s.Controller.PeakRSSMiB, s.Controller.CPUSeconds, s.Controller.ChurnCPUCores)},
-		{"controller restart", fmt.Sprintf("ready %.2f s, serving %.2f s (%d claims)",
-			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims)},
+		{"controller restart", fmt.Sprintf("ready %.2f s, serving %.2f s (%d claims)%s",
+			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims, fromReserveNote(s.Controller.RestartFromReserve))},
 	}
 	for _, n := range s.RealNodes {
 		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API; %d pods on %d networks%s",

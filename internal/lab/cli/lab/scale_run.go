@@ -141,6 +141,7 @@ func newScaleRun(ctx context.Context, e *scaleEnv) (*scaleRun, error) {
 			Nodes: e.f.nodes, RealNodes: e.f.realNodes, UDNs: e.f.udns, Pods: e.f.pods, VMs: e.f.vms,
 			ChurnSeconds: e.f.churn.Seconds(), ChurnRate: e.f.churnRate, Writers: e.f.writers,
 			DynamicHostSubnets: e.f.dynamicHostSubnets,
+			RestartReserve:     e.f.restartReserve,
 			PodScope:           e.f.podScope,
 		}}}
 	cudns := e.f.udns / 10
@@ -831,6 +832,13 @@ func (r *scaleRun) restart(ctx context.Context) error {
 	c.RestartClaims = len(claims.Items)
 	c.RestartReadySeconds = ready.Seconds()
 	c.RestartServingSeconds = last.Sub(start).Seconds()
+	if fams, err := scrape(ctx, &http.Client{Timeout: 30 * time.Second}, r.e.metricsAddr); err == nil {
+		if f := fams["kvnet_ipam_restart_reserve_allocations_total"]; f != nil {
+			for _, m := range f.GetMetric() {
+				c.RestartFromReserve += int(m.GetCounter().GetValue())
+			}
+		}
+	}
 	r.wave = append(r.wave, k)
 	return nil
 }
