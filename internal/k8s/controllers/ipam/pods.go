@@ -69,8 +69,19 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	case <-ctx.Done():
 		return ctrl.Result{}, ctx.Err()
 	}
+	// Before the rebuild only pods created since the reserve began to
+	// serve are served, each read from the API server: the pod cache may
+	// still be listing every pod, whose events wait for the rebuild.
+	var reader client.Reader = r.client
+	if window {
+		if !r.st.isNew(req.NamespacedName) {
+			r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		reader = r.apiReader
+	}
 	var pod corev1.Pod
-	if err := r.client.Get(ctx, req.NamespacedName, &pod); err != nil {
+	if err := reader.Get(ctx, req.NamespacedName, &pod); err != nil {
 		if apierrors.IsNotFound(err) {
 			if window {
 				// Releases wait for the rebuild, which records what the

@@ -343,6 +343,9 @@ func (rs *reserveSet) take(ctx context.Context, n *network, owner string) (alloc
 	}
 	nr.mu.Lock()
 	defer nr.mu.Unlock()
+	if a, held := n.alloc.Get(owner); held {
+		return a, nil // served already (a retry after a failed patch)
+	}
 	if len(nr.tuples) == 0 {
 		return allocator.Allocation{}, errReserveEmpty
 	}

@@ -3,6 +3,8 @@ package ipam_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -176,7 +178,7 @@ func TestRestartReserveLeaderChain(t *testing.T) {
 	// The next leader continues the chain: it serves from the record.
 	hold := make(chan struct{})
 	opts.HoldIPAMRebuild = hold
-	stop = runWith(t, opts)
+	stop = runLeader(t, opts, records, "1")
 	if got := waitAnnotatedWith(t, ns, "new-1"); got != listed[0]+"/24" {
 		t.Fatalf("new-1 got %s before the rebuild, want the record's first set %s", got, listed[0])
 	}
@@ -243,6 +245,46 @@ func TestRestartReserveLeaderChain(t *testing.T) {
 		return nil
 	})
 	stop()
+}
+
+// runLeader runs a controller with leader election (its readiness passes
+// before it leads) and returns once it leads with epoch and is Ready:
+// serving new pods (from the reserve, or after its rebuild).
+func runLeader(t *testing.T, opts manager.Options, records, epoch string) (stop func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ProbeAddr = l.Addr().String()
+	l.Close()
+	ctl.Stop()
+	t.Cleanup(func() { ctl.Start(t) })
+	s, err := env.RunStandby(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = sync.OnceFunc(s)
+	t.Cleanup(stop)
+	testenv.Eventually(t, 60*time.Second, "leading with epoch "+epoch+" and Ready", func() error {
+		var cm corev1.ConfigMap
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: records, Name: "kvnet-restart-reserve"}, &cm); err != nil {
+			return err
+		}
+		if cm.Data["to"] != epoch {
+			return fmt.Errorf("marker %v", cm.Data)
+		}
+		resp, err := http.Get("http://" + opts.ProbeAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s", resp.Status)
+		}
+		return nil
+	})
+	return stop
 }
 
 // waitAnnotatedWith creates a pod on ns's network "net" and returns its

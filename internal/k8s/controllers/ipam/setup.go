@@ -74,10 +74,14 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	var (
 		rs     *reserveSet
 		window chan struct{}
+		// serving is closed once new pods are served before the
+		// rebuild: the reserve is loaded and new pods are watched.
+		serving chan struct{}
 	)
 	if opts.Reserve.Namespace != "" {
 		rs = newReserveSet(opts.Reserve, mgr.GetAPIReader(), c, st)
 		window = make(chan struct{})
+		serving = make(chan struct{})
 		if err := mgr.Add(&keeper{rs: rs, rebuilt: ready}); err != nil {
 			return Started{}, err
 		}
@@ -93,9 +97,25 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	// need; the rebuild and allocations read claims from the API server),
 	// and only after the rebuild, which has read every claim already (see
 	// deferredSource).
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("ipam-pods").
-		For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork)).
+	pods := ctrl.NewControllerManagedBy(mgr).Named("ipam-pods")
+	if rs != nil && opts.Reserve.Size > 0 {
+		// Served from the restart reserve before the rebuild: the workers
+		// do not wait for the pod cache's initial list (which the
+		// rebuild waits for anyway), and new pods come from a watch that
+		// needs no list.
+		watcher, err := client.NewWithWatch(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+		if err != nil {
+			return Started{}, err
+		}
+		now := make(chan struct{})
+		close(now)
+		pods = pods.
+			WatchesRawSource(&deferredSource{after: now, src: source.Kind(mgr.GetCache(), client.Object(&corev1.Pod{}), &handler.EnqueueRequestForObject{}, podNeedsWork)}).
+			WatchesRawSource(&newPodsSource{watcher: watcher, window: window, ready: ready, mark: st.markNew, watching: serving})
+	} else {
+		pods = pods.For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork))
+	}
+	err = pods.
 		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, o client.Object) []reconcile.Request {
 				return waitingPods(ctx, c, o.GetNamespace(), "")
@@ -154,7 +174,7 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 		select {
 		case <-ready:
 			return nil
-		case <-window: // nil without the reserve: never
+		case <-serving: // nil without the reserve: never
 			return nil
 		default:
 			return errors.New("ipam allocators not rebuilt yet")

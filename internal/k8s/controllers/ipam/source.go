@@ -4,10 +4,18 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // deferredSource starts src only once after is closed, and does not hold
@@ -51,3 +59,81 @@ func (d *deferredSource) Start(ctx context.Context, q workqueue.TypedRateLimitin
 func (d *deferredSource) String() string {
 	return fmt.Sprintf("deferred %v", d.src)
 }
+
+// newPodsSource queues the pods created while the restart reserve serves
+// (window closed, ready not yet): the pod informer sends no event before
+// it has listed every pod of the cluster, which takes seconds with
+// 100,000 pods; this watch starts at the current resourceVersion, so the
+// API server sends it new events only. It stops at the rebuild's end, or
+// at the first error (the informer serves those pods then).
+type newPodsSource struct {
+	watcher client.WithWatch
+	window  <-chan struct{}
+	ready   <-chan struct{}
+	// mark records that a pod came from this watch (state.markNew).
+	mark func(types.NamespacedName)
+	// watching is closed once the watch runs: pods created from then on
+	// are served before the rebuild.
+	watching chan<- struct{}
+}
+
+func (s *newPodsSource) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	go func() {
+		select {
+		case <-s.window:
+		case <-s.ready:
+			return
+		case <-ctx.Done():
+			return
+		}
+		logger := log.FromContext(ctx).WithName("ipam-new-pods")
+		if err := s.run(ctx, q); err != nil && ctx.Err() == nil {
+			logger.Info("watch of new pods ended; they are served once the pod cache has synced", "reason", err.Error())
+		}
+	}()
+	return nil
+}
+
+func (s *newPodsSource) run(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.ready:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// The collection's resourceVersion, from a one-item list.
+	var head metav1.PartialObjectMetadataList
+	head.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	if err := s.watcher.List(ctx, &head, client.Limit(1)); err != nil {
+		return err
+	}
+	w, err := s.watcher.Watch(ctx, &corev1.PodList{}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: head.ResourceVersion}})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	close(s.watching)
+	for ev := range w.ResultChan() {
+		switch ev.Type {
+		case watch.Error:
+			return apierrors.FromObject(ev.Object)
+		case watch.Added:
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || p.Spec.HostNetwork {
+				continue
+			}
+			if _, done := p.Annotations[podnetworks.Annotation]; done {
+				continue
+			}
+			key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+			s.mark(key)
+			q.Add(reconcile.Request{NamespacedName: key})
+		}
+	}
+	return ctx.Err()
+}
+
+func (s *newPodsSource) String() string { return "new pods (restart reserve)" }

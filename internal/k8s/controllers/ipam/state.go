@@ -48,6 +48,9 @@ type state struct {
 	// reserve could not serve, to reconcile once it is done (rebuilt).
 	deferred map[types.NamespacedName]struct{}
 	rebuilt  bool
+	// fresh holds the pods created since the restart reserve began to
+	// serve (newPodsSource): the only ones served before the rebuild.
+	fresh map[types.NamespacedName]struct{}
 }
 
 type network struct {
@@ -66,7 +69,25 @@ func newState() *state {
 		waiting:  map[string]map[types.NamespacedName]struct{}{},
 		wake:     make(chan event.GenericEvent, 1024),
 		deferred: map[types.NamespacedName]struct{}{},
+		fresh:    map[types.NamespacedName]struct{}{},
 	}
+}
+
+// markNew records that pod was created while the restart reserve serves.
+func (st *state) markNew(pod types.NamespacedName) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.fresh != nil {
+		st.fresh[pod] = struct{}{}
+	}
+}
+
+// isNew reports whether markNew recorded pod (before the rebuild).
+func (st *state) isNew(pod types.NamespacedName) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	_, ok := st.fresh[pod]
+	return ok
 }
 
 // deferUntilRebuilt has pod reconciled again once the allocators are
@@ -91,7 +112,7 @@ func (st *state) wakeDeferred(ctx context.Context) {
 	for p := range st.deferred {
 		pods = append(pods, p)
 	}
-	st.deferred = nil
+	st.deferred, st.fresh = nil, nil
 	st.mu.Unlock()
 	go st.send(ctx, pods)
 }

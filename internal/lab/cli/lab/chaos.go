@@ -46,6 +46,8 @@ type chaosFlags struct {
 	auditEvery time.Duration
 	guests     int
 	output     string
+	// restartReserve is kvnet-controller's --restart-reserve.
+	restartReserve int
 }
 
 // NewChaosCommand returns `kvnet-lab chaos`: a seeded, bounded run of cluster
@@ -108,6 +110,7 @@ namespaces (root is needed for those).`,
 	fl.DurationVar(&f.quiesce, "quiesce-timeout", 5*time.Minute, "how long the cluster may go without progress towards settling after the last operation (at most 4 times this in all)")
 	fl.DurationVar(&f.auditEvery, "audit-every", 3*time.Second, "interval between the audit snapshots taken during the run (duplicate IPs and MACs at any moment)")
 	fl.IntVar(&f.guests, "guests", 2, "VMs run as QEMU guests (the others are only their launcher pods' network namespaces) and reached over the datapath at the end")
+	fl.IntVar(&f.restartReserve, "restart-reserve", 0, "run kvnet-controller with --restart-reserve: address sets per network each new controller hands out before its rebuild (0: off)")
 	fl.StringVarP(&f.output, "output", "o", "", "output format: json, or empty for text")
 	cmd.AddCommand(newChaosControllerCommand())
 	return cmd
@@ -343,7 +346,11 @@ func setUpChaos(ctx context.Context, f *chaosFlags, dir string) (_ *chaosEnv, er
 	if err != nil {
 		return nil, err
 	}
-	e, err := startControl(ctx, dir, cfg)
+	var ctrlArgs []string
+	if f.restartReserve > 0 {
+		ctrlArgs = append(ctrlArgs, "--restart-reserve", strconv.Itoa(f.restartReserve))
+	}
+	e, err := startControl(ctx, dir, cfg, ctrlArgs...)
 	if err != nil {
 		return nil, err
 	}
