@@ -327,7 +327,13 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		// a standby once its caches (and MAC index) are built, the leader
 		// only once it has rebuilt the allocators from the API as well, or
 		// serves new pods from the restart reserve meanwhile.
-		if err := mgr.AddReadyzCheck("ipam-serving", leaderOnly(mgr.Elected(), ipamStarted.Ready)); err != nil {
+		serving := ipamStarted.Ready
+		if opts.LeaderElection {
+			// Without leader election the one replica leads: it is not a
+			// standby before its manager marks it elected.
+			serving = leaderOnly(mgr.Elected(), serving)
+		}
+		if err := mgr.AddReadyzCheck("ipam-serving", serving); err != nil {
 			return nil, err
 		}
 		if err := mgr.AddReadyzCheck("caches-synced", cacheSynced(mgr.GetCache())); err != nil {

@@ -132,9 +132,12 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if len(missing) == 0 {
 		return r.labelPod(ctx, &pod, existing)
 	}
-	if window && !r.fromReserve(missing) {
-		r.st.deferUntilRebuilt(ctx, req.NamespacedName)
-		return ctrl.Result{}, nil
+	if window {
+		if why := r.notFromReserve(missing); why != "" {
+			log.FromContext(ctx).Info("not served from the restart reserve: waiting for the rebuild", "reason", why)
+			r.st.deferUntilRebuilt(ctx, req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
 	}
 
 	var podOwned []*network // rolled back if the attempt fails
@@ -201,20 +204,25 @@ func (r *podReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	return ctrl.Result{}, nil
 }
 
-// fromReserve reports whether every attachment may be served from the
-// restart reserve before the rebuild: automatic addresses, owned by the
-// pod, on a whole network (not Layer3) whose reserve has a set left. A
-// claim's addresses, a static IP or MAC may be held by what the rebuild
-// has not read yet.
-func (r *podReconciler) fromReserve(atts []ipam.Attachment) bool {
+// notFromReserve says why the attachments may not be served from the
+// restart reserve before the rebuild; "" if they may be: automatic
+// addresses, owned by the pod, on a whole network (not Layer3) whose
+// reserve has a set left. A claim's addresses, a static IP or MAC may be
+// held by what the rebuild has not read yet.
+func (r *podReconciler) notFromReserve(atts []ipam.Attachment) string {
 	for _, a := range atts {
-		if a.ClaimRef != "" || len(a.IPs) > 0 || a.MAC != nil ||
-			a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3 ||
-			!r.reserve.has(a.Network.Name) {
-			return false
+		switch {
+		case a.ClaimRef != "":
+			return fmt.Sprintf("network %q: IPAMClaim %s", a.Network.Name, a.ClaimRef)
+		case len(a.IPs) > 0 || a.MAC != nil:
+			return fmt.Sprintf("network %q: static IP or MAC", a.Network.Name)
+		case a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3:
+			return fmt.Sprintf("network %q: Layer3", a.Network.Name)
+		case !r.reserve.has(a.Network.Name):
+			return fmt.Sprintf("network %q: no address set left in its restart reserve", a.Network.Name)
 		}
 	}
-	return true
+	return ""
 }
 
 // labelPod gives an allocated pod the network labels of its annotation

@@ -28,6 +28,7 @@ import (
 	"kvnet.io/kvnet/internal/k8s/predicates"
 	"kvnet.io/kvnet/internal/multus"
 	"kvnet.io/kvnet/internal/podnetworks"
+	"kvnet.io/kvnet/internal/udn"
 )
 
 // Options configures the allocation controller.
@@ -97,29 +98,56 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 	// need; the rebuild and allocations read claims from the API server),
 	// and only after the rebuild, which has read every claim already (see
 	// deferredSource).
+	nadSource := source.Kind(mgr.GetCache(), client.Object(&nadv1.NetworkAttachmentDefinition{}), handler.EnqueueRequestsFromMapFunc(
+		func(ctx context.Context, o client.Object) []reconcile.Request {
+			return waitingPods(ctx, c, o.GetNamespace(), "")
+		}), predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }})
+	// A node's new host subnets wake its pods waiting for them.
+	nodeSource := source.Kind(mgr.GetCache(), client.Object(&corev1.Node{}), handler.EnqueueRequestsFromMapFunc(
+		func(_ context.Context, o client.Object) []reconcile.Request {
+			var reqs []reconcile.Request
+			for _, p := range st.takeWaiting(nodeWait(o.GetName())) {
+				reqs = append(reqs, reconcile.Request{NamespacedName: p})
+			}
+			return reqs
+		}), predicate.AnnotationChangedPredicate{})
 	pods := ctrl.NewControllerManagedBy(mgr).Named("ipam-pods")
 	if rs != nil && opts.Reserve.Size > 0 {
 		// Served from the restart reserve before the rebuild: the workers
-		// do not wait for the pod cache's initial list (which the
-		// rebuild waits for anyway), and new pods come from a watch that
-		// needs no list.
+		// do not wait for the caches (a Kind source waits for every
+		// informer of the cache, the pod cache's initial list included,
+		// which the rebuild waits for anyway); the pods without an
+		// allocation in that list, and those created since a watch that
+		// needs no list began, are served meanwhile (state.markNew).
 		watcher, err := client.NewWithWatch(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
 		if err != nil {
 			return Started{}, err
 		}
 		now := make(chan struct{})
 		close(now)
+		enqueue := &handler.EnqueueRequestForObject{}
+		marking := handler.Funcs{
+			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				if p, ok := e.Object.(*corev1.Pod); ok && waitsForAllocation(ctx, c, p) {
+					st.markNew(client.ObjectKeyFromObject(p))
+				}
+				enqueue.Create(ctx, e, q)
+			},
+			UpdateFunc:  enqueue.Update,
+			DeleteFunc:  enqueue.Delete,
+			GenericFunc: enqueue.Generic,
+		}
 		pods = pods.
-			WatchesRawSource(&deferredSource{after: now, src: source.Kind(mgr.GetCache(), client.Object(&corev1.Pod{}), &handler.EnqueueRequestForObject{}, podNeedsWork)}).
-			WatchesRawSource(&newPodsSource{watcher: watcher, window: window, ready: ready, mark: st.markNew, watching: serving})
+			WatchesRawSource(&deferredSource{after: now, src: source.Kind(mgr.GetCache(), client.Object(&corev1.Pod{}), handler.EventHandler(marking), podNeedsWork)}).
+			WatchesRawSource(&newPodsSource{watcher: watcher, cache: c, window: window, ready: ready, mark: st.markNew, watching: serving}).
+			WatchesRawSource(&deferredSource{after: now, src: nadSource}).
+			WatchesRawSource(&deferredSource{after: now, src: nodeSource})
 	} else {
-		pods = pods.For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork))
+		pods = pods.For(&corev1.Pod{}, builder.WithPredicates(podNeedsWork)).
+			WatchesRawSource(nadSource).
+			WatchesRawSource(nodeSource)
 	}
 	err = pods.
-		Watches(&nadv1.NetworkAttachmentDefinition{}, handler.EnqueueRequestsFromMapFunc(
-			func(ctx context.Context, o client.Object) []reconcile.Request {
-				return waitingPods(ctx, c, o.GetNamespace(), "")
-			}), builder.WithPredicates(predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }})).
 		// A new claim wakes the pods waiting for it. Claims of the initial
 		// list wake nobody: every pod is reconciled at start anyway, and
 		// one retries every retryMissing while its claim is missing.
@@ -133,15 +161,6 @@ func Setup(mgr ctrl.Manager, opts Options) (Started, error) {
 				GenericFunc: func(event.GenericEvent) bool { return false },
 			})}).
 		WatchesRawSource(source.Channel(st.wake, &handler.EnqueueRequestForObject{})).
-		// A node's new host subnets wake its pods waiting for them.
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(
-			func(_ context.Context, o client.Object) []reconcile.Request {
-				var reqs []reconcile.Request
-				for _, p := range st.takeWaiting(nodeWait(o.GetName())) {
-					reqs = append(reqs, reconcile.Request{NamespacedName: p})
-				}
-				return reqs
-			}), builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles, SkipNameValidation: &opts.SkipNameValidation}).
 		Complete(pr)
 	if err != nil {
@@ -229,6 +248,32 @@ func hasNetworkLabel(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// waitsForAllocation reports whether p may wait for kvnet's first
+// allocation: it has no kvnet.io/pod-networks annotation yet and selects
+// networks through Multus or runs in a namespace with a primary network
+// (read from c, a cache). The restart reserve serves only such pods
+// before the rebuild; a pod of the cluster default network alone is not
+// read from the API server meanwhile.
+func waitsForAllocation(ctx context.Context, c client.Reader, p *corev1.Pod) bool {
+	if p.Spec.HostNetwork {
+		return false
+	}
+	if _, done := p.Annotations[podnetworks.Annotation]; done {
+		return false
+	}
+	for _, k := range []string{multus.NetworksAnnotation, multus.DefaultNetworkAnnotation, ipam.LegacyPrimaryClaimAnnotation} {
+		if p.Annotations[k] != "" {
+			return true
+		}
+	}
+	var ns corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: p.Namespace}, &ns); err != nil {
+		return false
+	}
+	_, primary := ns.Labels[udn.PrimaryNamespaceLabel]
+	return primary
 }
 
 // waitingPods returns the pods of a namespace without their annotation (and

@@ -14,8 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
-
-	"kvnet.io/kvnet/internal/podnetworks"
 )
 
 // deferredSource starts src only once after is closed, and does not hold
@@ -68,6 +66,7 @@ func (d *deferredSource) String() string {
 // at the first error (the informer serves those pods then).
 type newPodsSource struct {
 	watcher client.WithWatch
+	cache   client.Reader // namespaces (waitsForAllocation)
 	window  <-chan struct{}
 	ready   <-chan struct{}
 	// mark records that a pod came from this watch (state.markNew).
@@ -122,10 +121,7 @@ func (s *newPodsSource) run(ctx context.Context, q workqueue.TypedRateLimitingIn
 			return apierrors.FromObject(ev.Object)
 		case watch.Added:
 			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || p.Spec.HostNetwork {
-				continue
-			}
-			if _, done := p.Annotations[podnetworks.Annotation]; done {
+			if !ok || !waitsForAllocation(ctx, s.cache, p) {
 				continue
 			}
 			key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}

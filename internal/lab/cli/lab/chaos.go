@@ -154,7 +154,7 @@ func newChaosControllerCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctrl.SetLogger(zap.New())
+			ctrl.SetLogger(zap.New(nanoTimes))
 			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 			if err != nil {
 				return err

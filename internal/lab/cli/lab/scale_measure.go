@@ -140,6 +140,10 @@ type ScaleController struct {
 	RestartClaims         int     `json:"restartClaims"`
 	RestartReadySeconds   float64 `json:"restartReadySeconds"`
 	RestartServingSeconds float64 `json:"restartServingSeconds"`
+	// RestartAdmittedSeconds: when the restart's pod was created (once the
+	// new controller's readiness check ipam-serving passed), since the
+	// controller's start.
+	RestartAdmittedSeconds float64 `json:"restartAdmittedSeconds"`
 	// RestartFromReserve counts the attachments the restarted controller
 	// served from its restart reserve before its rebuild.
 	RestartFromReserve int `json:"restartFromReserve,omitempty"`
@@ -529,8 +533,9 @@ func (s *ScaleSummary) print(w io.Writer) {
 		{"webhooks (kvnet's handlers)", q(s.WebhookHandlerMs)},
 		{"kvnet-controller", fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s, %.2f cores during churn",
 			s.Controller.RSSMiB, s.Controller.PeakRSSMiB, s.Controller.CPUSeconds, s.Controller.ChurnCPUCores)},
-		{"controller restart", fmt.Sprintf("ready %.2f s, serving %.2f s (%d claims)%s",
-			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims, fromReserveNote(s.Controller.RestartFromReserve))},
+		{"controller restart", fmt.Sprintf("ready %.2f s, serving %.2f s (%d claims; its pod created at %.2f s, once allocation served)%s",
+			s.Controller.RestartReadySeconds, s.Controller.RestartServingSeconds, s.Controller.RestartClaims,
+			s.Controller.RestartAdmittedSeconds, fromReserveNote(s.Controller.RestartFromReserve))},
 	}
 	for _, n := range s.RealNodes {
 		rows = append(rows, [2]string{"kvnet-node " + n.Name, fmt.Sprintf("RSS %.0f MiB (peak %.0f), CPU %.1f s; plan %s; apply %s; %d nft rules; %.0f KiB/min from the API; %d pods on %d networks%s",

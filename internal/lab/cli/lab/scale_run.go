@@ -796,7 +796,8 @@ func (r *scaleRun) migrate(ctx context.Context, k string) error {
 }
 
 // restart kills kvnet-controller and measures how long a new one takes
-// to serve: /readyz, then a new pod allocated (every claim rebuilt).
+// to serve: /readyz, and a pod created as soon as its webhooks admit one
+// allocated (after the rebuild, or before it from the restart reserve).
 func (r *scaleRun) restart(ctx context.Context) error {
 	// The controller's own metrics, before the restart resets them.
 	fams, err := scrape(ctx, &http.Client{Timeout: 30 * time.Second}, r.e.metricsAddr)
@@ -811,16 +812,62 @@ func (r *scaleRun) restart(ctx context.Context) error {
 	if err := r.e.killController(); err != nil {
 		return err
 	}
+	// A pod is created as soon as the new controller's allocation serves
+	// (its readiness check ipam-serving: once its rebuild is done, or its
+	// restart reserve loaded), before its caches have all synced: a
+	// user's pod during the restart.
+	t := r.tenants[0]
+	name := r.podName()
+	k := t.ns + "/" + name
+	created := make(chan error, 1)
+	var admitted time.Duration // written before created is sent on
+	podCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	start := time.Now()
+	go func() {
+		hc := &http.Client{Timeout: time.Second}
+		for {
+			resp, err := hc.Get("http://" + r.e.probeAddr + "/readyz/ipam-serving")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			select {
+			case <-podCtx.Done():
+				created <- podCtx.Err()
+				return
+			case <-time.After(20 * time.Millisecond): // not up, or not serving yet
+			}
+		}
+		for {
+			err := r.newPod(podCtx, t, name, "")
+			if apierrors.IsAlreadyExists(err) {
+				err = nil // created by an attempt whose answer was lost
+			}
+			if err == nil || podCtx.Err() != nil {
+				admitted = time.Since(start)
+				created <- err
+				return
+			}
+			select {
+			case <-podCtx.Done():
+			case <-time.After(50 * time.Millisecond): // the webhooks are not up yet
+			}
+		}
+	}()
 	if err := r.e.startController(ctx); err != nil {
 		return err
 	}
 	ready := time.Since(start)
-	t := r.tenants[0]
-	name := r.podName()
-	k := t.ns + "/" + name
-	if err := r.newPod(ctx, t, name, ""); err != nil {
-		return err
+	select {
+	case err := <-created:
+		if err != nil {
+			return err
+		}
+	case <-time.After(r.f.stall):
+		return fmt.Errorf("pod %s not admitted %s after the controller was ready", k, r.f.stall)
 	}
 	if err := waitProgress(ctx, r.f.stall, "pod allocated after the restart", func() (int, int, error) {
 		return r.pods.count([]string{k}), 1, nil
@@ -832,6 +879,7 @@ func (r *scaleRun) restart(ctx context.Context) error {
 	c.RestartClaims = len(claims.Items)
 	c.RestartReadySeconds = ready.Seconds()
 	c.RestartServingSeconds = last.Sub(start).Seconds()
+	c.RestartAdmittedSeconds = admitted.Seconds()
 	if fams, err := scrape(ctx, &http.Client{Timeout: 30 * time.Second}, r.e.metricsAddr); err == nil {
 		if f := fams["kvnet_ipam_restart_reserve_allocations_total"]; f != nil {
 			for _, m := range f.GetMetric() {
