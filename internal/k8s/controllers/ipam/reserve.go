@@ -251,17 +251,22 @@ func (rs *reserveSet) load(ctx context.Context, served map[string]*netconf.Serve
 		}
 		listed++
 		nr := rs.reserveOf(name)
-		if nr == nil {
-			// Not a network served now: the record is left as it is.
-			continue
-		}
 		nr.rv, nr.written, nr.stale = cm.ResourceVersion, cm.Data[keyAddresses], true
-		e, err := strconv.ParseInt(cm.Data[keyEpoch], 10, 64)
-		if !valid || err != nil || e < from || e > epoch {
-			continue
-		}
 		s := served[name]
 		if s == nil {
+			if served != nil {
+				// A network no NAD serves now: its record goes, or a
+				// network made again under the name, allocating freely
+				// before the keeper rewrote the record, could meet it.
+				if err := rs.c.Delete(ctx, cm); client.IgnoreNotFound(err) != nil {
+					return false, fmt.Errorf("delete the record of network %q, which is not served: %w", name, err)
+				}
+				nr.rv, nr.written = "", ""
+			}
+			continue
+		}
+		e, err := strconv.ParseInt(cm.Data[keyEpoch], 10, 64)
+		if !valid || err != nil || e < from || e > epoch {
 			continue
 		}
 		n, err := rs.st.network(s)

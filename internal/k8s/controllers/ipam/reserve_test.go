@@ -3,9 +3,11 @@ package ipam_test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -97,6 +100,18 @@ func TestRestartReserve(t *testing.T) {
 	}
 	stop()
 
+	// A record of a network no NAD serves (deleted while no controller
+	// ran) is deleted when the next leader loads the records: the network
+	// made again would allocate freely before the keeper rewrote it.
+	h := fnv.New64a()
+	h.Write([]byte("ghost_net"))
+	ghost := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: records, Name: "kvnet-reserve-" + strconv.FormatUint(h.Sum64(), 16),
+			Labels: map[string]string{"ipam.kvnet.io/restart-reserve": ""}},
+		Data: map[string]string{"network": "ghost_net", "epoch": "0", "addresses": "10.99.0.5"},
+	}
+	create(t, ghost)
+
 	// The new controller is Ready (runWith waits for it) with its rebuild
 	// held: only the reserve can serve.
 	hold := make(chan struct{})
@@ -112,6 +127,9 @@ func TestRestartReserve(t *testing.T) {
 		t.Fatalf("new-1 got %v before the rebuild, want the record's first set %s", got, listed[0])
 	}
 	reserveRecord(t, records, network, 3)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ghost), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the record of a network no NAD serves: %v, want it deleted", err)
+	}
 	for _, name := range []string{"static", "virt-launcher-vm2"} {
 		var p corev1.Pod
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
