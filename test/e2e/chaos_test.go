@@ -93,3 +93,42 @@ func TestChaos(t *testing.T) {
 			res.GuestsAnswered, res.Guests, len(res.GuestCrashes), res.GuestCrashes, res.GuestFindings)
 	}
 }
+
+// A shorter chaos run with the restart reserve (--restart-reserve): each
+// controller killed leaves its records, and the next one serves new pods
+// from them before its rebuild; no audit snapshot during the run and no
+// audit after it finds a duplicate IP or MAC or a leak. How many pods a
+// run serves from the reserve depends on when the kills fall; it is
+// logged, not asserted (TestRestartReserve in internal/k8s/controllers/ipam
+// shows the serving itself).
+func TestChaosRestartReserve(t *testing.T) {
+	testenv.NeedsRoot(t)
+	_, run := buildKvnet(t)
+	out := run("chaos", "--ops", "500", "--seed", "11", "--kill-every", "1s", "--guests", "1", "--restart-reserve", "4", "-o", "json")
+	if i := strings.Index(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	var res struct {
+		OpsDone, OpsFailed      int
+		ControllerKills         int
+		FromRestartReserve      int
+		PodsChecked, VMsChecked int
+		Unsettled, Audit        []string
+		Snapshots               int
+		Duplicates              []json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("chaos output: %v\n%s", err, out)
+	}
+	t.Logf("chaos with the restart reserve: %d controller kills, %d pods served from the reserve before a rebuild", res.ControllerKills, res.FromRestartReserve)
+	if res.OpsDone == 0 || res.OpsFailed != 0 || res.ControllerKills < 5 || res.PodsChecked == 0 || res.VMsChecked == 0 {
+		t.Errorf("%d operations done, %d failed; %d controller kills (want ≥ 5); checked %d pods, %d VMs\n%s",
+			res.OpsDone, res.OpsFailed, res.ControllerKills, res.PodsChecked, res.VMsChecked, out)
+	}
+	if len(res.Unsettled) != 0 || res.Audit == nil || len(res.Audit) != 0 {
+		t.Errorf("unsettled %v, audit %v", res.Unsettled, res.Audit)
+	}
+	if res.Snapshots == 0 || res.Duplicates == nil || len(res.Duplicates) != 0 {
+		t.Errorf("%d audit snapshots during the run; duplicates seen: %s", res.Snapshots, res.Duplicates)
+	}
+}

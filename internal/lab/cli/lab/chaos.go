@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -273,6 +274,16 @@ func (e *chaosEnv) startControllerOnce(ctx context.Context) error {
 	return nil
 }
 
+// fromReserve counts the pods the controllers' log says they served from
+// the restart reserve.
+func (e *chaosEnv) fromReserve() int {
+	b, err := os.ReadFile(e.log.Name())
+	if err != nil {
+		return 0
+	}
+	return bytes.Count(b, []byte("allocated from the restart reserve"))
+}
+
 // killController kills the running kvnet-controller with SIGKILL and waits
 // for it to be gone.
 func (e *chaosEnv) killController() error {
@@ -466,6 +477,10 @@ type ChaosResult struct {
 	ControllerStartFailures int `json:"controllerStartFailures"`
 	APIServerRestarts       int `json:"apiServerRestarts"`
 	NodeAgentKills          int `json:"nodeAgentKills"`
+	// FromRestartReserve counts the pods the restarted controllers served
+	// from their restart reserve before their rebuild (--restart-reserve),
+	// from their log.
+	FromRestartReserve int `json:"fromRestartReserve,omitempty"`
 
 	// Allocation latency: pod created → its kvnet.io/pod-networks
 	// annotation seen, in milliseconds; DuringFaults for pods whose wait
@@ -541,6 +556,9 @@ func (r *ChaosResult) print(w interface{ Write([]byte) (int, error) }) {
 	}
 	fmt.Fprintf(w, "faults: %d kvnet-controller kills (SIGKILL), %d API server restart(s), %d kvnet-node kill(s); %d controller start(s) failed and were retried\n",
 		r.ControllerKills, r.APIServerRestarts, r.NodeAgentKills, r.ControllerStartFailures)
+	if r.FromRestartReserve > 0 {
+		fmt.Fprintf(w, "restart reserve: %d pods served from it before a rebuild\n", r.FromRestartReserve)
+	}
 	fmt.Fprintf(w, "allocation latency: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d pods); during faults: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d pods)\n",
 		r.Allocation.P50, r.Allocation.P99, r.Allocation.Max, r.Allocation.N,
 		r.AllocationFaults.P50, r.AllocationFaults.P99, r.AllocationFaults.Max, r.AllocationFaults.N)

@@ -956,6 +956,7 @@ loop:
 	res.APIServerRestarts = int(w.faults.api.Load())
 	res.NodeAgentKills = int(w.faults.agents.Load())
 	res.ControllerStartFailures = int(w.e.startFailures.Load())
+	res.FromRestartReserve = w.e.fromReserve()
 	if fatal != nil {
 		endSnaps(res)
 		return res, fatal
