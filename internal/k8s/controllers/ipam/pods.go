@@ -277,8 +277,8 @@ var errClaimMissing = errors.New("IPAMClaim not found")
 // allocate serves one attachment. owned reports whether the pod (rather
 // than a claim) owns the allocation.
 //
-// With window (before the rebuild; fromReserve holds), the addresses come
-// from the restart reserve.
+// With window (before the rebuild, where notFromReserve allowed it), the
+// addresses come from the restart reserve.
 func (r *podReconciler) allocate(ctx context.Context, pod *corev1.Pod, a ipam.Attachment, window bool) (podnetworks.Attachment, *network, bool, error) {
 	layer3 := a.Network.Conf != nil && a.Network.Conf.Topology == netconf.TopologyLayer3
 	var (
