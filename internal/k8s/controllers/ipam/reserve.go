@@ -554,7 +554,11 @@ func (k *keeper) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("ipam-reserve")
 	if k.rs.opts.Size == 0 {
 		if err := k.rs.clear(ctx); err != nil {
-			logger.Error(err, "could not delete the restart reserve's records; a later leader with the reserve will not trust them")
+			// With leader election this leader broke the chain anyway;
+			// without, a later controller with the reserve would trust
+			// records this one did not keep.
+			logger.Error(err, "could not delete the restart reserve's records: delete them before running with --restart-reserve again without leader election",
+				"command", fmt.Sprintf("kubectl -n %s delete configmap -l %s", k.rs.opts.Namespace, reserveLabel))
 		}
 		return nil
 	}
