@@ -322,9 +322,7 @@ func (rs *reserveSet) has(network string) bool {
 	if rs == nil {
 		return false
 	}
-	rs.mu.Lock()
-	nr := rs.nets[network]
-	rs.mu.Unlock()
+	nr := rs.lookup(network)
 	if nr == nil {
 		return false
 	}
@@ -340,9 +338,7 @@ var errReserveEmpty = errors.New("restart reserve empty")
 // take hands one of n's reserved address sets to owner, after removing it
 // from the record.
 func (rs *reserveSet) take(ctx context.Context, n *network, owner string) (allocator.Allocation, error) {
-	rs.mu.Lock()
-	nr := rs.nets[n.served.Name]
-	rs.mu.Unlock()
+	nr := rs.lookup(n.served.Name)
 	if nr == nil {
 		return allocator.Allocation{}, errReserveEmpty
 	}
@@ -388,9 +384,7 @@ func (rs *reserveSet) evict(ctx context.Context, n *network, ips []netip.Addr, m
 	if len(owners) == 0 {
 		return false, nil
 	}
-	rs.mu.Lock()
-	nr := rs.nets[n.served.Name]
-	rs.mu.Unlock()
+	nr := rs.lookup(n.served.Name)
 	if nr == nil {
 		return false, nil
 	}
@@ -400,17 +394,9 @@ func (rs *reserveSet) evict(ctx context.Context, n *network, ips []netip.Addr, m
 	if len(keep) == len(nr.tuples) {
 		return false, nil
 	}
-	if err := rs.write(ctx, n, nr, keep); err != nil {
+	if err := rs.shrink(ctx, n, nr, keep); err != nil {
 		return false, err
 	}
-	for _, t := range nr.tuples {
-		if slices.Contains(owners, t.owner) {
-			n.alloc.Release(t.owner)
-		}
-	}
-	nr.tuples = keep
-	n.updateGauges()
-	reserveSets.WithLabelValues(n.served.Name).Set(float64(len(nr.tuples)))
 	log.FromContext(ctx).WithName("ipam-reserve").Info("freed reserved addresses a request asked for", "network", n.served.Name, "ips", ips, "mac", mac.String())
 	return true, nil
 }
@@ -418,9 +404,7 @@ func (rs *reserveSet) evict(ctx context.Context, n *network, ips []netip.Addr, m
 // giveBack frees all of n's reserve, after unlisting it: the network is
 // full. It reports whether it freed any.
 func (rs *reserveSet) giveBack(ctx context.Context, n *network) (bool, error) {
-	rs.mu.Lock()
-	nr := rs.nets[n.served.Name]
-	rs.mu.Unlock()
+	nr := rs.lookup(n.served.Name)
 	if nr == nil {
 		return false, nil
 	}
@@ -429,15 +413,9 @@ func (rs *reserveSet) giveBack(ctx context.Context, n *network) (bool, error) {
 	if len(nr.tuples) == 0 {
 		return false, nil
 	}
-	if err := rs.write(ctx, n, nr, nil); err != nil {
+	if err := rs.shrink(ctx, n, nr, nil); err != nil {
 		return false, err
 	}
-	for _, t := range nr.tuples {
-		n.alloc.Release(t.owner)
-	}
-	nr.tuples = nil
-	n.updateGauges()
-	reserveSets.WithLabelValues(n.served.Name).Set(0)
 	log.FromContext(ctx).WithName("ipam-reserve").Info("network full: restart reserve given back", "network", n.served.Name)
 	return true, nil
 }
@@ -462,15 +440,9 @@ func (rs *reserveSet) keep(ctx context.Context, n *network) error {
 	}
 	switch {
 	case len(nr.tuples) > want:
-		keep := nr.tuples[:want]
-		if err := rs.write(ctx, n, nr, keep); err != nil {
+		if err := rs.shrink(ctx, n, nr, slices.Clone(nr.tuples[:want])); err != nil {
 			return err
 		}
-		for _, t := range nr.tuples[want:] {
-			n.alloc.Release(t.owner)
-		}
-		nr.tuples = slices.Clone(keep)
-		n.updateGauges()
 		rs.st.freed(n.served.Name)
 	case len(nr.tuples) < want:
 		for len(nr.tuples) < want {
@@ -495,6 +467,30 @@ func (rs *reserveSet) keep(ctx context.Context, n *network) error {
 		}
 	}
 	reserveSets.WithLabelValues(n.served.Name).Set(float64(len(nr.tuples)))
+	return nil
+}
+
+// lookup returns network's reserve; nil if it has none.
+func (rs *reserveSet) lookup(network string) *netReserve {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.nets[network]
+}
+
+// shrink makes n's reserve keep (a subset of its sets): it unlists the
+// others first, then frees them. The caller holds nr.mu.
+func (rs *reserveSet) shrink(ctx context.Context, n *network, nr *netReserve, keep []reserveTuple) error {
+	if err := rs.write(ctx, n, nr, keep); err != nil {
+		return err
+	}
+	for _, t := range nr.tuples {
+		if !slices.ContainsFunc(keep, func(k reserveTuple) bool { return k.owner == t.owner }) {
+			n.alloc.Release(t.owner)
+		}
+	}
+	nr.tuples = keep
+	n.updateGauges()
+	reserveSets.WithLabelValues(n.served.Name).Set(float64(len(keep)))
 	return nil
 }
 

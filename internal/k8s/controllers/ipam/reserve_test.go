@@ -59,9 +59,18 @@ func reserveRecord(t testing.TB, ns, network string, want int) []string {
 // the test.
 func runWith(t *testing.T, opts manager.Options) (stop func()) {
 	t.Helper()
+	return start(t, opts, env.RunController)
+}
+
+// start stops the package's controller, starts one with opts through run
+// (Env.RunController or RunStandby) and returns its stop, which the
+// test's cleanup calls too; the package's controller is started again at
+// the end of the test.
+func start(t *testing.T, opts manager.Options, run func(manager.Options) (func(), error)) (stop func()) {
+	t.Helper()
 	ctl.Stop()
 	t.Cleanup(func() { ctl.Start(t) })
-	s, err := env.RunController(opts)
+	s, err := run(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,13 +229,7 @@ func TestRestartReserveLeaderChain(t *testing.T) {
 
 	hold = make(chan struct{})
 	opts.HoldIPAMRebuild = hold
-	ctl.Stop()
-	s, err := env.RunStandby(opts) // not Ready while its rebuild is held
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop = sync.OnceFunc(s)
-	t.Cleanup(stop)
+	stop = start(t, opts, env.RunStandby) // not Ready while its rebuild is held
 	create(t, mkPod(ns, "new-2", secondary("net", "")))
 	var m map[string]string
 	testenv.Eventually(t, 60*time.Second, "a new leader marking a new chain", func() error {
@@ -276,14 +279,7 @@ func runLeader(t *testing.T, opts manager.Options, records, epoch string) (stop 
 	}
 	opts.ProbeAddr = l.Addr().String()
 	l.Close()
-	ctl.Stop()
-	t.Cleanup(func() { ctl.Start(t) })
-	s, err := env.RunStandby(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop = sync.OnceFunc(s)
-	t.Cleanup(stop)
+	stop = start(t, opts, env.RunStandby)
 	testenv.Eventually(t, 60*time.Second, "leading with epoch "+epoch+" and Ready", func() error {
 		var cm corev1.ConfigMap
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: records, Name: "kvnet-restart-reserve"}, &cm); err != nil {
