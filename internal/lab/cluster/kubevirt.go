@@ -38,12 +38,33 @@ var kubeVirtGVR = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1
 // kubeVirtCR is the cluster's KubeVirt CR: QEMU under TCG (these machines
 // have no usable KVM), evictionStrategy LiveMigrate, and the l2bridge binding that VMs on a primary
 // user-defined network use (as kvnet check asks for it).
+//
+// Its customizeComponents shorten the readiness probes of virt-api,
+// virt-controller and virt-handler (KubeVirt's: first after 15 s, then
+// every 10 s, every 20 s for virt-handler) to a first probe after 2 s
+// and one every 3 s, as an admin may patch them: a component is Ready
+// within seconds of serving, not up to 35 s later. What they probe is
+// unchanged. virt-operator rolls virt-handler out one node at a time
+// (when the VM scenarios give it the migration network), so these
+// seconds count three times there.
 func kubeVirtCR() *unstructured.Unstructured {
+	probe := func(container string) string {
+		return fmt.Sprintf(`{"spec":{"template":{"spec":{"containers":[{"name":%q,"readinessProbe":{"initialDelaySeconds":2,"periodSeconds":3}}]}}}}`, container)
+	}
+	var patches []any
+	for _, c := range []struct{ kind, name string }{
+		{"Deployment", "virt-api"}, {"Deployment", "virt-controller"}, {"DaemonSet", "virt-handler"},
+	} {
+		patches = append(patches, map[string]any{
+			"resourceType": c.kind, "resourceName": c.name, "type": "strategic", "patch": probe(c.name),
+		})
+	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
 		"metadata": map[string]any{"name": "kubevirt", "namespace": KubeVirtNamespace},
 		"spec": map[string]any{
-			"imagePullPolicy": "IfNotPresent",
+			"imagePullPolicy":     "IfNotPresent",
+			"customizeComponents": map[string]any{"patches": patches},
 			"configuration": map[string]any{
 				"developerConfiguration": map[string]any{"useEmulation": true},
 				// A drained node's VMs live-migrate away, as OpenShift

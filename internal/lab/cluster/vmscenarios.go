@@ -1682,13 +1682,13 @@ func migrationNAD(master string) *unstructured.Unstructured {
 // naming it; then it waits until virt-operator rolled virt-handler out
 // with the network and every handler holds an address there
 // (migration0).
-func (s *vmScenarios) useMigrationNetwork(ctx context.Context) error {
+func (s *vmScenarios) useMigrationNetwork(ctx context.Context) (err error) {
 	master := s.t.MigrationMaster
 	if master == "" {
 		master = "eth0"
 	}
 	s.logf("KubeVirt: migrations over NAD %s/%s (macvlan on %s, kvnet-ipam %s)", KubeVirtNamespace, MigrationNetworkNAD, master, MigrationSubnet)
-	_, err := s.dyn.Resource(nadGVR).Namespace(KubeVirtNamespace).Create(ctx, migrationNAD(master), metav1.CreateOptions{})
+	_, err = s.dyn.Resource(nadGVR).Namespace(KubeVirtNamespace).Create(ctx, migrationNAD(master), metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create NAD %s/%s: %w", KubeVirtNamespace, MigrationNetworkNAD, err)
 	}
@@ -1696,6 +1696,12 @@ func (s *vmScenarios) useMigrationNetwork(ctx context.Context) error {
 	if _, err := s.dyn.Resource(kubeVirtGVR).Namespace(KubeVirtNamespace).Patch(ctx, "kubevirt", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("KubeVirt %s/kubevirt: set migrations.network: %w", KubeVirtNamespace, err)
 	}
+	start := time.Now()
+	defer func() {
+		if err == nil {
+			s.logf("KubeVirt: virt-handler rolled out with the migration network in %s", time.Since(start).Round(100*time.Millisecond))
+		}
+	}()
 	return poll(ctx, 10*time.Minute, func(ctx context.Context) error {
 		pods, err := s.t.Client.CoreV1().Pods(KubeVirtNamespace).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-handler"})
 		if err != nil {
