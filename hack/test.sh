@@ -29,9 +29,9 @@ if [ "$(id -u)" = 0 ]; then
 	# The cluster's binaries build in the background at the lowest CPU
 	# priority while the suite runs: its long packages wait on guests and
 	# clusters more than they compute, and the build takes the idle CPU
-	# (measured: 40% idle while test/e2e ran, docs/cluster.md). The test
-	# runs the script again, which then finds them built or waits for
-	# this build (it takes a lock).
+	# (measured: 40% idle while test/e2e ran alone, test/chaos still in
+	# it; docs/cluster.md). The test runs the script again, which then
+	# finds them built or waits for this build (it takes a lock).
 	prebuild_log=$(mktemp)
 	nice -n 19 hack/build-cluster-tools.sh >/dev/null 2>"$prebuild_log" &
 	prebuild=$!

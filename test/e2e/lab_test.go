@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,22 +14,20 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"kvnet.io/kvnet/internal/lab/controlplane"
-	"kvnet.io/kvnet/internal/repo"
 	"kvnet.io/kvnet/internal/testenv"
 )
 
-// buildKvnet builds kvnet, kvnet-node and kvnet-cni into one directory, as
-// make build does (the lab runs the shipped kvnet-node and kvnet-cni found
-// next to kvnet), and returns the repository root and a runner of kvnet
-// that fails the test on a non-zero exit.
+// buildKvnet builds kvnet and the lab's binaries (testenv.BuildLab) and
+// returns the repository root and a runner of kvnet-lab that fails the
+// test on a non-zero exit.
 func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 	t.Helper()
-	root, _, run := buildKvnetIn(t)
+	root, _, run := testenv.BuildLab(t)
 	return root, run
 }
 
@@ -38,30 +35,7 @@ func buildKvnet(t testing.TB) (string, func(args ...string) string) {
 // binaries.
 func buildKvnetIn(t testing.TB) (string, string, func(args ...string) string) {
 	t.Helper()
-	root, err := repo.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir := t.TempDir()
-	build := testenv.GoBuild(root, "-o", binDir+"/", "./cmd/kvnet", "./cmd/kvnet-lab", "./cmd/kvnet-node", "./cmd/kvnet-cni",
-		"github.com/containernetworking/plugins/plugins/main/macvlan", "github.com/containernetworking/plugins/plugins/main/bridge",
-		"github.com/containernetworking/plugins/plugins/ipam/host-local")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build kvnet: %v\n%s", err, out)
-	}
-	run := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command(filepath.Join(binDir, "kvnet-lab"), args...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), controlplane.BinDirEnv+"="+filepath.Join(root, ".cache", "bin"))
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("kvnet-lab %s: %v\n%s", strings.Join(args, " "), err, out.String())
-		}
-		return out.String()
-	}
-	return root, binDir, run
+	return testenv.BuildLab(t)
 }
 
 // showLabLogOnFailure logs the end of the lab's log in dir when the test
@@ -120,6 +94,8 @@ var demoTrafficChecks = []string{
 	`blocked udn-demo/web-1 -> 10\.0\.0\.\d+:7 \(not in ports`,
 }
 
+// TestLabDemo runs the demo in a new lab, checks what it shows, and runs
+// it again after a user's experiments in the lab.
 func TestLabDemo(t *testing.T) {
 	// The demo's traffic checks need the simulated nodes, hence root; a
 	// skip is a failure under KVNET_REQUIRE_PRIVILEGED=1.
@@ -161,11 +137,33 @@ func TestLabDemo(t *testing.T) {
 	if !regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+02:[0-9a-f:]{14}`).MatchString(out) {
 		t.Errorf("demo output lacks a pool MAC for vm-a's secondary interface:\n%s", out)
 	}
-	// Running the demo again is idempotent.
+	// Running the demo again is idempotent, also after a user has
+	// experimented in the lab (as `make demo` after other work): a VM of
+	// their own in a namespace of their own, and a pod bound to a node
+	// that does not exist, which never runs. The demo waits for and
+	// checks only what it applied, and passes.
+	c := labClient(t, dir)
+	ctx := context.Background()
+	const ns = "bar-kv"
+	primaryUDN(t, c, ns, "10.52.0.0/24")
+	if err := c.Create(ctx, l2bridgeVM(ns, "bar")); err != nil {
+		t.Fatal(err)
+	}
+	stuck := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "stuck"},
+		Spec: corev1.PodSpec{NodeName: "node-404", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	if err := c.Create(ctx, stuck); err != nil {
+		t.Fatal(err)
+	}
 	macRE := regexp.MustCompile(`udn-demo/vm-a\s+secondary\s+bridge\s+(02:[0-9a-f:]{14})`)
 	again := run("demo", "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--examples", filepath.Join(root, "examples"))
-	if !strings.Contains(again, "NetworkAttachmentDefinitions rendered by kvnet (7)") {
-		t.Errorf("second demo run differs:\n%s", again)
+	// The demo's 7 and the user's primary UDN's.
+	for _, want := range []string{"NetworkAttachmentDefinitions rendered by kvnet (8)", "live migration vm-a-migration-", "kept its open TCP connection from udn-demo/web-1"} {
+		if !strings.Contains(again, want) {
+			t.Errorf("second demo run, after the user's objects, lacks %q:\n%s", want, again)
+		}
+	}
+	if strings.Contains(again, "bar-kv/stuck") {
+		t.Errorf("the demo looked at the user's pod bar-kv/stuck:\n%s", again)
 	}
 	// Re-applying the VM manifest (which names no MAC) keeps its MAC.
 	if m1, m2 := macRE.FindStringSubmatch(out), macRE.FindStringSubmatch(again); m1 == nil || m2 == nil || m1[1] != m2[1] {
