@@ -39,7 +39,9 @@ func multusThinImage(binDir string) (labImage, error) {
 // waits until its DaemonSet is ready on every node. thin_entrypoint takes
 // the node's first CNI configuration (Flannel's conflist, or the bridge or
 // ptp32 layout's) as the cluster default network, writes
-// 00-multus.conf (type multus) before it and a kubeconfig for the plugin
+// 00-multus.conf (type multus; 00-multus.conflist when that network's
+// CNI version is 1.0.0 or later, as the ptp32 layout's) before it and a
+// kubeconfig for the plugin
 // (the kubernetes Service's address and its ServiceAccount's token) in
 // /etc/cni/net.d/multus.d.
 func (c *Cluster) installMultusThin(ctx context.Context) error {

@@ -4,7 +4,9 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -30,7 +32,7 @@ import (
 // Multus flavour and eth0's layout) and each cluster costs minutes of a
 // CI run:
 //   - thin Multus instead of the thick one: its DaemonSet runs
-//     thin_entrypoint, the nodes' 00-multus.conf is of type multus, and
+//     thin_entrypoint, the nodes' 00-multus.conflist is of type multus, and
 //     a pod with a NAD gets the interface and a network-status from it;
 //   - the /32 layout (Calico's): pods' eth0 has a /32 and "default via
 //     169.254.1.1 dev eth0 onlink", the node has a host route per pod,
@@ -198,7 +200,10 @@ func upForTest(ctx context.Context, t *testing.T, cfg Config) *Cluster {
 
 // checkThinMultus: the Multus DaemonSet is the thin one (thin_entrypoint
 // from the repo's multus-thin image) and has made the multus binary the
-// nodes' CNI plugin (00-multus.conf of type multus, not multus-shim).
+// nodes' CNI plugin: its configuration, of type multus (not
+// multus-shim), first in /etc/cni/net.d. thin_entrypoint names it
+// 00-multus.conf for a default network of CNI version below 1.0.0
+// (Flannel's 0.3.1) and 00-multus.conflist from 1.0.0 (the /32 layout's).
 func checkThinMultus(ctx context.Context, t *testing.T, c *Cluster) {
 	ds, err := c.Client.AppsV1().DaemonSets("kube-system").Get(ctx, MultusDaemonSet, metav1.GetOptions{})
 	if err != nil {
@@ -209,14 +214,29 @@ func checkThinMultus(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Errorf("DaemonSet %s runs %v from %s, want /thin_entrypoint from %s", MultusDaemonSet, ctr.Command, ctr.Image, c.Images["multus-thin"])
 	}
 	for _, n := range c.Nodes {
-		conf := filepath.Join(c.Dir, "nodes", n, "root", "etc", "cni", "net.d", "00-multus.conf")
-		b, err := os.ReadFile(conf)
-		if err != nil {
-			t.Errorf("node %s: %v", n, err)
-			continue
+		dir := filepath.Join(c.Dir, "nodes", n, "root", "etc", "cni", "net.d")
+		var found []string
+		for _, name := range []string{"00-multus.conf", "00-multus.conflist"} {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				t.Errorf("node %s: %v", n, err)
+				continue
+			}
+			found = append(found, name)
+			if !strings.Contains(string(b), `"type":"multus"`) && !strings.Contains(string(b), `"type": "multus"`) {
+				t.Errorf("node %s: %s is not the thin plugin's:\n%s", n, name, b)
+			}
 		}
-		if !strings.Contains(string(b), `"type":"multus"`) && !strings.Contains(string(b), `"type": "multus"`) {
-			t.Errorf("node %s: 00-multus.conf is not the thin plugin's:\n%s", n, b)
+		if len(found) != 1 {
+			entries, _ := os.ReadDir(dir)
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Errorf("node %s: Multus's configurations %v in %s (%v), want one: 00-multus.conf or 00-multus.conflist", n, found, dir, names)
 		}
 	}
 }
